@@ -1,0 +1,40 @@
+"""The analytic backend: exact block accounting (in the scheduler) priced by a roofline step model.
+
+No GPU, no torch. Runs of identical decode steps are priced in closed form, so the simulator can
+advance them as one event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from kvsim.batch import Batch
+from kvsim.roofline import Calibration, StepModel, load_calibration
+
+
+class AnalyticBackend:
+    name = "analytic"
+    fuses_decode_runs = True
+
+    def __init__(self, scenario, policy, model, gpu, capacity):
+        cal_path = scenario.backend.calibration
+        calibration = load_calibration(scenario.resolve(cal_path)) if cal_path else Calibration()
+        self.step_model = StepModel(model, gpu, scenario.hardware.tensor_parallel_size,
+                                    policy.kv_cache_dtype, calibration, scenario.engine.block_size)
+        self.num_blocks = capacity.num_blocks
+        self.calibration = calibration
+
+    def execute(self, batch: Batch) -> float:
+        return self.step_model.step_time(batch)
+
+    def decode_run_time(self, batch: Batch, num_steps: int) -> float:
+        return self.step_model.decode_run_time(batch.num_decode_seqs, batch.decode_context_tokens, num_steps)
+
+    def decode_steps_within(self, batch: Batch, budget_s: float) -> int:
+        return self.step_model.decode_steps_within(batch.num_decode_seqs, batch.decode_context_tokens, budget_s)
+
+    def free(self, seq) -> None:
+        pass
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "calibration": asdict(self.calibration)}

@@ -1,0 +1,126 @@
+"""The `triton` backend: each simulated step runs for real on an NVIDIA GPU and is timed.
+
+The model has the scenario model's shapes and random weights; its KV cache is sized by profiling the
+device (`ModelRunner.profile_num_blocks`), and the simulator sizes its allocator with `num_blocks`,
+so the block ids in every `Sequence.block_table` are real slots of the GPU cache. `execute(batch)`
+returns the wall time of host preparation plus device work. torch is imported only once the
+scenario is known to be runnable, so a machine without it gets a one-line `KvsimError`.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+import weakref
+
+from kvsim.errors import KvsimError
+
+GiB = float(1 << 30)
+_live: list = []  # a weak reference to the engine holding the GPU; one engine at a time
+
+
+def _check_scenario(scenario, model) -> None:
+    hw, engine = scenario.hardware, scenario.engine
+    need = "backend 'triton' needs"
+    if engine.preemption_mode == "swap":
+        raise KvsimError(f"{scenario.source}: engine.preemption_mode: {need} 'recompute' (swap is not supported)")
+    if hw.tensor_parallel_size != 1 or hw.num_replicas != 1:
+        raise KvsimError(f"{scenario.source}: hardware: {need} one GPU (tensor_parallel_size = 1, num_replicas = 1)")
+    if model.dtype == "fp8":
+        raise KvsimError(f"{scenario.source}: model.dtype: {need} bfloat16, float16 or float32 weights, not fp8")
+
+
+def _import_torch():
+    """torch, once it is known to import and to see a CUDA device."""
+    try:
+        import torch
+        import triton  # noqa: F401
+    except ImportError as exc:
+        raise KvsimError(f"backend 'triton' needs torch and triton with CUDA: {exc} (pip install kvsim[gpu])") from None
+    if not torch.cuda.is_available():
+        raise KvsimError("backend 'triton' needs an NVIDIA GPU: torch.cuda.is_available() is False (no CUDA device)")
+    return torch
+
+
+def _release_previous() -> None:
+    old = _live[0]() if _live else None
+    if old is not None:
+        old.close()
+    _live.clear()
+
+
+class TritonBackend:
+    name = "triton"
+    fuses_decode_runs = False
+
+    def __init__(self, scenario, policy, model, gpu, capacity):
+        _check_scenario(scenario, model)
+        torch = _import_torch()
+        from backends.triton_engine.runner import ModelRunner, RunnerConfig
+        from kvsim.memory import max_model_len
+
+        _release_previous()
+        engine, self._torch = scenario.engine, torch
+        self.device = torch.device(scenario.backend.device)
+        cfg = RunnerConfig(block_size=engine.block_size, max_num_seqs=engine.max_num_seqs,
+                           max_num_batched_tokens=engine.max_num_batched_tokens,
+                           max_model_len=max_model_len(scenario, model), kv_cache_dtype=policy.kv_cache_dtype,
+                           gpu_memory_utilization=scenario.hardware.gpu_memory_utilization,
+                           enforce_eager=getattr(scenario.backend, "enforce_eager", False),
+                           device=str(self.device), seed=scenario.backend.seed)
+        with torch.cuda.device(self.device):
+            self.runner = ModelRunner(model, cfg)
+        prof = self.runner.profile
+        if prof.num_blocks * engine.block_size < cfg.max_model_len:
+            raise KvsimError(f"{scenario.source}: policy {policy.name}: the profiled KV cache on "
+                             f"{torch.cuda.get_device_name(self.device)} holds {prof.num_blocks} blocks, fewer than "
+                             f"one max_model_len ({cfg.max_model_len}) sequence: lower engine.max_model_len or raise "
+                             f"hardware.gpu_memory_utilization")
+        self.num_blocks = self.runner.num_blocks
+        self._capacity, self._policy = capacity, policy.name
+        _live.append(weakref.ref(self))
+        print(self._profile_line(), file=sys.stderr)
+
+    def execute(self, batch) -> float:
+        t0 = time.perf_counter()
+        self.runner.execute_model(batch.seqs, batch.num_new_tokens)
+        self._torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    def free(self, seq) -> None:
+        self.runner.free(seq)
+
+    def close(self) -> None:
+        """Drop the model, caches and graphs so a next engine can have the GPU's memory."""
+        if getattr(self, "runner", None) is not None:
+            self.runner = None
+            gc.collect()
+            self._torch.cuda.empty_cache()
+
+    def describe(self) -> dict:
+        prof, cap = self.runner.profile, self._capacity
+        return {
+            "device": self._torch.cuda.get_device_name(self.device),
+            "num_blocks": self.num_blocks,
+            "kv_cache_dtype": self.runner.kv_dtype,
+            "cuda_graphs": bool(self.runner._graphs),
+            "profile_gib": {"total": prof.total / GiB, "budget": prof.budget / GiB, "weights": prof.weights / GiB,
+                            "activation_peak": prof.activation_peak / GiB, "non_torch": prof.non_torch / GiB,
+                            "other_torch": prof.other_torch / GiB, "kv": prof.kv / GiB},
+            "bytes_per_block": prof.bytes_per_block,
+            "analytic_num_blocks": cap.num_blocks if cap is not None else None,
+        }
+
+    def _profile_line(self) -> str:
+        p, c = self.runner.profile, self._capacity
+        line = (f"kvsim: triton [{self._policy}] {self._torch.cuda.get_device_name(self.device)}: "
+                f"{p.total / GiB:.1f} GiB x {p.gpu_memory_utilization:.2f} - weights {p.weights / GiB:.2f} - "
+                f"activations {p.activation_peak / GiB:.2f} - non-torch {p.non_torch / GiB:.2f} - other "
+                f"{p.other_torch / GiB:.2f} = KV {p.kv / GiB:.2f} GiB -> {p.num_blocks} blocks of "
+                f"{p.bytes_per_block / 2**20:.2f} MiB")
+        if c is not None:
+            line += (f" | analytic: {c.total / GiB:.1f} GiB x util - weights {c.weights / GiB:.2f} - activations "
+                     f"{c.activations / GiB:.2f} - reserve {c.reserve / GiB:.2f} = KV {c.kv / GiB:.2f} GiB -> "
+                     f"{c.num_blocks} blocks of {c.bytes_per_block / 2**20:.2f} MiB")
+        return line

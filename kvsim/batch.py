@@ -1,0 +1,47 @@
+"""What one engine step computes: the scheduler's output and the backend's input.
+
+Besides the scheduled sequences, a `Batch` carries the aggregate counts a step-time model needs,
+so the analytic backend never walks the sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvsim.sequence import Sequence
+
+
+@dataclass(slots=True)
+class Batch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)  # per sequence, this step
+    num_prefill_seqs: int = 0
+    num_prefill_tokens: int = 0  # new tokens of sequences still in their prompt
+    prefill_attn_pairs: int = 0  # sum over prefill chunks of new*ctx + new*(new+1)/2 (query-key pairs)
+    prefill_context_tokens: int = 0  # cached KV tokens that prefill chunks read (prefix hits, earlier chunks)
+    num_decode_seqs: int = 0
+    decode_context_tokens: int = 0  # sum over decoding sequences of (num_computed_tokens + 1)
+    swap_out_blocks: int = 0  # blocks copied GPU -> host before this step (swap preemption)
+    swap_in_blocks: int = 0  # blocks copied host -> GPU before this step
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_seqs
+
+    @property
+    def is_pure_decode(self) -> bool:
+        return self.num_prefill_seqs == 0 and self.swap_in_blocks == 0 and self.swap_out_blocks == 0
+
+    def add(self, seq: Sequence, num_new: int) -> None:
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_new)
+        ctx = seq.num_computed_tokens
+        if num_new > 1 or ctx < seq.request.prompt_len:  # prompt, or recomputing after preemption
+            self.num_prefill_seqs += 1
+            self.num_prefill_tokens += num_new
+            self.prefill_context_tokens += ctx
+            self.prefill_attn_pairs += num_new * ctx + num_new * (num_new + 1) // 2
+        else:
+            self.num_decode_seqs += 1
+            self.decode_context_tokens += ctx + num_new

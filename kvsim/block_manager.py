@@ -1,0 +1,305 @@
+"""The paged KV-cache allocator: block tables, slot mapping and prefix caching (vLLM style).
+
+One implementation serves the simulator and the real GPU backend, so it knows nothing of time.
+A sequence owns a block table; the KV of its token at position p lives in slot
+`block_table[p // block_size] * block_size + p % block_size`.
+
+Prefix caching: every full block of a sequence's *shareable* prompt content (`Request.token_ids`)
+gets a chained xxhash64 of (parent hash, token ids). A later sequence whose prompt starts with the
+same tokens reuses those blocks (reference counted) instead of recomputing them; a hash match is
+confirmed against the stored token ids, so a collision can never return different tokens. Freed
+blocks go to the tail of an LRU free queue and keep their cached content until they are taken
+again from the head. Prompt content that is unique to a request is never hashed: no other request
+could hit it, and skipping it keeps replay of traces without prompt content fast.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Sequence as Seq
+
+import xxhash
+
+from kvsim.sequence import Sequence
+
+NO_HASH = -1
+
+
+class AllocationError(RuntimeError):
+    """Allocator misuse: a request the caller should have checked first, a double free, an unknown id."""
+
+
+def block_hashes(token_ids, block_size: int) -> list[int]:
+    """Chained xxhash64 of every full block of `token_ids` (the parent hash seeds the child's)."""
+    data = token_ids.astype("<i4", copy=False).tobytes()
+    step = 4 * block_size
+    hashes, parent = [], 0
+    for i in range(len(token_ids) // block_size):
+        parent = xxhash.xxh64_intdigest(data[i * step:(i + 1) * step], seed=parent)
+        hashes.append(parent)
+    return hashes
+
+
+class BlockManager:
+    """Paged allocator over `num_blocks` blocks of `block_size` token slots."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_cnt = [0] * num_blocks
+        self.block_hash = [NO_HASH] * num_blocks
+        self.block_tokens: dict[int, bytes] = {}  # block id -> token bytes, for hashed blocks
+        self.hash_to_block: dict[int, int] = {}
+        # LRU free queue as chunks of block ids; ids revived by a prefix hit stay in their chunk as
+        # stale entries (counted in `_stale`) and are skipped when popped.
+        self._free: deque[list[int]] = deque([list(range(num_blocks))])
+        self._stale: dict[int, int] = {}
+        self.num_free_blocks = num_blocks  # ref 0, cached content or not
+        self.num_cached_blocks = 0  # ref 0 and still holding a hashed block (reusable)
+        self._table_slots = 0  # sum over sequences of len(block_table) * block_size
+        self._computed_tokens = 0  # sum over sequences of the tokens their tables cover
+
+    # ---- queries -------------------------------------------------------------------------
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def reserved_unused_tokens(self) -> int:
+        """Slots held by sequences but not (yet) written: the tails of last blocks."""
+        return self._table_slots - self._computed_tokens
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def num_blocks_needed(self, seq: Sequence, num_new_tokens: int, num_hit_blocks: int = 0) -> int:
+        total = self.blocks_for(seq.num_computed_tokens + num_new_tokens + num_hit_blocks * self.block_size)
+        return max(0, total - len(seq.block_table) - num_hit_blocks)
+
+    def free_block_ids(self) -> list[int]:
+        """The free queue in LRU order (head first), stale entries skipped. For checks, not hot paths."""
+        stale = dict(self._stale)
+        out = []
+        for chunk in self._free:
+            for b in chunk:
+                if stale.get(b, 0):
+                    stale[b] -= 1
+                else:
+                    out.append(b)
+        return out
+
+    def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
+        bs, table = self.block_size, seq.block_table
+        return [table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    # ---- prefix caching ------------------------------------------------------------------
+    def _seq_hashes(self, seq: Sequence) -> list[int]:
+        if seq.block_hashes is None:
+            ids = seq.request.token_ids
+            seq.block_hashes = [] if ids is None else block_hashes(ids, self.block_size)
+        return seq.block_hashes
+
+    def get_computed_blocks(self, seq: Sequence) -> list[int]:
+        """Cached blocks holding the longest prefix of the sequence's prompt (at least one token is left to compute)."""
+        if not self.enable_prefix_caching or seq.request.token_ids is None or seq.block_table:
+            return []
+        hashes = self._seq_hashes(seq)
+        limit = min(len(hashes), (seq.num_tokens - 1) // self.block_size)
+        hits, bs = [], self.block_size
+        data = None
+        for i in range(limit):
+            block = self.hash_to_block.get(hashes[i])
+            if block is None:
+                break
+            if data is None:
+                data = seq.request.token_ids.astype("<i4", copy=False).tobytes()
+            if self.block_tokens[block] != data[i * 4 * bs:(i + 1) * 4 * bs]:
+                break  # a hash collision: different tokens, not a hit
+            hits.append(block)
+        return hits
+
+    def _register_full_blocks(self, seq: Sequence, start_block: int, end_tokens: int) -> None:
+        """Hash the sequence's blocks that become full of shareable tokens up to `end_tokens`."""
+        hashes = self._seq_hashes(seq)
+        stop = min(len(hashes), end_tokens // self.block_size)
+        if start_block >= stop:
+            return
+        data = seq.request.token_ids.astype("<i4", copy=False).tobytes()
+        step = 4 * self.block_size
+        for i in range(start_block, stop):
+            block, h = seq.block_table[i], hashes[i]
+            if self.block_hash[block] != NO_HASH or h in self.hash_to_block:
+                continue  # already cached, or another block holds the same content
+            self.block_hash[block] = h
+            self.hash_to_block[h] = block
+            self.block_tokens[block] = data[i * step:(i + 1) * step]
+
+    # ---- allocation ----------------------------------------------------------------------
+    def _num_revived(self, blocks: Seq[int]) -> int:
+        return sum(1 for b in blocks if self.ref_cnt[b] == 0)
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> bool:
+        need = self.num_blocks_needed(seq, num_new_tokens, len(computed_blocks))
+        return need + self._num_revived(computed_blocks) <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> None:
+        """Give the sequence slots for `num_new_tokens` more tokens, all or nothing.
+
+        `computed_blocks` (from get_computed_blocks, first allocation only) are prefix hits: the
+        sequence takes a reference to them and its `num_computed_tokens` moves past them.
+        """
+        if computed_blocks:
+            if seq.block_table or seq.num_computed_tokens:
+                raise AllocationError(f"sequence {seq.seq_id}: prefix hits only on a first allocation")
+        if not self.can_allocate(seq, num_new_tokens, computed_blocks):
+            raise AllocationError(f"sequence {seq.seq_id}: not enough free blocks for {num_new_tokens} tokens")
+        for b in computed_blocks:
+            self._take(b)
+        if computed_blocks:
+            hit_tokens = len(computed_blocks) * self.block_size
+            seq.block_table.extend(computed_blocks)
+            seq.num_computed_tokens = hit_tokens
+            seq.num_cached_tokens += hit_tokens
+            self._table_slots += hit_tokens
+            self._computed_tokens += hit_tokens
+        self._grow(seq, num_new_tokens)
+
+    def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
+        return self.num_blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
+
+    def append(self, seq: Sequence, num_new_tokens: int = 1) -> None:
+        """Slots for a running sequence's next tokens (decode, or the next prefill chunk)."""
+        if not self.can_append(seq, num_new_tokens):
+            raise AllocationError(f"sequence {seq.seq_id}: not enough free blocks to append {num_new_tokens} tokens")
+        self._grow(seq, num_new_tokens)
+
+    def _grow(self, seq: Sequence, num_new_tokens: int) -> None:
+        if not seq.block_table:
+            self._computed_tokens += seq.num_computed_tokens  # a swapped-in sequence brings its KV back
+        first_new_block = seq.num_computed_tokens // self.block_size
+        need = self.num_blocks_needed(seq, num_new_tokens)
+        if need:
+            new = self._pop_free(need)
+            for b in new:
+                self.ref_cnt[b] = 1
+            seq.block_table.extend(new)
+        self._table_slots += need * self.block_size
+        self._computed_tokens += num_new_tokens
+        if self.enable_prefix_caching and seq.request.token_ids is not None:
+            self._register_full_blocks(seq, first_new_block, seq.num_computed_tokens + num_new_tokens)
+
+    def note_written(self, num_tokens: int) -> None:
+        """Account tokens written into slots the sequences already hold (the scheduler's fast path)."""
+        self._computed_tokens += num_tokens
+
+    def extend_decodes(self, seqs: list[Sequence], extra: int) -> int:
+        """Slots for up to `extra` more decode steps of every sequence (each already holds a slot
+        for this step); returns how many extra steps all of them could get, and allocates those."""
+        bs, free = self.block_size, self.num_free_blocks
+        if free < len(seqs) * (extra // bs + 1):  # the bound of ceil(extra/bs) blocks each may not hold
+            extra = self._affordable_extra(seqs, extra, free)
+        if extra <= 0:
+            return 0
+        ref = self.ref_cnt
+        for seq in seqs:
+            table = seq.block_table
+            need = -(-(seq.num_computed_tokens + 1 + extra) // bs) - len(table)
+            if need > 0:
+                new = self._pop_free(need)
+                for b in new:
+                    ref[b] = 1
+                table.extend(new)
+                self._table_slots += need * bs
+        self._computed_tokens += extra * len(seqs)
+        return extra
+
+    def _affordable_extra(self, seqs: list[Sequence], want: int, free: int) -> int:
+        bs = self.block_size
+        slacks = [len(s.block_table) * bs - s.num_computed_tokens - 1 for s in seqs]
+
+        def blocks_needed(extra: int) -> int:
+            return sum(-(-(extra - sl) // bs) for sl in slacks if extra > sl)
+
+        if blocks_needed(want) <= free:
+            return want
+        lo, hi = 0, want  # blocks_needed(lo) <= free < blocks_needed(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if blocks_needed(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def deallocate(self, seq: Sequence) -> None:
+        """Release the sequence's blocks; the ones holding cached content stay reusable until evicted."""
+        table = seq.block_table
+        if not table:
+            raise AllocationError(f"sequence {seq.seq_id}: nothing to free (double free?)")
+        ref = self.ref_cnt
+        if min(table) < 0 or max(table) >= self.num_blocks or min(map(ref.__getitem__, table)) <= 0:
+            raise AllocationError(f"sequence {seq.seq_id}: its block table holds blocks it does not own")
+        for b in table:
+            ref[b] -= 1
+        # Tail blocks go first, so they are evicted first (as vLLM).
+        freed = [b for b in reversed(table) if ref[b] == 0] if seq.num_cached_tokens or self.hash_to_block else table[::-1]
+        if self.hash_to_block:
+            self.num_cached_blocks += sum(1 for b in freed if self.block_hash[b] != NO_HASH)
+        self._table_slots -= len(table) * self.block_size
+        self._computed_tokens -= seq.num_computed_tokens
+        if freed:
+            self._free.append(freed)
+            self.num_free_blocks += len(freed)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    # ---- free queue ----------------------------------------------------------------------
+    def _take(self, block: int) -> None:
+        """Add a reference to a cached block, reviving it from the free queue if it was free."""
+        if self.ref_cnt[block] == 0:
+            self._stale[block] = self._stale.get(block, 0) + 1
+            self.num_free_blocks -= 1
+            self.num_cached_blocks -= 1
+        self.ref_cnt[block] += 1
+
+    def _pop_free(self, n: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < n:
+            chunk = self._free[0]
+            take = chunk[: n - len(out)]
+            del chunk[: len(take)]
+            if not chunk:
+                self._free.popleft()
+            if self._stale:
+                take = self._drop_stale(take)
+            out.extend(take)
+        self.num_free_blocks -= n
+        if self.num_cached_blocks:
+            for b in out:
+                if self.block_hash[b] != NO_HASH:
+                    self._evict(b)
+        return out
+
+    def _drop_stale(self, entries: list[int]) -> list[int]:
+        # A revived block's queue entry is older than any entry from a later free, so the first
+        # entries popped for a block are its stale ones.
+        fresh = []
+        for b in entries:
+            count = self._stale.get(b, 0)
+            if count == 0:
+                fresh.append(b)
+            elif count == 1:
+                del self._stale[b]
+            else:
+                self._stale[b] = count - 1
+        return fresh
+
+    def _evict(self, block: int) -> None:
+        h = self.block_hash[block]
+        del self.hash_to_block[h]
+        del self.block_tokens[block]
+        self.block_hash[block] = NO_HASH
+        self.num_cached_blocks -= 1

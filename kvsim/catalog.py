@@ -1,0 +1,215 @@
+"""Model and GPU presets: the shapes and datasheet figures every sizing and timing model starts from.
+
+`ModelSpec` uses Hugging Face `config.json` field names, so a preset and a loaded config are the same
+object. `GpuSpec` holds dense (non-sparse) datasheet rates and the memory the device reports.
+`model_spec(scenario)` and `gpu_spec(scenario)` turn a scenario's [model] and [hardware] sections
+into specs, or raise `KvsimError` naming the file and key at fault.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from kvsim.errors import KvsimError
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
+
+
+@dataclass(slots=True, frozen=True)
+class ModelSpec:
+    """A dense decoder-only transformer (Llama / Qwen / Mistral family: GQA attention, SwiGLU MLP)."""
+
+    name: str
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm on q and k per head
+    dtype: str = "bfloat16"  # weights dtype (from ModelConfig.dtype)
+
+    @property
+    def attn_params_per_layer(self) -> int:
+        """q, k, v and o projections (no biases)."""
+        q_out = self.num_attention_heads * self.head_dim
+        kv_out = self.num_key_value_heads * self.head_dim
+        return self.hidden_size * (q_out + 2 * kv_out) + q_out * self.hidden_size
+
+    @property
+    def mlp_params_per_layer(self) -> int:
+        """gate, up and down projections."""
+        return 3 * self.hidden_size * self.intermediate_size
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+        per_layer = self.attn_params_per_layer + self.mlp_params_per_layer + norms
+        head = 0 if self.tie_word_embeddings else self.lm_head_params
+        return self.lm_head_params + self.num_hidden_layers * per_layer + self.hidden_size + head
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.num_params * DTYPE_BYTES[self.dtype]
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes per activation element: fp8 models still compute in 16-bit, fp32 models in fp32."""
+        return 4 if self.dtype == "float32" else 2
+
+    @property
+    def params_per_token_flops(self) -> int:
+        """FLOPs of every matmul for one token: 2 x (layer projections + lm_head); embedding is a gather."""
+        return 2 * (self.num_hidden_layers * (self.attn_params_per_layer + self.mlp_params_per_layer)
+                    + self.lm_head_params)
+
+    def gemm_flops(self, num_tokens: int, num_logits: int) -> float:
+        """Matmul FLOPs of a forward pass: every token goes through the layers, but only the
+        `num_logits` rows that get sampled go through lm_head (one per scheduled sequence)."""
+        lm_head = 2 * self.lm_head_params
+        return (self.params_per_token_flops - lm_head) * num_tokens + lm_head * num_logits
+
+    def attention_flops(self, attn_pairs: int) -> float:
+        """QK^T and PV: 2 multiply-adds per query-key pair per head dimension, in every layer."""
+        return 4.0 * self.num_hidden_layers * self.num_attention_heads * self.head_dim * attn_pairs
+
+
+def _preset(name, layers, hidden, heads, kv_heads, head_dim, inter, vocab, max_pos, theta, eps, tie=False, qk=False):
+    return ModelSpec(name=name, num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                     num_key_value_heads=kv_heads, head_dim=head_dim, intermediate_size=inter,
+                     vocab_size=vocab, max_position_embeddings=max_pos, rope_theta=theta, rms_norm_eps=eps,
+                     tie_word_embeddings=tie, qk_norm=qk)
+
+
+# Shapes from each model's config.json on the Hugging Face Hub.
+MODELS: dict[str, ModelSpec] = {m.name: m for m in (
+    _preset("Llama-3.1-8B", 32, 4096, 32, 8, 128, 14336, 128256, 131072, 500000.0, 1e-5),
+    _preset("Llama-3.1-70B", 80, 8192, 64, 8, 128, 28672, 128256, 131072, 500000.0, 1e-5),
+    _preset("Qwen3-0.6B", 28, 1024, 16, 8, 128, 3072, 151936, 40960, 1000000.0, 1e-6, tie=True, qk=True),
+    _preset("Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936, 40960, 1000000.0, 1e-6, qk=True),
+    _preset("Mistral-7B", 32, 4096, 32, 8, 128, 14336, 32768, 32768, 1000000.0, 1e-5),  # v0.3
+)}
+
+
+_WANT = {int: "a positive integer", float: "a number", bool: "true or false"}
+
+
+def _get(cfg: dict, key: str, source: str, kind: type, default=None):
+    """cfg[key] checked against `kind` (ints must be positive); a missing key needs a default."""
+    value = cfg.get(key)
+    if value is None:
+        if default is None:
+            raise KvsimError(f"{source}: missing key '{key}'")
+        return default
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    bad_bool = isinstance(value, bool) and kind is not bool
+    if bad_bool or not isinstance(value, kind) or (kind is int and value <= 0):
+        raise KvsimError(f"{source}: {key}: must be {_WANT[kind]}, got {value!r}")
+    return value
+
+
+def load_hf_config(path: Path, name: str | None = None) -> ModelSpec:
+    """A ModelSpec from a Hugging Face config.json (or a folder holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise KvsimError(f"{path}: model config not found (model.hf_config)") from None
+    except OSError as exc:
+        raise KvsimError(f"{path}: cannot read model config ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise KvsimError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+    if not isinstance(cfg, dict):
+        raise KvsimError(f"{path}: expected a JSON object")
+    src = str(path)
+    hidden = _get(cfg, "hidden_size", src, int)
+    heads = _get(cfg, "num_attention_heads", src, int)
+    return ModelSpec(
+        name=name or (path.parent.name if path.name == "config.json" and path.parent.name else path.stem),
+        num_hidden_layers=_get(cfg, "num_hidden_layers", src, int),
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=_get(cfg, "num_key_value_heads", src, int, heads),
+        head_dim=_get(cfg, "head_dim", src, int, hidden // heads),
+        intermediate_size=_get(cfg, "intermediate_size", src, int),
+        vocab_size=_get(cfg, "vocab_size", src, int),
+        max_position_embeddings=_get(cfg, "max_position_embeddings", src, int),
+        rope_theta=_get(cfg, "rope_theta", src, float, 10000.0),
+        rms_norm_eps=_get(cfg, "rms_norm_eps", src, float, 1e-5),
+        tie_word_embeddings=_get(cfg, "tie_word_embeddings", src, bool, False),
+        qk_norm=cfg.get("model_type") == "qwen3",
+    )
+
+
+def model_spec(scenario) -> ModelSpec:
+    """The scenario's model: a preset (case-insensitive) or its hf_config, in the scenario's dtype."""
+    cfg = scenario.model
+    if cfg.name is not None:
+        spec = {k.lower(): v for k, v in MODELS.items()}.get(cfg.name.lower())
+        if spec is None:
+            raise KvsimError(f"{scenario.source}: model.name: unknown model '{cfg.name}' "
+                             f"(presets: {', '.join(MODELS)}; or give model.hf_config)")
+    else:
+        spec = load_hf_config(scenario.resolve(cfg.hf_config))
+    return replace(spec, dtype=cfg.dtype)
+
+
+@dataclass(slots=True, frozen=True)
+class GpuSpec:
+    """One GPU. Rates are dense (no 2:4 sparsity); link bandwidths are GB/s in one direction."""
+
+    name: str
+    memory_gib: float  # as the device reports it (nvidia-smi MiB / 1024)
+    hbm_bandwidth_gbps: float
+    bf16_tflops: float
+    fp8_tflops: float
+    fp32_tflops: float  # non-tensor-core rate, for dequantization work
+    nvlink_gbps: float  # GPU-to-GPU, per direction (datasheets quote both directions: half of that)
+    pcie_gbps: float  # host link, per direction
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * 2**30)
+
+
+# Sources: NVIDIA A100 / H100 / H200 / L40S / HGX B200 datasheets, AMD Instinct MI300X datasheet;
+# memory totals from nvidia-smi (MiB) and rocm-smi (bytes) on the real devices.
+GPUS: dict[str, GpuSpec] = {g.name: g for g in (
+    # A100 SXM 80GB: 312 TF bf16, no fp8 units; NVLink3 600 GB/s total; PCIe Gen4 x16.
+    GpuSpec("A100-80GB", 81920 / 1024, 2039.0, 312.0, 312.0, 19.5, 300.0, 32.0),
+    # H100 SXM5: 989.4 TF bf16, 1978.9 fp8 dense; HBM3 3.35 TB/s; NVLink4 900 GB/s total; PCIe Gen5.
+    GpuSpec("H100-SXM", 81559 / 1024, 3350.0, 989.4, 1978.9, 66.9, 450.0, 64.0),
+    # H200 SXM: H100 compute with 141 GB HBM3e at 4.8 TB/s.
+    GpuSpec("H200", 143771 / 1024, 4800.0, 989.4, 1978.9, 66.9, 450.0, 64.0),
+    # L40S: 362 TF bf16, 733 fp8 dense; GDDR6 864 GB/s; no NVLink, so tensor parallel runs over PCIe Gen4.
+    GpuSpec("L40S", 46068 / 1024, 864.0, 362.05, 733.0, 91.6, 32.0, 32.0),
+    # B200 (HGX): 2.25 PF bf16, 4.5 PF fp8 dense; HBM3e 8 TB/s; NVLink5 1.8 TB/s total.
+    GpuSpec("B200", 183359 / 1024, 8000.0, 2250.0, 4500.0, 75.0, 900.0, 64.0),
+    # MI300X: 1307.4 TF bf16, 2614.9 fp8 dense, 163.4 fp32 vector; 5.3 TB/s; 7 Infinity Fabric links x 64 GB/s.
+    GpuSpec("MI300X", 206141652992 / 2**30, 5300.0, 1307.4, 2614.9, 163.4, 448.0, 64.0),
+)}
+
+
+def gpu_spec(scenario) -> GpuSpec:
+    """The scenario's GPU preset (case-insensitive) with any [hardware] overrides applied."""
+    hw = scenario.hardware
+    spec = {k.lower(): v for k, v in GPUS.items()}.get(hw.gpu.lower())
+    if spec is None:
+        raise KvsimError(f"{scenario.source}: hardware.gpu: unknown GPU '{hw.gpu}' (presets: {', '.join(GPUS)})")
+    overrides = {f.name: getattr(hw, f.name) for f in fields(GpuSpec)
+                 if f.name != "name" and getattr(hw, f.name, None) is not None}
+    return replace(spec, **overrides)

@@ -1,0 +1,114 @@
+"""The command line: `python -m kvsim [run] SCENARIO.toml`, `memory SCENARIO.toml`, `schema`.
+
+Bad input ends with one line on stderr naming the file, key or line, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from kvsim.errors import KvsimError
+
+COMMANDS = ("run", "memory", "schema")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvsim", description="Replay LLM request arrivals against KV-cache policies.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="simulate a scenario's policies and write a results folder")
+    run.add_argument("scenario", type=Path)
+    run.add_argument("--out", type=Path, help="results folder (default: <output.dir>/<scenario name>)")
+    run.add_argument("--policy", action="append", help="run only this policy (repeatable)")
+    run.add_argument("--quiet", action="store_true", help="no table, no progress bar")
+    mem = sub.add_parser("memory", help="print the KV capacity breakdown and KV memory growth table")
+    mem.add_argument("scenario", type=Path)
+    sub.add_parser("schema", help="print the scenario JSON schema")
+    return p
+
+
+class _Progress:
+    """A progress bar that appears only once a run has taken more than a second."""
+
+    def __init__(self, console: Console, enabled: bool):
+        self.console, self.enabled, self.bar = console, enabled, None
+
+    def __call__(self, policy: str, total):
+        start, task, done = time.perf_counter(), None, 0
+
+        def tick(n: int) -> None:
+            nonlocal task, done
+            done += n
+            if not self.enabled or (task is None and time.perf_counter() - start < 1.0):
+                return
+            if self.bar is None:
+                from rich.progress import Progress
+                self.bar = Progress(console=self.console, transient=True)
+                self.bar.start()
+            if task is None:
+                task = self.bar.add_task(f"simulating {policy}", total=total, completed=done)
+            else:
+                self.bar.update(task, completed=done)
+        return tick
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def cmd_run(args, console: Console) -> int:
+    from kvsim.config import load_scenario
+    from kvsim.report import comparison_table
+    from kvsim.run import run_scenario
+
+    scenario = load_scenario(args.scenario)
+    if args.policy:
+        unknown = set(args.policy) - {p.name for p in scenario.policies}
+        if unknown:
+            raise KvsimError(f"--policy: no policy named {', '.join(sorted(unknown))} in {scenario.source}")
+    progress = _Progress(console, not args.quiet and console.is_terminal)
+    try:
+        result = run_scenario(scenario, args.out, args.policy, progress)
+    finally:
+        progress.close()
+    if not args.quiet:
+        console.print(comparison_table(result.summaries))
+        for run in result.runs:
+            console.print(f"[dim]{run.name}: simulated in {run.wall_s:.2f} s wall ({run.events} engine events)[/dim]")
+        console.print(f"results: {result.out_dir}")
+    return 0
+
+
+def cmd_memory(args, console: Console) -> int:
+    from kvsim.catalog import gpu_spec, model_spec
+    from kvsim.config import load_scenario
+    from kvsim.memory import render_memory
+
+    scenario = load_scenario(args.scenario)
+    for renderable in render_memory(scenario, model_spec(scenario), gpu_spec(scenario)):
+        console.print(renderable)
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        argv.insert(0, "run")
+    args = _parser().parse_args(argv)
+    console = Console()
+    try:
+        if args.command == "schema":
+            from kvsim.config import json_schema
+            print(json_schema())
+            return 0
+        return {"run": cmd_run, "memory": cmd_memory}[args.command](args, console)
+    except KvsimError as exc:
+        print(f"kvsim: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvsim: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,142 @@
+"""The contiguous KV-cache allocator: one slab per request, first fit in a linear address space.
+
+This is how servers laid out KV before paging: at admission a request reserves room for the longest
+sequence it may reach (`max_model_len`, or prompt + output when the server is told the output
+length), as one run of consecutive blocks. Unused reserved slots are internal fragmentation; free
+space split into holes too small for a slab is external fragmentation. Both are measured.
+
+The interface matches `BlockManager`, so the scheduler and the GPU backend use either unchanged; the
+block table of a slab is a `range` of consecutive block ids, so the same paged kernels run over it.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from typing import Sequence as Seq
+
+from kvsim.block_manager import AllocationError
+from kvsim.sequence import Sequence
+
+
+class ContiguousAllocator:
+    enable_prefix_caching = False
+    num_cached_blocks = 0
+
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int, reserve: str = "max_model_len"):
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.reserve = reserve
+        self.extents: list[tuple[int, int]] = [(0, num_blocks)]  # free (start, length), sorted by start
+        self.num_free_blocks = num_blocks
+        self._computed_tokens = 0  # sum of num_computed_tokens over sequences holding a slab
+
+    # ---- queries -------------------------------------------------------------------------
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def reserved_unused_tokens(self) -> int:
+        return self.num_used_blocks * self.block_size - self._computed_tokens
+
+    @property
+    def largest_free_extent(self) -> int:
+        return max((n for _, n in self.extents), default=0)
+
+    @property
+    def external_fragmentation(self) -> float:
+        """Share of free blocks outside the largest hole (0: all free space is one run)."""
+        if not self.num_free_blocks:
+            return 0.0
+        return 1.0 - self.largest_free_extent / self.num_free_blocks
+
+    def slab_blocks(self, seq: Sequence) -> int:
+        req = seq.request
+        tokens = self.max_model_len if self.reserve == "max_model_len" else req.prompt_len + req.output_len
+        return -(-tokens // self.block_size)
+
+    def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
+        base = seq.block_table[0] * self.block_size
+        return list(range(base + start, base + end))
+
+    def get_computed_blocks(self, seq: Sequence) -> list[int]:
+        return []
+
+    # ---- allocation ----------------------------------------------------------------------
+    def _first_fit(self, n: int) -> int:
+        for i, (start, length) in enumerate(self.extents):
+            if length >= n:
+                return i
+        return -1
+
+    def _fits(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return seq.num_computed_tokens + num_new_tokens <= len(seq.block_table) * self.block_size
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> bool:
+        if seq.block_table:
+            return self._fits(seq, num_new_tokens)
+        n = self.slab_blocks(seq)
+        return seq.num_computed_tokens + num_new_tokens <= n * self.block_size and self._first_fit(n) >= 0
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> None:
+        if computed_blocks:
+            raise AllocationError("the contiguous allocator has no prefix cache")
+        if not self.can_allocate(seq, num_new_tokens):
+            raise AllocationError(f"sequence {seq.seq_id}: no free extent for its slab")
+        if not seq.block_table:
+            n = self.slab_blocks(seq)
+            i = self._first_fit(n)
+            start, length = self.extents[i]
+            if length == n:
+                del self.extents[i]
+            else:
+                self.extents[i] = (start + n, length - n)
+            self.num_free_blocks -= n
+            seq.block_table = range(start, start + n)
+            self._computed_tokens += seq.num_computed_tokens  # swapped-in sequences keep their KV
+        self._computed_tokens += num_new_tokens
+
+    def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
+        return bool(seq.block_table) and self._fits(seq, num_new_tokens)
+
+    def append(self, seq: Sequence, num_new_tokens: int = 1) -> None:
+        if not self.can_append(seq, num_new_tokens):
+            raise AllocationError(f"sequence {seq.seq_id}: outgrew its slab of {len(seq.block_table)} blocks")
+        self._computed_tokens += num_new_tokens
+
+    def note_written(self, num_tokens: int) -> None:
+        self._computed_tokens += num_tokens
+
+    def extend_decodes(self, seqs: list[Sequence], extra: int) -> int:
+        """Slots for `extra` more decode steps: slabs are reserved up front, so only their ends bound it."""
+        room = min(len(s.block_table) * self.block_size - s.num_computed_tokens - 1 for s in seqs)
+        extra = min(extra, room)
+        if extra > 0:
+            self._computed_tokens += extra * len(seqs)
+        return max(extra, 0)
+
+    def deallocate(self, seq: Sequence) -> None:
+        table = seq.block_table
+        if not table:
+            raise AllocationError(f"sequence {seq.seq_id}: nothing to free (double free?)")
+        start, n = table[0], len(table)
+        if start < 0 or start + n > self.num_blocks or any(s < start + n and start < s + m for s, m in self.extents):
+            raise AllocationError(f"sequence {seq.seq_id}: slab {start}+{n} is not allocated")
+        self._computed_tokens -= seq.num_computed_tokens
+        self.num_free_blocks += n
+        insort(self.extents, (start, n))
+        self._coalesce()
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    def _coalesce(self) -> None:
+        merged: list[tuple[int, int]] = []
+        for start, n in self.extents:
+            if merged and merged[-1][0] + merged[-1][1] == start:
+                merged[-1] = (merged[-1][0], merged[-1][1] + n)
+            else:
+                merged.append((start, n))
+        self.extents = merged

@@ -1,0 +1,283 @@
+"""KV-cache sizing: bytes per token and per block for each kv_cache_dtype, the per-GPU memory
+breakdown that yields the number of KV blocks, and the data behind `python -m kvsim memory`.
+
+All figures are per GPU: weights and KV heads are sharded over tensor parallelism (KV heads are
+replicated once tp exceeds their number, as vLLM does).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvsim.catalog import GpuSpec, ModelSpec
+from kvsim.errors import KvsimError
+
+GiB = 2**30
+KV_ELEM_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "int8": 1.0, "int4": 0.5}
+QUANTIZED_KV = frozenset({"fp8", "fp8_e4m3", "int8", "int4"})
+SCALE_BYTES = 4  # one float32 scale per token per KV head, for K and for V
+SEQ_LENS = (1024, 4096, 16384, 32768, 131072)  # lengths of the `kvsim memory` table
+
+
+def kv_elem_bytes(model: ModelSpec, kv_cache_dtype: str) -> float:
+    if kv_cache_dtype == "auto":
+        return model.activation_bytes  # the model's compute dtype: 16-bit, or 4 B for fp32 models
+    try:
+        return KV_ELEM_BYTES[kv_cache_dtype]
+    except KeyError:
+        raise KvsimError(f"kv_cache_dtype: unknown '{kv_cache_dtype}' "
+                         f"(one of auto, {', '.join(KV_ELEM_BYTES)})") from None
+
+
+def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
+    return max(1, model.num_key_value_heads // tp)
+
+
+def kv_elements_per_token(model: ModelSpec, tp: int = 1) -> int:
+    """K and V elements one token stores on one GPU, over all layers."""
+    return 2 * model.num_hidden_layers * kv_heads_per_gpu(model, tp) * model.head_dim
+
+
+def kv_bytes_per_token(model: ModelSpec, kv_cache_dtype: str, tp: int = 1) -> float:
+    """Bytes of K and V one token takes on one GPU, over all layers, scales included."""
+    scale = SCALE_BYTES if kv_cache_dtype in QUANTIZED_KV else 0
+    per_head = model.head_dim * kv_elem_bytes(model, kv_cache_dtype) + scale
+    return 2 * model.num_hidden_layers * kv_heads_per_gpu(model, tp) * per_head
+
+
+def bytes_per_block(model: ModelSpec, kv_cache_dtype: str, block_size: int, tp: int = 1) -> int:
+    return math.ceil(kv_bytes_per_token(model, kv_cache_dtype, tp) * block_size)
+
+
+def max_model_len(scenario, model: ModelSpec) -> int:
+    return scenario.engine.max_model_len or model.max_position_embeddings
+
+
+def activation_estimate(model: ModelSpec, engine, tp: int = 1) -> int:
+    """Peak activation bytes of one forward pass of `T = engine.max_num_batched_tokens` tokens on one GPU.
+
+    Only one layer's intermediates are alive at a time, so the peak is the biggest of them plus the
+    buffers that live across layers:
+
+        peak = max(T * 2 * intermediate/tp * a,                    # MLP gate and up outputs
+                   T * (q_heads/tp + 2 * kv_heads/tp) * head_dim * a,  # fused qkv projection
+                   min(T, max_num_seqs) * vocab * 4)               # fp32 logits of the sampled rows
+               + 2 * T * hidden * a                                # hidden states and residual
+
+    with `a` the activation dtype size (2 B, or 4 B for fp32 models).
+    """
+    t, a = engine.max_num_batched_tokens, model.activation_bytes
+    mlp = t * 2 * math.ceil(model.intermediate_size / tp) * a
+    q_heads = max(1, model.num_attention_heads // tp)
+    qkv = t * (q_heads + 2 * kv_heads_per_gpu(model, tp)) * model.head_dim * a
+    logits = min(t, engine.max_num_seqs) * model.vocab_size * 4
+    return max(mlp, qkv, logits) + 2 * t * model.hidden_size * a
+
+
+@dataclass(slots=True, frozen=True)
+class KvCapacity:
+    """Per-GPU memory breakdown in bytes: budget = weights + activations + reserve + kv."""
+
+    total: float
+    budget: float
+    weights: float
+    activations: float
+    reserve: float
+    kv: float
+    bytes_per_block: int
+    num_blocks: int
+    block_size: int
+    max_tokens: int
+
+    def rows(self) -> list[tuple[str, float]]:
+        return [
+            ("GPU memory", self.total),
+            ("usable (gpu_memory_utilization)", self.budget),
+            ("weights", self.weights),
+            ("activations", self.activations),
+            ("fixed reserve", self.reserve),
+            ("KV cache", self.kv),
+            ("KV in whole blocks", self.num_blocks * self.bytes_per_block),
+        ]
+
+
+def compute_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec) -> KvCapacity:
+    """The breakdown, unchecked: kv may be negative and num_blocks zero (see kv_capacity)."""
+    hw, engine = scenario.hardware, scenario.engine
+    tp = hw.tensor_parallel_size
+    total = gpu.memory_gib * GiB
+    budget = total * hw.gpu_memory_utilization
+    weights = model.weight_bytes / tp
+    activations = (engine.activation_reserve_gib * GiB if engine.activation_reserve_gib is not None
+                   else float(activation_estimate(model, engine, tp)))
+    reserve = engine.fixed_reserve_gib * GiB
+    kv = budget - weights - activations - reserve
+    bpb = bytes_per_block(model, policy.kv_cache_dtype, engine.block_size, tp)
+    num_blocks = max(0, int(kv // bpb))
+    return KvCapacity(total, budget, weights, activations, reserve, kv, bpb, num_blocks,
+                      engine.block_size, num_blocks * engine.block_size)
+
+
+def check_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, cap: KvCapacity) -> None:
+    """Raise KvsimError (one line) when the KV cache is empty or cannot hold one max_model_len sequence."""
+    hw, src = scenario.hardware, scenario.source
+    tp, util = hw.tensor_parallel_size, hw.gpu_memory_utilization
+    on_gpu = f"{gpu.name} ({gpu.memory_gib:.1f} GiB × {util:.2f} = {cap.budget / GiB:.1f} GiB)"
+    if cap.weights >= cap.budget:
+        raise KvsimError(f"{src}: model {model.name} ({cap.weights / GiB:.1f} GiB of weights per GPU at tp={tp}) "
+                         f"does not fit on {on_gpu}: raise hardware.tensor_parallel_size or pick a larger GPU")
+    if cap.kv <= 0:
+        raise KvsimError(f"{src}: model {model.name} leaves no room for the KV cache on {on_gpu} at tp={tp}: "
+                         f"{cap.weights / GiB:.1f} GiB weights + {cap.activations / GiB:.1f} GiB activations + "
+                         f"{cap.reserve / GiB:.1f} GiB reserve: raise hardware.tensor_parallel_size or "
+                         f"hardware.gpu_memory_utilization, or lower engine.max_num_batched_tokens")
+    max_len = max_model_len(scenario, model)
+    if cap.num_blocks < math.ceil(max_len / cap.block_size):
+        raise KvsimError(f"{src}: policy {policy.name}: the KV cache holds {cap.max_tokens} tokens "
+                         f"({cap.kv / GiB:.1f} GiB, kv_cache_dtype {policy.kv_cache_dtype}) on {gpu.name} at tp={tp}, "
+                         f"fewer than max_model_len {max_len}: lower engine.max_model_len, raise "
+                         f"hardware.tensor_parallel_size or hardware.gpu_memory_utilization")
+
+
+def kv_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec) -> KvCapacity:
+    cap = compute_capacity(scenario, policy, model, gpu)
+    check_capacity(scenario, policy, model, gpu, cap)
+    return cap
+
+
+@dataclass(slots=True, frozen=True)
+class MemoryRow:
+    """One sequence length under one policy: what a sequence reserves and how many fit."""
+
+    policy: str
+    allocator: str
+    kv_cache_dtype: str
+    seq_len: int
+    bytes_per_seq: int
+    num_seqs: int
+
+
+def table_lengths(max_len: int) -> list[int]:
+    return sorted({min(n, max_len) for n in SEQ_LENS})
+
+
+def reserved_tokens(policy, seq_len: int, block_size: int, max_len: int) -> int:
+    """KV slots a sequence of `seq_len` tokens holds: whole blocks when paged; a slab when contiguous."""
+    if policy.allocator == "paged":
+        return math.ceil(seq_len / block_size) * block_size
+    return max_len if policy.contiguous_reserve == "max_model_len" else seq_len
+
+
+def memory_table(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> list[MemoryRow]:
+    """Rows for every policy (crossed with `kv_dtypes` if given, else its own dtype) and table length."""
+    tp, max_len = scenario.hardware.tensor_parallel_size, max_model_len(scenario, model)
+    rows = []
+    for policy in scenario.policies:
+        for dtype in kv_dtypes or (policy.kv_cache_dtype,):
+            pol = replace_dtype(policy, dtype)
+            cap = compute_capacity(scenario, pol, model, gpu)
+            per_token = kv_bytes_per_token(model, dtype, tp)
+            for n in table_lengths(max_len):
+                slots = reserved_tokens(pol, n, cap.block_size, max_len)
+                rows.append(MemoryRow(policy.name, policy.allocator, dtype, n, math.ceil(slots * per_token),
+                                      cap.max_tokens // slots))
+    return rows
+
+
+def replace_dtype(policy, kv_cache_dtype: str):
+    return policy if policy.kv_cache_dtype == kv_cache_dtype else policy.model_copy(
+        update={"kv_cache_dtype": kv_cache_dtype})
+
+
+def prefill_flops(model: ModelSpec, num_tokens: int, context_tokens: int = 0) -> float:
+    """FLOPs (all GPUs together) to prefill `num_tokens` after `context_tokens` already in the cache."""
+    pairs = num_tokens * context_tokens + num_tokens * (num_tokens + 1) // 2
+    return model.gemm_flops(num_tokens, 1 if num_tokens else 0) + model.attention_flops(pairs)
+
+
+def prefill_flops_saved(model: ModelSpec, cached_tokens: int, total_prompt_tokens: int) -> float:
+    """FLOPs a prefix-cache hit of `cached_tokens` saves on a prompt of `total_prompt_tokens`:
+    the projections of the cached tokens and the attention among them (the rest still attends to them)."""
+    if not 0 <= cached_tokens <= total_prompt_tokens:
+        raise ValueError(f"cached_tokens {cached_tokens} not in [0, {total_prompt_tokens}]")
+    rest = total_prompt_tokens - cached_tokens
+    return prefill_flops(model, total_prompt_tokens) - prefill_flops(model, rest, cached_tokens)
+
+
+def typical_prompt_len(workload) -> int | None:
+    """A representative prompt length of a synthetic workload; None for trace lengths."""
+    d = workload.prompt_len
+    if d.dist == "fixed":
+        return d.value
+    if d.dist == "uniform":
+        return (d.min + d.max) // 2
+    return round(d.mean) if d.dist == "lognormal" else None
+
+
+def prefix_savings(scenario, model: ModelSpec) -> tuple[int, int, float, float] | None:
+    """(prefix_len, prompt_len, FLOPs saved per hit, FLOPs of the full prefill) for the scenario's
+    shared prefix, or None without one."""
+    prefix = scenario.workload.prefix
+    if prefix is None:
+        return None
+    total = max(prefix.prefix_len, typical_prompt_len(scenario.workload) or prefix.prefix_len)
+    return (prefix.prefix_len, total, prefill_flops_saved(model, prefix.prefix_len, total),
+            prefill_flops(model, total))
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:,.2f} GiB"
+
+
+def _bytes(x: float) -> str:
+    return f"{x / 2**20:,.1f} MiB" if x < GiB else _gib(x)
+
+
+def render_memory(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> list:
+    """rich Tables for `kvsim memory`: the per-GPU breakdown per kv dtype, then bytes and fits per length."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    by_dtype: dict[str, list] = {}  # capacity depends on the dtype only
+    for p in scenario.policies:
+        for d in kv_dtypes or (p.kv_cache_dtype,):
+            by_dtype.setdefault(d, []).append(p)
+    tp = scenario.hardware.tensor_parallel_size
+    head = Table(title=f"KV capacity per GPU: {model.name} on {gpu.name}, tp={tp}")
+    head.add_column("")
+    caps, notes = [], []
+    for dtype, pols in by_dtype.items():
+        head.add_column(f"{dtype} ({', '.join(p.name for p in pols)})", justify="right")
+        pol = replace_dtype(pols[0], dtype)
+        caps.append(compute_capacity(scenario, pol, model, gpu))
+        try:
+            check_capacity(scenario, pol, model, gpu, caps[-1])
+        except KvsimError as exc:
+            notes.append(escape(str(exc)))
+    for i, (label, _) in enumerate(caps[0].rows()):
+        head.add_row(label, *(_gib(c.rows()[i][1]) for c in caps))
+    head.add_row("bytes per block", *(f"{c.bytes_per_block:,}" for c in caps))
+    head.add_row("blocks", *(f"{c.num_blocks:,}" for c in caps))
+    head.add_row("max tokens", *(f"{c.max_tokens:,}" for c in caps))
+    if notes:
+        head.caption = "\n".join(notes)
+
+    rows = memory_table(scenario, model, gpu, kv_dtypes)
+    lens = table_lengths(max_model_len(scenario, model))
+    seqs = Table(title="Bytes per sequence (sequences that fit)")
+    seqs.add_column("policy")
+    seqs.add_column("allocator")
+    seqs.add_column("kv dtype")
+    for n in lens:
+        seqs.add_column(f"{n:,} tok", justify="right")
+    for i in range(0, len(rows), len(lens)):
+        r = rows[i:i + len(lens)]
+        seqs.add_row(escape(r[0].policy), r[0].allocator, r[0].kv_cache_dtype,
+                     *(f"{_bytes(x.bytes_per_seq)} ({x.num_seqs:,})" for x in r))
+    saved = prefix_savings(scenario, model)
+    if saved:
+        p_len, total, flops, full = saved
+        seqs.caption = (f"FLOPs saved by caching the {p_len}-token shared prefix: {flops / 1e12:,.2f} TFLOP per hit "
+                        f"({flops / full:.0%} of a {total}-token prompt's prefill)")
+    return [head, seqs]

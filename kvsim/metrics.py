@@ -1,0 +1,311 @@
+"""Streamed metrics of one policy's simulation: per-request rows, a time series, and the summary.
+
+Nothing here keeps per-request objects, so a run of a million requests stays small: latencies live
+in `array('d')` (8 bytes a value), the token-level inter-token latency (ITL) distribution in a fixed
+log-spaced histogram, and the time series keeps one row per replica per `timeseries_interval_s`.
+The simulator calls `on_finish`, `on_reject`, `record_itl` and `sample`; `summary` gives the dict
+that goes into `summary.json` under the policy's name.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from kvsim.config import SloConfig
+from kvsim.sequence import Sequence
+
+REQUEST_COLUMNS = (
+    "policy", "request_id", "status", "reject_reason", "arrival_s", "first_scheduled_s", "first_token_s",
+    "finish_s", "ttft_s", "mean_itl_s", "e2e_s", "prompt_tokens", "output_tokens", "prefix_hit_tokens",
+    "preemptions",
+)
+TIMESERIES_COLUMNS = (
+    "policy", "replica", "time_s", "running", "waiting", "swapped", "kv_blocks_used", "kv_blocks_cached",
+    "kv_blocks_free", "reserved_unused_tokens", "batch_tokens",
+)
+PERCENTILES = (50, 90, 99)
+
+
+def _csv_time(t: float) -> float | str:
+    """Seconds rounded to the microsecond for the CSV; unset timestamps (< 0) as an empty cell."""
+    return "" if t < 0 else round(t, 6)
+
+
+def _csv_opt(x: Optional[float]) -> float | str:
+    return "" if x is None else round(x, 6)
+
+
+def _stats(values: np.ndarray) -> dict:
+    """mean, p50, p90, p99 and max of exact values; None for each when there are none."""
+    if len(values) == 0:
+        return {"mean": None, "max": None, **{f"p{q}": None for q in PERCENTILES}}
+    pct = np.percentile(values, PERCENTILES)
+    return {"mean": float(values.mean()), "max": float(values.max()),
+            **{f"p{q}": float(v) for q, v in zip(PERCENTILES, pct)}}
+
+
+class LogHistogram:
+    """Counts of positive values in log-spaced bins from 1 µs to 10^4 s, `bins_per_decade` a decade.
+
+    A percentile is interpolated between the values of neighbouring ranks, as numpy's default
+    (linear) method, each rank's value read as its bin's geometric centre; so it is off by at most
+    half a bin (0.58 % at 200 bins a decade). Values outside the range go to the end bins; the
+    smallest and largest ranks read the exact minimum and maximum seen.
+    """
+
+    LOG_MIN, LOG_MAX = -6.0, 4.0
+
+    def __init__(self, bins_per_decade: int = 200):
+        self.bins_per_decade = bins_per_decade
+        self.num_bins = int((self.LOG_MAX - self.LOG_MIN) * bins_per_decade)
+        self.counts = np.zeros(self.num_bins, dtype=np.int64)
+        self.count = 0
+        self.total = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+
+    def add(self, value: float, count: int = 1) -> None:
+        if count <= 0:
+            return
+        if value > 0:
+            i = int((math.log10(value) - self.LOG_MIN) * self.bins_per_decade)
+            i = 0 if i < 0 else (self.num_bins - 1 if i >= self.num_bins else i)
+        else:
+            i = 0
+        self.counts[i] += count
+        self.count += count
+        self.total += value * count
+        if value < self.min:
+            self.min = value
+        if value > self.max:
+            self.max = value
+
+    def add_many(self, values: np.ndarray) -> None:
+        """Add each of `values` once (vectorized; same binning as `add`)."""
+        if len(values) == 0:
+            return
+        values = np.asarray(values, dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            idx = ((np.log10(values) - self.LOG_MIN) * self.bins_per_decade)
+        idx = np.where(values > 0, idx, 0.0)
+        idx = np.clip(idx, 0, self.num_bins - 1).astype(np.int64)
+        self.counts += np.bincount(idx, minlength=self.num_bins)
+        self.count += len(values)
+        self.total += float(values.sum())
+        self.min = min(self.min, float(values.min()))
+        self.max = max(self.max, float(values.max()))
+
+    def _rank_values(self, ranks: np.ndarray) -> np.ndarray:
+        """The (approximate) value of the k-th smallest element (0-based) for each k in `ranks`."""
+        bins = np.searchsorted(np.cumsum(self.counts), ranks, side="right")
+        centres = np.clip(10.0 ** (self.LOG_MIN + (bins + 0.5) / self.bins_per_decade), self.min, self.max)
+        return np.where(ranks <= 0, self.min, np.where(ranks >= self.count - 1, self.max, centres))
+
+    def percentile(self, q: float) -> Optional[float]:
+        if self.count == 0:
+            return None
+        k = q / 100.0 * (self.count - 1)
+        lo, hi = self._rank_values(np.array([math.floor(k), math.ceil(k)]))
+        return float(lo + (hi - lo) * (k - math.floor(k)))
+
+    def stats(self) -> dict:
+        if self.count == 0:
+            return _stats(np.empty(0))
+        return {"mean": self.total / self.count, "max": self.max,
+                **{f"p{q}": self.percentile(q) for q in PERCENTILES}}
+
+
+@dataclass(slots=True)
+class _ReplicaSeries:
+    """Time-series state of one replica: the open bucket's last sample and the KV-usage integral."""
+
+    bucket: int = -1
+    last: tuple = ()  # (t, running, waiting, swapped, used, cached, free, reserved_unused) of the open bucket
+    batch_max: int = 0
+    running: int = 0
+    waiting: int = 0
+    first_t: float = -1.0
+    last_t: float = -1.0
+    used_seconds: float = 0.0  # integral of blocks_used over time (block-seconds)
+    peak_used: int = 0
+
+
+class Metrics:
+    """Collects one policy's results as the simulation runs; see the module docstring."""
+
+    def __init__(self, policy: str, slo: SloConfig, timeseries_interval_s: float, requests_csv=None):
+        self.policy = policy
+        self.slo = slo
+        self.interval = timeseries_interval_s
+        self.requests_csv = requests_csv
+        self.ttft = array("d")
+        self.e2e = array("d")
+        self.tpot = array("d")  # per-request mean ITL, requests with >= 2 output tokens only
+        self.itl = LogHistogram()
+        self._itl_buffer: list[float] = []
+        self.num_finished = 0
+        self.num_good = 0
+        self.rejected_by_reason: dict[str, int] = {}
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+        self.prefix_hit_tokens = 0
+        self.preemptions = 0
+        self._replicas: dict[int, _ReplicaSeries] = {}
+        self._rows: list[tuple] = []
+        self._running_now = 0  # summed over replicas, from each one's latest sample
+        self._waiting_now = 0
+        self.peak_running = 0
+        self.peak_waiting = 0
+
+    # ---- requests
+
+    def on_finish(self, seq: Sequence) -> None:
+        arrival = seq.request.arrival_time
+        ttft = seq.first_token_time - arrival
+        e2e = seq.finish_time - arrival
+        n_out = seq.num_output_tokens
+        tpot = (seq.finish_time - seq.first_token_time) / (n_out - 1) if n_out > 1 else None
+        self.ttft.append(ttft)
+        self.e2e.append(e2e)
+        if tpot is not None:
+            self.tpot.append(tpot)
+        self.num_finished += 1
+        self.num_good += self.meets_slo(ttft, tpot, e2e)
+        self.prompt_tokens += seq.request.prompt_len
+        self.output_tokens += n_out
+        self.prefix_hit_tokens += seq.num_cached_tokens
+        self.preemptions += seq.num_preemptions
+        self._write_row(seq, "finished", ttft, tpot, e2e)
+
+    def on_reject(self, seq: Sequence) -> None:
+        reason = seq.reject_reason or "unknown"
+        self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
+        self.preemptions += seq.num_preemptions
+        self._write_row(seq, "rejected", None, None, None)
+
+    def meets_slo(self, ttft: float, tpot: Optional[float], e2e: float) -> bool:
+        """Every bound the SLO gives holds; a one-token request has no ITL to miss."""
+        slo = self.slo
+        return ((slo.ttft_ms is None or ttft * 1e3 <= slo.ttft_ms)
+                and (slo.itl_ms is None or tpot is None or tpot * 1e3 <= slo.itl_ms)
+                and (slo.e2e_ms is None or e2e * 1e3 <= slo.e2e_ms))
+
+    def _write_row(self, seq: Sequence, status: str, ttft, tpot, e2e) -> None:
+        if self.requests_csv is None:
+            return
+        r = seq.request
+        self.requests_csv.writerow((
+            self.policy, r.request_id, status, seq.reject_reason, round(r.arrival_time, 6),
+            _csv_time(seq.first_scheduled_time), _csv_time(seq.first_token_time), _csv_time(seq.finish_time),
+            _csv_opt(ttft), _csv_opt(tpot), _csv_opt(e2e), r.prompt_len, seq.num_output_tokens, seq.num_cached_tokens,
+            seq.num_preemptions,
+        ))
+
+    def _itl_stats(self) -> dict:
+        self._flush_itl()
+        return self.itl.stats()
+
+    def record_itl(self, gap_s: float, count: int = 1) -> None:
+        if count == 1:  # the hot case: buffer, and bin in bulk
+            self._itl_buffer.append(gap_s)
+            if len(self._itl_buffer) >= 1 << 16:
+                self._flush_itl()
+        else:
+            self.itl.add(gap_s, count)
+
+    def record_itls(self, gaps: list[float]) -> None:
+        """One inter-token gap each."""
+        self._itl_buffer.extend(gaps)
+        if len(self._itl_buffer) >= 1 << 16:
+            self._flush_itl()
+
+    def _flush_itl(self) -> None:
+        self.itl.add_many(np.asarray(self._itl_buffer))
+        self._itl_buffer.clear()
+
+    # ---- time series (called every engine step: keep it cheap)
+
+    def sample(self, t: float, replica: int, *, running: int, waiting: int, swapped: int, blocks_used: int,
+               blocks_cached: int, blocks_free: int, reserved_unused_tokens: int, batch_tokens: int) -> None:
+        r = self._replicas.get(replica)
+        if r is None:
+            r = self._replicas[replica] = _ReplicaSeries(first_t=t, last_t=t)
+        bucket = int(t // self.interval)
+        if bucket != r.bucket:
+            if r.last:
+                self._rows.append((self.policy, replica, *r.last, r.batch_max))
+            r.bucket = bucket
+            r.batch_max = batch_tokens
+        elif batch_tokens > r.batch_max:
+            r.batch_max = batch_tokens
+        if r.last:  # the previous sample's usage held from its time until now
+            r.used_seconds += r.last[4] * (t - r.last_t)
+        r.last = (round(t, 6), running, waiting, swapped, blocks_used, blocks_cached, blocks_free,
+                  reserved_unused_tokens)
+        r.last_t = t
+        if blocks_used > r.peak_used:
+            r.peak_used = blocks_used
+        self._running_now += running - r.running
+        self._waiting_now += waiting - r.waiting
+        r.running, r.waiting = running, waiting
+        if self._running_now > self.peak_running:
+            self.peak_running = self._running_now
+        if self._waiting_now > self.peak_waiting:
+            self.peak_waiting = self._waiting_now
+
+    def timeseries_rows(self) -> list[tuple]:
+        """Rows for timeseries.csv (columns `TIMESERIES_COLUMNS`), by time then replica."""
+        open_rows = [(self.policy, i, *r.last, r.batch_max) for i, r in self._replicas.items() if r.last]
+        return sorted(self._rows + open_rows, key=lambda row: (row[2], row[1]))
+
+    # ---- summary
+
+    def _kv_summary(self, num_blocks: int, block_size: int, bytes_per_block: int) -> dict:
+        """Peak is the largest one replica reached; the mean is time-weighted over each replica's
+        samples (a value holds until the next sample) and averaged over replicas by time."""
+        reps = self._replicas.values()
+        peak = max((r.peak_used for r in reps), default=0)
+        span = sum(r.last_t - r.first_t for r in reps)
+        used_seconds = sum(r.used_seconds for r in reps)
+        if span > 0:
+            mean_frac = used_seconds / span / num_blocks
+        elif reps:  # one instant per replica: the plain mean of the samples
+            mean_frac = sum(r.last[4] for r in reps) / len(reps) / num_blocks
+        else:
+            mean_frac = None
+        return {"num_blocks": num_blocks, "block_size": block_size, "bytes_per_block": bytes_per_block,
+                "peak_used_blocks": peak, "peak_used_fraction": peak / num_blocks if num_blocks else None,
+                "mean_used_fraction": mean_frac if num_blocks else None}
+
+    def summary(self, *, duration_s: float, num_blocks: int, block_size: int, bytes_per_block: int,
+                extra: dict | None = None) -> dict:
+        """The policy's figures as plain JSON values; undefined ones (no finished request) are None."""
+        rejected = sum(self.rejected_by_reason.values())
+        received = self.num_finished + rejected
+        per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: None)
+        out = {
+            "requests": {"received": received, "finished": self.num_finished, "rejected": rejected,
+                         "rejected_by_reason": dict(sorted(self.rejected_by_reason.items()))},
+            "ttft_s": _stats(np.frombuffer(self.ttft, dtype=np.float64)),
+            "e2e_s": _stats(np.frombuffer(self.e2e, dtype=np.float64)),
+            "tpot_s": _stats(np.frombuffer(self.tpot, dtype=np.float64)),
+            "itl_s": self._itl_stats(),
+            "throughput": {"requests_per_s": per_s(self.num_finished),
+                           "output_tokens_per_s": per_s(self.output_tokens),
+                           "total_tokens_per_s": per_s(self.prompt_tokens + self.output_tokens)},
+            "goodput_rps": per_s(self.num_good),
+            "slo_attainment": self.num_good / received if received else None,
+            "peak_running": self.peak_running,
+            "peak_waiting": self.peak_waiting,
+            "kv": self._kv_summary(num_blocks, block_size, bytes_per_block),
+            "preemptions": self.preemptions,
+            "prefix_hit_rate": self.prefix_hit_tokens / self.prompt_tokens if self.prompt_tokens else None,
+            "duration_s": duration_s,
+        }
+        out.update(extra or {})
+        return out

@@ -1,0 +1,298 @@
+"""A run's results folder, its self-contained HTML report, and the terminal comparison table.
+
+`ResultsWriter` fills a hidden temporary sibling of the results folder (requests.csv is streamed
+there while the simulation runs) and renames it into place on `commit`, so a crash or Ctrl-C never
+leaves a half-written results folder. `write_report_html` turns the folder's summaries and CSVs into
+one HTML page with plotly.js inlined; `comparison_table` puts the headline figures of every policy
+side by side for the terminal.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import os
+import shutil
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+from rich.table import Table
+
+from kvsim.errors import KvsimError
+from kvsim.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS
+
+MAX_CDF_POINTS = 2000
+
+
+# ---- headline figures, shared by the terminal table, the HTML table and the bar charts
+
+@dataclass(frozen=True, slots=True)
+class _Figure:
+    label: str
+    path: tuple[str, ...]  # keys into a policy's summary
+    scale: float = 1.0
+    digits: int = 1
+
+    def value(self, summary: dict):
+        x = summary
+        for key in self.path:
+            if not isinstance(x, dict) or x.get(key) is None:
+                return None
+            x = x[key]
+        return x * self.scale
+
+    def text(self, summary: dict) -> str:
+        v = self.value(summary)
+        return "–" if v is None else f"{v:,.{self.digits}f}"
+
+
+FIGURES = (
+    _Figure("req/s", ("throughput", "requests_per_s"), digits=2),
+    _Figure("out tok/s", ("throughput", "output_tokens_per_s"), digits=0),
+    _Figure("goodput req/s", ("goodput_rps",), digits=2),
+    _Figure("TTFT p50 ms", ("ttft_s", "p50"), 1e3),
+    _Figure("TTFT p99 ms", ("ttft_s", "p99"), 1e3),
+    _Figure("ITL p99 ms", ("itl_s", "p99"), 1e3),
+    _Figure("E2E p99 s", ("e2e_s", "p99"), digits=2),
+    _Figure("peak KV %", ("kv", "peak_used_fraction"), 100.0),
+    _Figure("preemptions", ("preemptions",), digits=0),
+    _Figure("prefix hit %", ("prefix_hit_rate",), 100.0),
+)
+BAR_FIGURES = tuple(f for f in FIGURES if f.label not in ("E2E p99 s", "prefix hit %"))
+
+
+def _table_rows(summaries: dict[str, dict]) -> tuple[list[str], list[list[str]]]:
+    """Header and one row of text cells per policy."""
+    header = ["policy", "finished/rejected", *(f.label for f in FIGURES)]
+    rows = []
+    for name, s in summaries.items():
+        req = s.get("requests", {})
+        rows.append([name, f"{req.get('finished', 0)}/{req.get('rejected', 0)}", *(f.text(s) for f in FIGURES)])
+    return header, rows
+
+
+def comparison_table(summaries: dict[str, dict]) -> Table:
+    """A rich table with one row per policy."""
+    header, rows = _table_rows(summaries)
+    table = Table(title="kvsim: policy comparison")
+    for i, label in enumerate(header):
+        table.add_column(label, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+# ---- data for the plots, read back from the CSVs
+
+def _read_latencies(path: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Per policy, the finished requests' ttft_s, mean_itl_s and e2e_s columns (empty cells skipped)."""
+    cols = ("ttft_s", "mean_itl_s", "e2e_s")
+    out: dict[str, dict[str, array]] = {}
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = next(reader, None) or list(REQUEST_COLUMNS)
+        idx = [header.index(c) for c in cols]
+        i_policy, i_status = header.index("policy"), header.index("status")
+        for row in reader:
+            if row[i_status] != "finished":
+                continue
+            per = out.setdefault(row[i_policy], {c: array("d") for c in cols})
+            for c, i in zip(cols, idx):
+                if row[i]:
+                    per[c].append(float(row[i]))
+    return {p: {c: np.frombuffer(a, dtype=np.float64) for c, a in per.items()} for p, per in out.items()}
+
+
+def _read_timeseries(path: Path) -> dict[tuple[str, int], dict[str, np.ndarray]]:
+    """Per (policy, replica), each numeric column of timeseries.csv as an array."""
+    rows: dict[tuple[str, int], list[list[float]]] = {}
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = next(reader, None) or list(TIMESERIES_COLUMNS)
+        for row in reader:
+            rows.setdefault((row[0], int(row[1])), []).append([float(x) for x in row[2:]])
+    return {key: dict(zip(header[2:], np.asarray(vals).T)) for key, vals in rows.items()}
+
+
+def cdf_points(values: np.ndarray, max_points: int = MAX_CDF_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """Empirical CDF (x sorted, y = fraction <= x), thinned to at most `max_points` evenly spaced ranks."""
+    x = np.sort(values)
+    n = len(x)
+    if n == 0:
+        return x, x
+    idx = np.unique(np.linspace(0, n - 1, min(n, max_points)).round().astype(np.int64))
+    return x[idx], (idx + 1) / n
+
+
+# ---- figures
+
+def _colors(policies: list[str]) -> dict[str, str]:
+    palette = qualitative.Plotly
+    return {p: palette[i % len(palette)] for i, p in enumerate(policies)}
+
+
+def _bars_figure(summaries: dict[str, dict], colors: dict[str, str]) -> go.Figure:
+    ncols = 4
+    nrows = -(-len(BAR_FIGURES) // ncols)
+    fig = make_subplots(rows=nrows, cols=ncols, subplot_titles=[f.label for f in BAR_FIGURES])
+    names = list(summaries)
+    for i, f in enumerate(BAR_FIGURES):
+        values = [f.value(summaries[p]) for p in names]
+        fig.add_trace(go.Bar(x=names, y=values, marker_color=[colors[p] for p in names], showlegend=False,
+                             hovertemplate="%{x}: %{y}<extra>" + f.label + "</extra>"),
+                      row=i // ncols + 1, col=i % ncols + 1)
+    fig.update_layout(title="Policy comparison", height=300 * nrows)
+    return fig
+
+
+def _cdf_figure(latencies: dict[str, dict[str, np.ndarray]], colors: dict[str, str]) -> go.Figure:
+    panels = (("ttft_s", "TTFT (s)"), ("mean_itl_s", "per-request mean ITL (s)"), ("e2e_s", "E2E latency (s)"))
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for _, t in panels])
+    for policy, cols in latencies.items():
+        for j, (col, title) in enumerate(panels):
+            x, y = cdf_points(cols[col])
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=policy, legendgroup=policy,
+                                     showlegend=j == 0, line_color=colors.get(policy)), row=1, col=j + 1)
+            fig.update_xaxes(title_text=title, row=1, col=j + 1)
+    fig.update_yaxes(title_text="fraction of requests", row=1, col=1)
+    fig.update_layout(title="Latency CDFs (finished requests)", height=420)
+    return fig
+
+
+def _timeseries_figure(series: dict[tuple[str, int], dict[str, np.ndarray]], policies: list[str],
+                       lines: tuple[tuple[str, str], ...], title: str, colors: dict[str, str]) -> go.Figure:
+    """One panel per policy; each of `lines` (column, dash style) drawn per replica."""
+    fig = make_subplots(rows=len(policies), cols=1, shared_xaxes=True, subplot_titles=policies,
+                        vertical_spacing=min(0.08, 0.3 / max(1, len(policies))))
+    replicas = {p: sorted(r for q, r in series if q == p) for p in policies}
+    for row, policy in enumerate(policies, start=1):
+        for replica in replicas[policy]:
+            data = series[(policy, replica)]
+            suffix = f" r{replica}" if len(replicas[policy]) > 1 else ""
+            for col, dash in lines:
+                fig.add_trace(go.Scatter(x=data["time_s"], y=data[col], mode="lines", name=f"{policy}{suffix} {col}",
+                                         line={"dash": dash, "color": colors.get(policy)}), row=row, col=1)
+    fig.update_xaxes(title_text="simulated time (s)", row=len(policies), col=1)
+    fig.update_layout(title=title, height=max(320, 240 * len(policies)))
+    return fig
+
+
+def _summary_table_html(summaries: dict[str, dict]) -> str:
+    header, rows = _table_rows(summaries)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+_STYLE = """body{font-family:system-ui,sans-serif;margin:24px;color:#222}
+table{border-collapse:collapse;font-size:13px;margin-bottom:24px}
+th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}th:first-child,td:first-child{text-align:left}
+th{background:#f3f3f3}"""
+
+
+def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requests_csv_path,
+                      timeseries_csv_path) -> None:
+    """One self-contained HTML page (plotly.js inlined once) comparing the policies of a run."""
+    policies = list(summaries)
+    colors = _colors(policies)
+    series = _read_timeseries(Path(timeseries_csv_path))
+    figures = [_bars_figure(summaries, colors), _cdf_figure(_read_latencies(Path(requests_csv_path)), colors)]
+    if policies:
+        figures += [
+            _timeseries_figure(series, policies, (("kv_blocks_used", "solid"), ("kv_blocks_cached", "dash")),
+                               "KV blocks used (solid) and cached (dashed) over time", colors),
+            _timeseries_figure(series, policies, (("running", "solid"), ("waiting", "dot")),
+                               "Running (solid) and waiting (dotted) requests over time", colors),
+        ]
+    divs = [pio.to_html(fig, include_plotlyjs=i == 0, full_html=False) for i, fig in enumerate(figures)]
+    name = html.escape(scenario_name)
+    page = (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>kvsim: {name}</title>'
+            f"<style>{_STYLE}</style></head><body>\n<h1>kvsim report: {name}</h1>\n"
+            f"{_summary_table_html(summaries)}\n" + "\n".join(divs) + "\n</body></html>\n")
+    Path(path).write_text(page, encoding="utf-8")
+
+
+# ---- the results folder
+
+class ResultsWriter:
+    """Writes a run's results into a temporary sibling of `out_dir`, renamed into place on commit."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = Path(out_dir)
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise KvsimError(f"{self.out_dir}: results path exists and is not a folder")
+        parent, name = self.out_dir.parent, self.out_dir.name
+        self.tmp_dir = parent / f".{name}.tmp-{os.getpid()}"
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)  # left by an earlier process with our pid
+            self.tmp_dir.mkdir()
+            self._requests_file = open(self.tmp_dir / "requests.csv", "w", newline="", encoding="utf-8")
+            self._timeseries_file = open(self.tmp_dir / "timeseries.csv", "w", newline="", encoding="utf-8")
+        except OSError as exc:
+            self.abort()
+            raise KvsimError(f"{self.out_dir}: cannot create results folder ({exc.strerror})") from None
+        self.requests_csv = csv.writer(self._requests_file)
+        self.requests_csv.writerow(REQUEST_COLUMNS)
+        self._timeseries_csv = csv.writer(self._timeseries_file)
+        self._timeseries_csv.writerow(TIMESERIES_COLUMNS)
+        self.committed = False
+
+    def add_timeseries(self, policy: str, rows: list[tuple]) -> None:
+        """Append one policy's time-series rows (as from `Metrics.timeseries_rows`)."""
+        self._timeseries_csv.writerows(rows)
+
+    def _close(self) -> None:
+        for f in (getattr(self, "_requests_file", None), getattr(self, "_timeseries_file", None)):
+            if f is not None and not f.closed:
+                f.close()
+
+    def commit(self, scenario_name: str, summaries: dict[str, dict], meta: dict, *, report_html: bool = True) -> Path:
+        """Write summary.json (and report.html), then swap the folder in for `out_dir`."""
+        try:
+            self._close()
+            doc = {"scenario": scenario_name, "meta": meta, "policies": summaries}
+            (self.tmp_dir / "summary.json").write_text(json.dumps(doc, sort_keys=True, indent=2) + "\n")
+            if report_html:
+                write_report_html(self.tmp_dir / "report.html", scenario_name, summaries,
+                                  self.tmp_dir / "requests.csv", self.tmp_dir / "timeseries.csv")
+            self._swap_in()
+        except BaseException:
+            self.abort()
+            raise
+        self.committed = True
+        return self.out_dir
+
+    def _swap_in(self) -> None:
+        old = None
+        if self.out_dir.exists():
+            old = self.out_dir.parent / f".{self.out_dir.name}.old-{os.getpid()}"
+            shutil.rmtree(old, ignore_errors=True)
+            self.out_dir.rename(old)
+        try:
+            self.tmp_dir.rename(self.out_dir)
+        except OSError:
+            if old is not None:  # put the previous results back
+                old.rename(self.out_dir)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def abort(self) -> None:
+        """Drop everything written so far; `out_dir` is left as it was."""
+        self._close()
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+    def __enter__(self) -> "ResultsWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self.committed:
+            self.abort()

@@ -1,0 +1,107 @@
+"""Run a scenario: every policy through its own simulation, then one results folder.
+
+`run_scenario` is the library entry point behind `python -m kvsim SCENARIO.toml`: it resolves the
+model and GPU, sizes each policy's KV cache, builds allocator, scheduler and backend per replica,
+replays the same request stream against each policy, and writes the results atomically.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from backends import load_backend
+from kvsim.catalog import gpu_spec, model_spec
+from kvsim.memory import kv_capacity, max_model_len
+from kvsim.metrics import Metrics
+from kvsim.report import ResultsWriter
+from kvsim.simulator import Replica, Simulation, make_allocator, make_scheduler
+from kvsim.workload import expected_count, generate_requests
+
+GIB = 1 << 30
+
+
+@dataclass(slots=True)
+class PolicyRun:
+    name: str
+    summary: dict
+    wall_s: float  # simulation only, not written to summary.json (it would break determinism)
+    events: int
+
+
+@dataclass(slots=True)
+class ScenarioResult:
+    out_dir: Optional[Path]
+    summaries: dict[str, dict]
+    runs: list[PolicyRun] = field(default_factory=list)
+    capacity: dict = field(default_factory=dict)
+
+
+def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
+                    on_progress: Optional[Callable[[int], None]] = None) -> tuple[dict, Simulation]:
+    """Simulate one policy; returns its summary and the finished simulation."""
+    capacity = kv_capacity(scenario, policy, model, gpu)
+    mml = max_model_len(scenario, model)
+    backend_cls = load_backend(scenario.backend.name, scenario.source)
+    host_blocks = int(scenario.engine.swap_space * GIB // capacity.bytes_per_block)
+    replicas = []
+    for i in range(scenario.hardware.num_replicas):
+        backend = backend_cls(scenario, policy, model, gpu, capacity)
+        allocator = make_allocator(scenario, policy, backend.num_blocks, mml)
+        replicas.append(Replica(i, make_scheduler(scenario, policy, allocator, mml, host_blocks), backend))
+    sim = Simulation(replicas, metrics, scenario.hardware.router, on_progress)
+    end = sim.run(generate_requests(scenario))
+    extra = {
+        "engine_events": sim.num_steps,
+        "engine_steps": sim.num_decode_steps,
+        "preemptions": sum(r.scheduler.num_preemptions for r in replicas),
+        "backend": replicas[0].backend.describe(),
+        "kv_cache_dtype": policy.kv_cache_dtype,
+        "allocator": policy.allocator,
+        "enable_chunked_prefill": policy.enable_chunked_prefill,
+        "enable_prefix_caching": scenario.prefix_caching(policy),
+        "max_model_len": mml,
+    }
+    summary = metrics.summary(duration_s=end, num_blocks=replicas[0].backend.num_blocks * len(replicas),
+                              block_size=scenario.engine.block_size, bytes_per_block=capacity.bytes_per_block,
+                              extra=extra)
+    return summary, sim
+
+
+def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[list[str]] = None,
+                 progress: Optional[Callable[[str, Optional[int]], Callable[[int], None]]] = None,
+                 write: bool = True) -> ScenarioResult:
+    """Simulate the scenario's policies (or the named ones) and write the results folder."""
+    model, gpu = model_spec(scenario), gpu_spec(scenario)
+    chosen = [p for p in scenario.policies if policies is None or p.name in policies]
+    for p in chosen:  # size every policy first: a model that does not fit fails before any output
+        kv_capacity(scenario, p, model, gpu)
+    total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
+    if out_dir is None:
+        out_dir = Path(scenario.output.dir) / (scenario.name or "scenario")
+    writer = ResultsWriter(out_dir) if write else None
+    result = ScenarioResult(out_dir if write else None, {})
+    try:
+        for policy in chosen:
+            metrics = Metrics(policy.name, scenario.slo, scenario.output.timeseries_interval_s,
+                              writer.requests_csv if writer else None)
+            tick = progress(policy.name, total) if progress else None
+            t0 = time.perf_counter()
+            summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick)
+            wall = time.perf_counter() - t0
+            result.summaries[policy.name] = summary
+            result.runs.append(PolicyRun(policy.name, summary, wall, sim.num_steps))
+            if writer:
+                writer.add_timeseries(policy.name, metrics.timeseries_rows())
+        if writer:
+            meta = {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": scenario.hardware.tensor_parallel_size,
+                    "num_replicas": scenario.hardware.num_replicas, "backend": scenario.backend.name,
+                    "seed": scenario.workload.seed, "description": scenario.description}
+            writer.commit(scenario.name or "scenario", result.summaries, meta)
+    except BaseException:
+        if writer:
+            writer.abort()
+        raise
+    return result

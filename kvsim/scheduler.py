@@ -1,0 +1,236 @@
+"""The engine's scheduler, with vLLM V1 semantics.
+
+Each step has a budget of `max_num_batched_tokens` new tokens. Running sequences go first (decodes
+and unfinished prefill chunks, oldest first); if the allocator has no room for one, the newest
+running sequence is preempted (recompute: its KV is dropped and it waits again at the front of the
+queue; swap: its KV is copied to host memory) until the sequence fits or is itself the victim. Then,
+if nothing was preempted, waiting sequences are admitted in arrival order while the budget,
+`max_num_seqs` and the allocator allow, taking prefix-cache hits first. With chunked prefill a prompt
+may be split over steps to fit the budget; without it a prompt is admitted only whole.
+
+The scheduler knows no time: the simulator stamps times, the backend prices the `Batch`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from kvsim.batch import Batch
+from kvsim.sequence import Sequence, SequenceStatus
+
+RUNNING, WAITING, SWAPPED, FINISHED, REJECTED = (
+    SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.SWAPPED,
+    SequenceStatus.FINISHED, SequenceStatus.REJECTED)
+
+
+class Scheduler:
+    def __init__(self, allocator, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
+                 enable_chunked_prefill: bool = True, preemption_mode: str = "recompute",
+                 num_host_blocks: int = 0):
+        self.allocator = allocator
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.enable_chunked_prefill = enable_chunked_prefill
+        # Without chunking a whole prompt must fit one step, so the budget is at least
+        # max_model_len, as vLLM sets it.
+        self.max_num_batched_tokens = (max_num_batched_tokens if enable_chunked_prefill
+                                       else max(max_num_batched_tokens, max_model_len))
+        self.preemption_mode = preemption_mode
+        self.num_host_blocks = num_host_blocks
+        self.num_swapped_blocks = 0
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.swapped: deque[Sequence] = deque()
+        self.num_preemptions = 0
+
+    # ---- admission -----------------------------------------------------------------------
+    def reject_reason(self, seq: Sequence) -> str:
+        """Why a request can never be served, or '' if it can."""
+        req, alloc = seq.request, self.allocator
+        total = req.prompt_len + req.output_len
+        if total > self.max_model_len:
+            return f"prompt + output = {total} tokens exceeds max_model_len {self.max_model_len}"
+        if hasattr(alloc, "slab_blocks"):
+            need = alloc.slab_blocks(seq)
+        else:
+            need = alloc.blocks_for(total)
+        if need > alloc.num_blocks:
+            return f"needs {need} KV blocks, the cache holds {alloc.num_blocks}"
+        return ""
+
+    def add(self, seq: Sequence) -> bool:
+        """Queue a new sequence; False (with seq.reject_reason set) if it can never run."""
+        reason = self.reject_reason(seq)
+        if reason:
+            seq.status, seq.reject_reason = REJECTED, reason
+            return False
+        seq.status = WAITING
+        self.waiting.append(seq)
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.swapped)
+
+    # ---- one step ------------------------------------------------------------------------
+    def schedule(self) -> Batch:
+        batch = Batch()
+        budget = self._schedule_running(batch, self.max_num_batched_tokens)
+        if not batch.preempted:
+            budget = self._schedule_swapped(batch, budget)
+            if not self.swapped:
+                self._schedule_waiting(batch, budget)
+        return batch
+
+    def _schedule_running(self, batch: Batch, budget: int) -> int:
+        alloc, running = self.allocator, self.running
+        bs = alloc.block_size
+        seqs, news = batch.seqs, batch.num_new_tokens
+        plain_decodes = plain_context = 0
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            computed = seq.num_computed_tokens
+            num_new = seq.num_tokens - computed
+            # (num_new == 1 with an output token means the prompt is in the cache: computed >= prompt_len.)
+            if num_new == 1 and seq.num_output_tokens and computed < len(seq.block_table) * bs:
+                # The common case, a decode whose slot is already in its last block: no allocation.
+                seqs.append(seq)
+                news.append(1)
+                plain_decodes += 1
+                plain_context += computed + 1
+                budget -= 1
+                i += 1
+                continue
+            num_new = min(num_new, budget)
+            while not alloc.can_append(seq, num_new):
+                victim = running.pop()
+                self._preempt(victim, batch)
+                if victim is seq:
+                    break
+            else:
+                alloc.append(seq, num_new)
+                batch.add(seq, num_new)
+                budget -= num_new
+                i += 1
+                continue
+            break
+        batch.num_decode_seqs += plain_decodes
+        batch.decode_context_tokens += plain_context
+        alloc.note_written(plain_decodes)
+        return budget
+
+    def _schedule_swapped(self, batch: Batch, budget: int) -> int:
+        alloc = self.allocator
+        while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.swapped[0]
+            num_new = seq.num_tokens - seq.num_computed_tokens
+            if num_new > budget or not alloc.can_allocate(seq, num_new):
+                break
+            self.swapped.popleft()
+            alloc.allocate(seq, num_new)
+            blocks = len(seq.block_table)
+            batch.swap_in_blocks += blocks
+            self.num_swapped_blocks -= blocks
+            seq.status = RUNNING
+            self.running.append(seq)
+            batch.add(seq, num_new)
+            budget -= num_new
+        return budget
+
+    def _schedule_waiting(self, batch: Batch, budget: int) -> int:
+        alloc = self.allocator
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            hits = alloc.get_computed_blocks(seq) if seq.num_computed_tokens == 0 else []
+            num_new = seq.num_tokens - seq.num_computed_tokens - len(hits) * alloc.block_size
+            if num_new > budget:
+                if not self.enable_chunked_prefill:
+                    break
+                num_new = budget
+            if not alloc.can_allocate(seq, num_new, hits):
+                break
+            self.waiting.popleft()
+            alloc.allocate(seq, num_new, hits)
+            seq.status = RUNNING
+            self.running.append(seq)
+            batch.add(seq, num_new)
+            budget -= num_new
+        return budget
+
+    def _preempt(self, seq: Sequence, batch: Batch) -> None:
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        batch.preempted.append(seq)
+        blocks = len(seq.block_table)
+        if self.preemption_mode == "swap" and self.num_swapped_blocks + blocks <= self.num_host_blocks:
+            computed = seq.num_computed_tokens
+            self.allocator.deallocate(seq)
+            seq.num_computed_tokens = computed  # its KV now lives in host memory
+            self.num_swapped_blocks += blocks
+            batch.swap_out_blocks += blocks
+            seq.status = SWAPPED
+            self.swapped.append(seq)
+        else:  # recompute (also when host swap space is full)
+            self.allocator.deallocate(seq)
+            seq.status = WAITING
+            self.waiting.appendleft(seq)
+
+    # ---- after the step ------------------------------------------------------------------
+    def postprocess(self, batch: Batch, num_steps: int = 1) -> tuple[list[Sequence], list[Sequence]]:
+        """Advance the scheduled sequences by the step (or a run of `num_steps` decode steps).
+
+        Returns (emitted, finished): the sequences that produced tokens, and those of them that are
+        done; finished sequences' blocks are freed.
+        """
+        if num_steps > 1:
+            return self._postprocess_run(batch.seqs, num_steps)
+        emitted, finished = [], []
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+            # A decode run computes one token per step and samples one per step.
+            seq.num_computed_tokens += num_new + num_steps - 1
+            if seq.num_computed_tokens == seq.num_tokens + num_steps - 1:
+                seq.num_output_tokens += num_steps
+                seq.num_tokens += num_steps
+                emitted.append(seq)
+                if seq.num_output_tokens >= seq.request.output_len:
+                    finished.append(seq)
+        self._retire(finished)
+        return emitted, finished
+
+    def _postprocess_run(self, seqs: list[Sequence], k: int) -> tuple[list[Sequence], list[Sequence]]:
+        finished = []
+        for seq in seqs:  # every sequence of a run decodes: one computed and one sampled token a step
+            seq.num_computed_tokens += k
+            seq.num_tokens += k
+            seq.num_output_tokens += k
+            if seq.num_output_tokens >= seq.request.output_len:
+                finished.append(seq)
+        self._retire(finished)
+        return seqs, finished
+
+    def _retire(self, finished: list[Sequence]) -> None:
+        if finished:
+            done = set(map(id, finished))
+            self.running = [s for s in self.running if id(s) not in done]
+            for seq in finished:
+                seq.status = FINISHED
+                self.allocator.deallocate(seq)
+
+    # ---- runs of identical decode steps ----------------------------------------------------
+    def extend_decode_run(self, batch: Batch, max_steps: int) -> int:
+        """How many identical decode steps (>= 1) the pure-decode `batch` can run before the
+        schedule could change, at most `max_steps`; the extra steps' slots are allocated.
+
+        The schedule changes when a sequence finishes or when the allocator would run out of
+        blocks (a preemption); arrivals are the caller's bound. Nothing else can change it: the
+        waiting queue stays blocked while no sequence finishes.
+        """
+        k = max_steps
+        for s in batch.seqs:
+            left = s.request.output_len - s.num_output_tokens
+            if left < k:
+                k = left
+        if k > 1:
+            k = 1 + self.allocator.extend_decodes(batch.seqs, k - 1)
+        return k

@@ -1,0 +1,182 @@
+"""The discrete-event simulation of one policy: SimPy processes for arrivals and engine loops.
+
+The arrival process pulls requests from the workload stream and routes each to a replica. Each
+replica's engine loop asks its scheduler for a batch, asks the backend how long the step takes, and
+advances the clock by it. A run of identical decode steps (nothing arrives, finishes or runs out of
+blocks in between) is one event, priced in closed form by backends that offer it: the number of
+events grows with scheduling changes, not with generated tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional
+
+import simpy
+
+from kvsim.block_manager import BlockManager
+from kvsim.contiguous import ContiguousAllocator
+from kvsim.metrics import Metrics
+from kvsim.scheduler import Scheduler
+from kvsim.sequence import Request, Sequence
+
+
+@dataclass(slots=True)
+class Replica:
+    index: int
+    scheduler: Scheduler
+    backend: object
+    idle: Optional[simpy.Event] = None
+
+
+def make_allocator(scenario, policy, num_blocks: int, max_model_len: int):
+    engine = scenario.engine
+    if policy.allocator == "contiguous":
+        return ContiguousAllocator(num_blocks, engine.block_size, max_model_len, policy.contiguous_reserve)
+    return BlockManager(num_blocks, engine.block_size, scenario.prefix_caching(policy))
+
+
+def make_scheduler(scenario, policy, allocator, max_model_len: int, num_host_blocks: int) -> Scheduler:
+    engine = scenario.engine
+    return Scheduler(allocator, max_num_seqs=engine.max_num_seqs,
+                     max_num_batched_tokens=engine.max_num_batched_tokens, max_model_len=max_model_len,
+                     enable_chunked_prefill=policy.enable_chunked_prefill,
+                     preemption_mode=engine.preemption_mode, num_host_blocks=num_host_blocks)
+
+
+class Simulation:
+    """One policy's run: `Simulation(...).run(requests)` drives every request to an end."""
+
+    def __init__(self, replicas: list[Replica], metrics: Metrics, router: str = "least_loaded",
+                 on_progress: Optional[Callable[[int], None]] = None):
+        self.env = simpy.Environment()
+        self.replicas = replicas
+        self.metrics = metrics
+        self.router = router
+        self.on_progress = on_progress
+        self.next_arrival_time = math.inf
+        self.num_received = 0
+        self.num_ended = 0
+        self.num_steps = 0  # engine events (a fused decode run counts once)
+        self.num_decode_steps = 0  # engine steps those events stand for
+        self._rr = 0
+
+    def run(self, requests: Iterable[Request]) -> float:
+        """Simulate until every request has finished or been rejected; returns the end time."""
+        self.env.process(self._arrivals(iter(requests)))
+        for rep in self.replicas:
+            self.env.process(self._engine_loop(rep))
+        self.env.run()
+        stuck = sum(len(r.scheduler.running) + len(r.scheduler.waiting) + len(r.scheduler.swapped)
+                    for r in self.replicas)
+        if stuck:
+            raise RuntimeError(f"simulation ended with {stuck} requests unaccounted for")
+        return self.env.now
+
+    # ---- arrivals ------------------------------------------------------------------------
+    def _arrivals(self, requests):
+        env = self.env
+        req = next(requests, None)
+        while req is not None:
+            self.next_arrival_time = req.arrival_time
+            if req.arrival_time > env.now:
+                yield env.timeout(req.arrival_time - env.now)
+            self._dispatch(Sequence(req))
+            req = next(requests, None)
+        self.next_arrival_time = math.inf
+
+    def _route(self) -> Replica:
+        if len(self.replicas) == 1:
+            return self.replicas[0]
+        if self.router == "round_robin":
+            self._rr = (self._rr + 1) % len(self.replicas)
+            return self.replicas[self._rr]
+        return min(self.replicas, key=lambda r: len(r.scheduler.running) + len(r.scheduler.waiting)
+                   + len(r.scheduler.swapped))
+
+    def _dispatch(self, seq: Sequence) -> None:
+        self.num_received += 1
+        rep = self._route()
+        if rep.scheduler.add(seq):
+            if rep.idle is not None:
+                rep.idle.succeed()
+                rep.idle = None
+        else:
+            seq.finish_time = self.env.now
+            self.metrics.on_reject(seq)
+            self._ended(1)
+
+    def _ended(self, n: int) -> None:
+        self.num_ended += n
+        if self.on_progress is not None:
+            self.on_progress(n)
+
+    # ---- engine --------------------------------------------------------------------------
+    def _engine_loop(self, rep: Replica):
+        env, sched, backend, metrics = self.env, rep.scheduler, rep.backend, self.metrics
+        alloc = sched.allocator
+        fuse = getattr(backend, "fuses_decode_runs", False)
+        while True:
+            if not sched.has_work:
+                rep.idle = env.event()
+                yield rep.idle
+                continue
+            batch = sched.schedule()
+            if not batch.seqs:
+                raise RuntimeError("scheduler made no progress with work queued")
+            now = env.now
+            for seq in batch.seqs:
+                if seq.first_scheduled_time < 0:
+                    seq.first_scheduled_time = now
+            k = 1
+            if fuse and batch.is_pure_decode and not batch.preempted:
+                bound = self._steps_until_arrival(backend, batch, now)
+                if bound > 1:
+                    k = sched.extend_decode_run(batch, bound)
+            if k == 1:
+                duration = first = backend.execute(batch)
+            else:
+                duration = backend.decode_run_time(batch, k)
+                first = backend.decode_run_time(batch, 1)
+            yield env.timeout(duration)
+            self.num_steps += 1
+            self.num_decode_steps += k
+            emitted, finished = sched.postprocess(batch, k)
+            self._stamp_tokens(emitted, now + first, env.now, k)
+            for seq in finished:
+                seq.finish_time = env.now
+                backend.free(seq)
+                metrics.on_finish(seq)
+            if finished:
+                self._ended(len(finished))
+            metrics.sample(env.now, rep.index, running=len(sched.running), waiting=len(sched.waiting),
+                           swapped=len(sched.swapped), blocks_used=alloc.num_used_blocks,
+                           blocks_cached=alloc.num_cached_blocks,
+                           blocks_free=alloc.num_free_blocks - alloc.num_cached_blocks,
+                           reserved_unused_tokens=alloc.reserved_unused_tokens, batch_tokens=batch.num_tokens)
+
+    def _steps_until_arrival(self, backend, batch, now: float) -> int:
+        if self.next_arrival_time == math.inf:
+            return 1 << 30
+        budget = self.next_arrival_time - now
+        return 1 if budget <= 0 else backend.decode_steps_within(batch, budget)
+
+    def _stamp_tokens(self, emitted: list[Sequence], t_first: float, t_end: float, k: int) -> None:
+        """Token times: the first step's token at t_first, a fused run's last token at t_end."""
+        gaps = []
+        run_gap = (t_end - t_first) / (k - 1) if k > 1 else 0.0  # a run's steps differ by far less than a histogram bin
+        for seq in emitted:
+            if seq.first_token_time < 0:
+                seq.first_token_time = t_first
+            else:
+                gap = t_first - seq.last_token_time
+                gaps.append(gap)
+                if gap > seq.max_itl:
+                    seq.max_itl = gap
+            if run_gap > seq.max_itl:
+                seq.max_itl = run_gap
+            seq.last_token_time = t_end
+        self.metrics.record_itls(gaps)
+        if k > 1 and emitted:
+            self.metrics.record_itl(run_gap, len(emitted) * (k - 1))

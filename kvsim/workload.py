@@ -1,0 +1,171 @@
+"""The workload: a stream of `Request`s sorted by arrival, synthetic or replayed from a trace.
+
+`generate_requests(scenario)` yields requests with ids 0, 1, 2, ... in arrival order. The same
+scenario and seed always give the same stream.
+
+- Arrivals: `poisson` (exponential gaps, mean 1/rate; the first request arrives after one gap),
+  `gamma` (shape 1/cv², mean gap 1/rate, so cv > 1 is bursty) or `trace` (the trace's times, the
+  first at 0, gaps multiplied by `arrival.time_scale`).
+- Lengths: `fixed`, `uniform` integers in [min, max], `lognormal` (`mean` of the lengths in tokens,
+  `sigma` of the underlying normal, so mu = ln(mean) - sigma²/2; rounded, clipped to [min or 1, max])
+  or `trace` (the row's value). Synthetic arrivals with trace lengths take the rows in order and
+  cycle when more requests are asked for.
+- The stream stops at `num_requests`, or at the first arrival after `duration_s`, whichever comes
+  first; a trace also ends at its last row (after `trace.max_requests`). Synthetic arrivals with
+  trace lengths and neither limit give one pass over the trace.
+- Prefix groups (`workload.prefix`): each request joins, with probability `fraction`, one of
+  `num_groups` groups chosen uniformly. A member's prompt is the group's `prefix_len` system-prompt
+  tokens followed by its own sampled prompt, so `prompt_len = prefix_len + sampled`, and its
+  `token_ids` is the group's prefix: one read-only int32 array, the same object for every member,
+  with values in [0, 32000) that depend only on the seed and the group index. Requests outside a
+  group have `token_ids=None`, unless the trace carries block ids (Mooncake) and the prompt lengths
+  come from it: then `token_ids` is the row's prompt expanded from its block ids (after the group's
+  prefix, if any).
+
+Random numbers come in vectorized chunks from independent generators (arrivals, prompt lengths,
+output lengths, groups: `SeedSequence(seed).spawn(4)`), so changing a length distribution leaves
+the arrival times alone, and a million requests stream in a few seconds with bounded memory.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator, Optional
+
+import numpy as np
+
+from kvsim.config import ArrivalConfig, LengthDist, PrefixConfig
+from kvsim.errors import KvsimError
+from kvsim.sequence import Request
+from kvsim.traces import VOCAB_SIZE, Trace, load_trace
+
+CHUNK = 65536
+_GROUP_CONTENT_KEY = 4  # spawn-key branch for group prefix tokens, beside the 4 spawned streams
+
+
+def generate_requests(scenario) -> Iterator[Request]:
+    """The scenario's requests in arrival order (a generator; trace and seed are checked now)."""
+    wl = scenario.workload
+    if wl.seed < 0:
+        raise KvsimError(f"{scenario.source}: workload.seed: must be non-negative, got {wl.seed}")
+    trace = load_trace(scenario) if wl.trace is not None else None
+    return _stream(scenario, trace)
+
+
+def expected_count(scenario) -> Optional[int]:
+    """How many requests `generate_requests` yields, for a progress bar.
+
+    Exact for traces and for `num_requests` alone; when `duration_s` cuts synthetic arrivals it is
+    the expectation, about rate × duration_s.
+    """
+    wl = scenario.workload
+    trace = load_trace(scenario) if wl.trace is not None else None
+    limit = _limit(wl, trace)
+    if wl.duration_s is None:
+        return limit
+    if wl.arrival.process == "trace":
+        in_time = int(np.searchsorted(trace.arrival_s * wl.arrival.time_scale, wl.duration_s, side="right"))
+        return in_time if limit is None else min(limit, in_time)
+    estimate = math.floor(wl.arrival.rate * wl.duration_s)
+    return estimate if limit is None else min(limit, estimate)
+
+
+def _limit(wl, trace: Optional[Trace]) -> Optional[int]:
+    """Most requests to yield, before any duration cut (None: unbounded)."""
+    limit = wl.num_requests
+    if wl.arrival.process == "trace":
+        return len(trace) if limit is None else min(limit, len(trace))
+    if trace is not None and limit is None and wl.duration_s is None:
+        return len(trace)
+    return limit
+
+
+def _stream(scenario, trace: Optional[Trace]) -> Iterator[Request]:
+    wl = scenario.workload
+    arrival_rng, prompt_rng, output_rng, group_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(wl.seed).spawn(4))
+    prefix = _PrefixGroups(wl.prefix, wl.seed, group_rng) if wl.prefix is not None else None
+    trace_tokens = (trace is not None and trace.hash_ids is not None and wl.prompt_len.dist == "trace")
+    limit = _limit(wl, trace)
+    rid = 0
+    for times in _arrival_chunks(wl.arrival, trace, arrival_rng):
+        n = len(times) if limit is None else min(len(times), limit - rid)
+        if wl.duration_s is not None:
+            n = min(n, int(np.searchsorted(times, wl.duration_s, side="right")))
+        rows = None if trace is None else np.arange(rid, rid + n) % len(trace)
+        prompt = _lengths(wl.prompt_len, prompt_rng, n, trace, rows, "prompt_len")
+        output = _lengths(wl.output_len, output_rng, n, trace, rows, "output_len")
+        groups = prefix.draw(n) if prefix is not None else None
+        for i in range(n):
+            tokens = trace.token_ids(int(rows[i])) if trace_tokens else None
+            p = prompt[i]
+            if groups is not None and groups[i] >= 0:
+                p += prefix.prefix_len
+                tokens = prefix.tokens(groups[i], tokens)
+            yield Request(rid, times[i], p, output[i], tokens)
+            rid += 1
+        if n < len(times):
+            return
+
+
+def _arrival_chunks(cfg: ArrivalConfig, trace: Optional[Trace], rng: np.random.Generator) -> Iterator[list]:
+    """Absolute arrival times, CHUNK at a time, as Python floats."""
+    if cfg.process == "trace":
+        scaled = trace.arrival_s * cfg.time_scale
+        for start in range(0, len(scaled), CHUNK):
+            yield scaled[start:start + CHUNK].tolist()
+        return
+    mean_gap = 1.0 / cfg.rate
+    shape = 1.0 / (cfg.cv * cfg.cv)
+    t = 0.0
+    while True:
+        if cfg.process == "poisson":
+            gaps = rng.exponential(mean_gap, CHUNK)
+        else:
+            gaps = rng.gamma(shape, mean_gap / shape, CHUNK)
+        times = t + np.cumsum(gaps)
+        t = float(times[-1])
+        yield times.tolist()
+
+
+def _lengths(dist: LengthDist, rng: np.random.Generator, n: int, trace: Optional[Trace],
+             rows: Optional[np.ndarray], name: str) -> list:
+    """n token lengths (Python ints) from `dist`; `rows` index the trace for `dist='trace'`."""
+    if dist.dist == "fixed":
+        return [dist.value] * n
+    if dist.dist == "uniform":
+        return rng.integers(dist.min, dist.max + 1, n).tolist()
+    if dist.dist == "lognormal":
+        mu = math.log(dist.mean) - dist.sigma ** 2 / 2
+        x = np.rint(rng.lognormal(mu, dist.sigma, n))
+        return np.clip(x, dist.min or 1, dist.max or np.inf).astype(np.int64).tolist()
+    column = trace.prompt_len if name == "prompt_len" else trace.output_len
+    return column[rows].tolist()
+
+
+class _PrefixGroups:
+    """Which group each request joins (-1: none) and each group's shared prefix tokens."""
+
+    def __init__(self, cfg: PrefixConfig, seed: int, rng: np.random.Generator):
+        self.cfg, self.seed, self.rng = cfg, seed, rng
+        self.prefix_len = cfg.prefix_len
+        self._tokens: dict[int, np.ndarray] = {}
+
+    def draw(self, n: int) -> list:
+        joins = self.rng.random(n) < self.cfg.fraction
+        group = self.rng.integers(0, self.cfg.num_groups, n)
+        return np.where(joins, group, -1).tolist()
+
+    def tokens(self, group: int, tail: Optional[np.ndarray] = None) -> np.ndarray:
+        """The group's prefix, followed by `tail` when the request brings shareable tokens of its own."""
+        prefix = self._tokens.get(group)
+        if prefix is None:
+            seq = np.random.SeedSequence(self.seed, spawn_key=(_GROUP_CONTENT_KEY, group))
+            prefix = np.random.default_rng(seq).integers(0, VOCAB_SIZE, self.prefix_len, dtype=np.int32)
+            prefix.flags.writeable = False
+            self._tokens[group] = prefix
+        if tail is None:
+            return prefix
+        out = np.concatenate([prefix, tail])
+        out.flags.writeable = False
+        return out

@@ -1,0 +1,168 @@
+"""Results folder (all-or-nothing), the self-contained HTML report and the comparison table."""
+
+import csv
+import json
+import re
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from kvsim.config import SloConfig
+from kvsim.errors import KvsimError
+from kvsim.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS, Metrics
+from kvsim.report import ResultsWriter, cdf_points, comparison_table, write_report_html
+from kvsim.sequence import Request, Sequence
+
+POLICIES = ("paged-bf16", "contiguous_fp8")
+
+
+def run_policy(writer, policy, n, slowdown):
+    """A tiny fake simulation: n finished requests plus one rejection, with samples on two replicas."""
+    m = Metrics(policy, SloConfig(), 0.5, requests_csv=writer.requests_csv)
+    for i in range(n):
+        seq = Sequence(Request(i, i * 0.1, 128, 8))
+        seq.first_scheduled_time = i * 0.1
+        seq.first_token_time = i * 0.1 + 0.05 * slowdown * (1 + i % 3)
+        seq.finish_time = seq.first_token_time + 7 * 0.01 * slowdown
+        seq.num_output_tokens, seq.num_cached_tokens = 8, 32 * (i % 2)
+        m.record_itl(0.01 * slowdown, 7)
+        m.on_finish(seq)
+    rej = Sequence(Request(n, 0.0, 10**6, 8))
+    rej.reject_reason, rej.finish_time = "prompt_too_long", 0.0
+    m.on_reject(rej)
+    for step in range(40):
+        for replica in (0, 1):
+            m.sample(step * 0.1, replica, running=step % 5, waiting=step % 3, swapped=0, blocks_used=step,
+                     blocks_cached=2, blocks_free=100 - step, reserved_unused_tokens=0, batch_tokens=64)
+    writer.add_timeseries(policy, m.timeseries_rows())
+    return m.summary(duration_s=4.0, num_blocks=100, block_size=16, bytes_per_block=4096)
+
+
+def write_run(out_dir, **commit_kw):
+    writer = ResultsWriter(out_dir)
+    with writer:
+        summaries = {p: run_policy(writer, p, 20, k + 1) for k, p in enumerate(POLICIES)}
+        writer.commit("demo<scenario>", summaries, {"seed": 1, "backend": "analytic"}, **commit_kw)
+    return summaries
+
+
+def test_commit_writes_all_files_and_summary_round_trips(tmp_path):
+    out = tmp_path / "res"
+    summaries = write_run(out)
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "requests.csv", "summary.json", "timeseries.csv"]
+    assert [p.name for p in tmp_path.iterdir()] == ["res"]  # no temp folder left behind
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc == {"scenario": "demo<scenario>", "meta": {"seed": 1, "backend": "analytic"},
+                   "policies": json.loads(json.dumps(summaries))}
+    with open(out / "requests.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert tuple(rows[0]) == REQUEST_COLUMNS
+    assert sum(r[0] == POLICIES[0] for r in rows[1:]) == 21 and sum(r[0] == POLICIES[1] for r in rows[1:]) == 21
+    with open(out / "timeseries.csv", newline="") as f:
+        ts = list(csv.reader(f))
+    assert tuple(ts[0]) == TIMESERIES_COLUMNS
+    assert {(r[0], r[1]) for r in ts[1:]} == {(p, r) for p in POLICIES for r in ("0", "1")}
+
+
+def test_report_html_is_self_contained(tmp_path):
+    write_run(tmp_path / "res")
+    page = (tmp_path / "res" / "report.html").read_text()
+    assert "plotly" in page.lower()
+    for name in POLICIES:
+        assert name in page
+    assert "demo&lt;scenario&gt;" in page and "demo<scenario>" not in page
+    assert not re.search(r"<script[^>]*\bsrc\s*=\s*[\"']?(https?:)?//", page)
+    assert page.count("Plotly.newPlot") == 4  # bars, CDFs, KV over time, running/waiting
+    assert len(re.findall(r"\* plotly\.js v\d", page)) == 1  # the library is inlined once
+
+
+def test_report_html_can_be_skipped(tmp_path):
+    write_run(tmp_path / "res", report_html=False)
+    assert not (tmp_path / "res" / "report.html").exists()
+    assert (tmp_path / "res" / "summary.json").exists()
+
+
+def test_abort_and_exception_leave_nothing(tmp_path):
+    writer = ResultsWriter(tmp_path / "a")
+    writer.requests_csv.writerow(["x"])
+    writer.abort()
+    with pytest.raises(RuntimeError):
+        with ResultsWriter(tmp_path / "b") as writer:
+            run_policy(writer, "p", 3, 1)
+            raise RuntimeError("simulation failed")
+    with ResultsWriter(tmp_path / "c"):
+        pass  # never committed
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_commit_keeps_previous_results(tmp_path):
+    out = tmp_path / "res"
+    write_run(out)
+    before = (out / "summary.json").read_text()
+    with pytest.raises(TypeError):
+        with ResultsWriter(out) as writer:
+            writer.commit("x", {"p": {"bad": object()}}, {})  # not JSON-able
+    assert (out / "summary.json").read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["res"]
+
+
+def test_existing_out_dir_is_replaced(tmp_path):
+    out = tmp_path / "res"
+    out.mkdir()
+    (out / "stale.txt").write_text("old run")
+    write_run(out)
+    assert not (out / "stale.txt").exists()
+    assert (out / "summary.json").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["res"]
+
+
+def test_out_dir_that_is_a_file_is_a_user_error(tmp_path):
+    (tmp_path / "res").write_text("")
+    with pytest.raises(KvsimError, match="res: .*not a folder"):
+        ResultsWriter(tmp_path / "res")
+
+
+def test_comparison_table_one_row_per_policy(tmp_path):
+    summaries = write_run(tmp_path / "res")
+    table = comparison_table(summaries)
+    assert table.row_count == len(POLICIES)
+    console = Console(record=True, width=400)
+    console.print(table)
+    text = console.export_text()
+    for name in POLICIES:
+        assert name in text
+    assert "20/1" in text  # finished/rejected
+    ttft_p99 = summaries[POLICIES[1]]["ttft_s"]["p99"] * 1e3
+    assert f"{ttft_p99:,.1f}" in text
+
+
+def test_comparison_table_handles_empty_summary():
+    s = Metrics("idle", SloConfig(), 1.0).summary(duration_s=0.0, num_blocks=10, block_size=16, bytes_per_block=1)
+    table = comparison_table({"idle": s})
+    assert table.row_count == 1
+    Console(record=True, width=400).print(table)
+
+
+def test_write_report_html_with_no_finished_requests(tmp_path):
+    req, ts = tmp_path / "requests.csv", tmp_path / "timeseries.csv"
+    req.write_text(",".join(REQUEST_COLUMNS) + "\n")
+    ts.write_text(",".join(TIMESERIES_COLUMNS) + "\n")
+    s = Metrics("idle", SloConfig(), 1.0).summary(duration_s=1.0, num_blocks=10, block_size=16, bytes_per_block=1)
+    write_report_html(tmp_path / "r.html", "empty", {"idle": s}, req, ts)
+    assert "idle" in (tmp_path / "r.html").read_text()
+
+
+def test_cdf_points_thinned_and_exact_at_the_ends():
+    rng = np.random.default_rng(0)
+    values = rng.exponential(size=10_000)
+    x, y = cdf_points(values)
+    assert len(x) <= 2000 and len(x) == len(y)
+    assert x[0] == values.min() and x[-1] == values.max() and y[-1] == 1.0
+    assert np.all(np.diff(x) >= 0) and np.all(np.diff(y) > 0)
+    # each point is the true empirical CDF at x (no ties in continuous data)
+    for xi, yi in zip(x[::97], y[::97]):
+        assert yi == pytest.approx(np.mean(values <= xi))
+    small = np.array([3.0, 1.0, 2.0])
+    xs, ys = cdf_points(small)
+    assert xs.tolist() == [1.0, 2.0, 3.0] and ys.tolist() == pytest.approx([1 / 3, 2 / 3, 1.0])

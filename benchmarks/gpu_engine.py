@@ -65,10 +65,13 @@ def make_sequences(runner, rng) -> list:
 
 
 def advance(seqs, counts, out) -> None:
+    """What Scheduler.postprocess does after a step."""
     sampled = set(out.seq_ids)
     for s, n in zip(seqs, counts):
         s.num_computed_tokens += n
-        s.num_output_tokens += s.seq_id in sampled
+        if s.seq_id in sampled:
+            s.num_output_tokens += 1
+            s.num_tokens += 1
 
 
 def prefill(torch, runner, seqs, budget: int) -> tuple[float, int]:
@@ -176,10 +179,9 @@ def run_engine_section(out) -> dict:
         w(f"| {b} | {ctx:.0f} | {mode} | {med * 1e3:.2f} | {q[0] * 1e3:.2f}-{q[1] * 1e3:.2f} | {tps:.0f} | "
           f"{floor * 1e3:.2f} | {frac:.0%} |\n")
     w(f"\n- host preparation of a batch-{BATCH} decode step: {statistics.median(prep) * 1e3:.3f} ms (median)\n")
-    w(f"- greedy tokens equal between eager and CUDA-graph decode (same step): {agree:.0%} "
-      f"(the two pick different flash-decoding splits)\n")
+    w(f"- greedy tokens equal between eager and CUDA-graph decode of the same step: {agree:.0%}\n")
     w(f"- chunked prefill, 8192-token steps: {pre_tok / pre_s:,.0f} tokens/s over {pre_tok} tokens\n")
-    w(f"- engine build (weights, profiling, {len(runner._graphs)} CUDA graphs): {build_s:.1f} s\n")
+    w(f"- engine build (weights, profiling, {len(runner.graph_sizes)} CUDA graphs): {build_s:.1f} s\n")
     w(f"- KV sizing: {prof.total / GiB:.1f} GiB x {prof.gpu_memory_utilization} - weights {prof.weights / GiB:.2f} - "
       f"activation peak {prof.activation_peak / GiB:.2f} - non-torch {prof.non_torch / GiB:.2f} - other "
       f"{prof.other_torch / GiB:.2f} GiB = {prof.num_blocks} blocks of {prof.bytes_per_block / 2**20:.1f} MiB "

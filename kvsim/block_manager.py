@@ -59,7 +59,8 @@ class BlockManager:
         self._stale: dict[int, int] = {}
         self.num_free_blocks = num_blocks  # ref 0, cached content or not
         self.num_cached_blocks = 0  # ref 0 and still holding a hashed block (reusable)
-        self._table_slots = 0  # sum over sequences of len(block_table) * block_size
+        self._reserved: list[int] = []  # taken off the free queue for sequences that claim them later
+        self._table_slots = 0  # sum over sequences of len(block_table) * block_size (+ reserved)
         self._computed_tokens = 0  # sum over sequences of the tokens their tables cover
 
     # ---- queries -------------------------------------------------------------------------
@@ -191,48 +192,33 @@ class BlockManager:
         if self.enable_prefix_caching and seq.request.token_ids is not None:
             self._register_full_blocks(seq, first_new_block, seq.num_computed_tokens + num_new_tokens)
 
+    def reserve(self, n: int) -> None:
+        """Take n blocks off the free queue now (LRU order, evicting as usual) for `claim` later."""
+        if n > self.num_free_blocks:
+            raise AllocationError(f"cannot reserve {n} blocks, {self.num_free_blocks} are free")
+        if n:
+            self._reserved.extend(self._pop_free(n))
+            self._table_slots += n * self.block_size
+
+    def claim(self, seq: Sequence) -> None:
+        """Move reserved blocks into the sequence's table until it covers its computed tokens."""
+        need = self.blocks_for(seq.num_computed_tokens) - len(seq.block_table)
+        if need > len(self._reserved):
+            raise AllocationError(f"sequence {seq.seq_id}: claims {need} blocks, {len(self._reserved)} reserved")
+        if need > 0:
+            new = self._reserved[:need]
+            del self._reserved[:need]
+            for b in new:
+                self.ref_cnt[b] = 1
+            seq.block_table.extend(new)
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        return len(self._reserved)
+
     def note_written(self, num_tokens: int) -> None:
         """Account tokens written into slots the sequences already hold (the scheduler's fast path)."""
         self._computed_tokens += num_tokens
-
-    def extend_decodes(self, seqs: list[Sequence], extra: int) -> int:
-        """Slots for up to `extra` more decode steps of every sequence (each already holds a slot
-        for this step); returns how many extra steps all of them could get, and allocates those."""
-        bs, free = self.block_size, self.num_free_blocks
-        if free < len(seqs) * (extra // bs + 1):  # the bound of ceil(extra/bs) blocks each may not hold
-            extra = self._affordable_extra(seqs, extra, free)
-        if extra <= 0:
-            return 0
-        ref = self.ref_cnt
-        for seq in seqs:
-            table = seq.block_table
-            need = -(-(seq.num_computed_tokens + 1 + extra) // bs) - len(table)
-            if need > 0:
-                new = self._pop_free(need)
-                for b in new:
-                    ref[b] = 1
-                table.extend(new)
-                self._table_slots += need * bs
-        self._computed_tokens += extra * len(seqs)
-        return extra
-
-    def _affordable_extra(self, seqs: list[Sequence], want: int, free: int) -> int:
-        bs = self.block_size
-        slacks = [len(s.block_table) * bs - s.num_computed_tokens - 1 for s in seqs]
-
-        def blocks_needed(extra: int) -> int:
-            return sum(-(-(extra - sl) // bs) for sl in slacks if extra > sl)
-
-        if blocks_needed(want) <= free:
-            return want
-        lo, hi = 0, want  # blocks_needed(lo) <= free < blocks_needed(hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if blocks_needed(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
 
     def deallocate(self, seq: Sequence) -> None:
         """Release the sequence's blocks; the ones holding cached content stay reusable until evicted."""

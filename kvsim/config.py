@@ -62,8 +62,9 @@ class HardwareConfig(_Section):
     hbm_bandwidth_gbps: Optional[PosFloat] = None
     bf16_tflops: Optional[PosFloat] = None
     fp8_tflops: Optional[PosFloat] = None
-    nvlink_gbps: Optional[PosFloat] = None
-    pcie_gbps: Optional[PosFloat] = None
+    fp32_tflops: Optional[PosFloat] = None
+    nvlink_gbps: Optional[PosFloat] = None  # GB/s each way (half the datasheet's bidirectional figure)
+    pcie_gbps: Optional[PosFloat] = None  # GB/s each way
 
 
 class EngineConfig(_Section):
@@ -87,6 +88,7 @@ class PolicyConfig(_Section):
     allocator: Literal["paged", "contiguous"] = "paged"
     kv_cache_dtype: Literal[KV_CACHE_DTYPES] = "auto"  # type: ignore[valid-type]
     enable_chunked_prefill: bool = True
+    max_num_batched_tokens: Optional[PosInt] = None  # None: engine.max_num_batched_tokens (the chunk budget)
     enable_prefix_caching: Optional[bool] = None  # None: engine.enable_prefix_caching (paged only)
     contiguous_reserve: Literal["max_model_len", "known_output"] = "max_model_len"
 
@@ -186,7 +188,8 @@ class BackendConfig(_Section):
     name: str = "analytic"
     calibration: Optional[str] = None  # JSON of roofline coefficients, relative to the scenario
     device: str = "cuda:0"  # triton backend
-    seed: int = 0  # triton backend: random weights
+    seed: NonNegInt = 0  # triton backend: random weights
+    enforce_eager: bool = False  # triton backend: no CUDA graphs for decode steps
 
 
 class Scenario(_Section):

@@ -20,7 +20,9 @@ from kvsim.sequence import Sequence
 
 class ContiguousAllocator:
     enable_prefix_caching = False
+    fixed_slabs = True  # a sequence never needs blocks beyond its slab
     num_cached_blocks = 0
+    num_reserved_blocks = 0
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, reserve: str = "max_model_len"):
         if num_blocks <= 0 or block_size <= 0:
@@ -28,7 +30,7 @@ class ContiguousAllocator:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.reserve = reserve
+        self.reserve_mode = reserve
         self.extents: list[tuple[int, int]] = [(0, num_blocks)]  # free (start, length), sorted by start
         self.num_free_blocks = num_blocks
         self._computed_tokens = 0  # sum of num_computed_tokens over sequences holding a slab
@@ -55,12 +57,18 @@ class ContiguousAllocator:
 
     def slab_blocks(self, seq: Sequence) -> int:
         req = seq.request
-        tokens = self.max_model_len if self.reserve == "max_model_len" else req.prompt_len + req.output_len
+        tokens = self.max_model_len if self.reserve_mode == "max_model_len" else req.prompt_len + req.output_len
         return -(-tokens // self.block_size)
 
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         base = seq.block_table[0] * self.block_size
         return list(range(base + start, base + end))
+
+    def num_blocks_needed(self, seq: Sequence, num_new_tokens: int, num_hit_blocks: int = 0) -> int:
+        """New blocks for `num_new_tokens` more tokens: none inside the slab, more than all outside it."""
+        if not seq.block_table:
+            return self.slab_blocks(seq)
+        return 0 if self._fits(seq, num_new_tokens) else self.num_blocks + 1
 
     def get_computed_blocks(self, seq: Sequence) -> list[int]:
         return []
@@ -110,13 +118,12 @@ class ContiguousAllocator:
     def note_written(self, num_tokens: int) -> None:
         self._computed_tokens += num_tokens
 
-    def extend_decodes(self, seqs: list[Sequence], extra: int) -> int:
-        """Slots for `extra` more decode steps: slabs are reserved up front, so only their ends bound it."""
-        room = min(len(s.block_table) * self.block_size - s.num_computed_tokens - 1 for s in seqs)
-        extra = min(extra, room)
-        if extra > 0:
-            self._computed_tokens += extra * len(seqs)
-        return max(extra, 0)
+    def reserve(self, n: int) -> None:
+        if n:
+            raise AllocationError("contiguous slabs are reserved whole at admission")
+
+    def claim(self, seq: Sequence) -> None:
+        pass
 
     def deallocate(self, seq: Sequence) -> None:
         table = seq.block_table

@@ -50,14 +50,23 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     for i in range(scenario.hardware.num_replicas):
         backend = backend_cls(scenario, policy, model, gpu, capacity)
         allocator = make_allocator(scenario, policy, backend.num_blocks, mml)
-        replicas.append(Replica(i, make_scheduler(scenario, policy, allocator, mml, host_blocks), backend))
+        scheduler = make_scheduler(scenario, policy, allocator, mml, host_blocks,
+                                   use_cohort=getattr(backend, "fuses_decode_runs", False))
+        replicas.append(Replica(i, scheduler, backend))
     sim = Simulation(replicas, metrics, scenario.hardware.router, on_progress)
-    end = sim.run(generate_requests(scenario))
+    try:
+        end = sim.run(generate_requests(scenario))
+        described = replicas[0].backend.describe()
+    finally:
+        for rep in replicas:  # a GPU backend holds most of the device: let the next policy have it
+            close = getattr(rep.backend, "close", None)
+            if close is not None:
+                close()
     extra = {
         "engine_events": sim.num_steps,
         "engine_steps": sim.num_decode_steps,
         "preemptions": sum(r.scheduler.num_preemptions for r in replicas),
-        "backend": replicas[0].backend.describe(),
+        "backend": described,
         "kv_cache_dtype": policy.kv_cache_dtype,
         "allocator": policy.allocator,
         "enable_chunked_prefill": policy.enable_chunked_prefill,

@@ -8,6 +8,12 @@ if nothing was preempted, waiting sequences are admitted in arrival order while 
 `max_num_seqs` and the allocator allow, taking prefix-cache hits first. With chunked prefill a prompt
 may be split over steps to fit the budget; without it a prompt is admitted only whole.
 
+With `use_cohort`, steady decoders are handed to a `DecodeCohort` and advanced together in O(1)
+per step. That is exactly V1 whenever every running sequence gets all its tokens and blocks this
+step (then V1's order among them does not matter); when the budget or the free blocks are short,
+the cohort is dissolved back into the running queue, in V1's order, and the step is scheduled
+sequence by sequence, with preemption as above.
+
 The scheduler knows no time: the simulator stamps times, the backend prices the `Batch`.
 """
 
@@ -16,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 
 from kvsim.batch import Batch
+from kvsim.cohort import DecodeCohort
 from kvsim.sequence import Sequence, SequenceStatus
 
 RUNNING, WAITING, SWAPPED, FINISHED, REJECTED = (
@@ -26,8 +33,9 @@ RUNNING, WAITING, SWAPPED, FINISHED, REJECTED = (
 class Scheduler:
     def __init__(self, allocator, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
                  enable_chunked_prefill: bool = True, preemption_mode: str = "recompute",
-                 num_host_blocks: int = 0):
+                 num_host_blocks: int = 0, use_cohort: bool = False):
         self.allocator = allocator
+        self.cohort = DecodeCohort(allocator) if use_cohort else None
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -42,6 +50,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
         self.num_preemptions = 0
+        self._order = 0
 
     # ---- admission -----------------------------------------------------------------------
     def reject_reason(self, seq: Sequence) -> str:
@@ -69,13 +78,32 @@ class Scheduler:
         return True
 
     @property
+    def num_running(self) -> int:
+        return len(self.running) + (self.cohort.size if self.cohort else 0)
+
+    @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.swapped)
+        return bool(self.running or self.waiting or self.swapped or (self.cohort and self.cohort.size))
+
+    def _enter_running(self, seq: Sequence) -> None:
+        seq.status = RUNNING
+        self._order += 1
+        seq.run_order = self._order
+        self.running.append(seq)
 
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> Batch:
         batch = Batch()
-        budget = self._schedule_running(batch, self.max_num_batched_tokens)
+        budget = self.max_num_batched_tokens
+        cohort = self.cohort
+        if cohort is not None and cohort.size:
+            if self._cohort_fits(budget):
+                budget = self._schedule_cohort(batch, budget)
+            else:
+                self._dissolve_cohort(batch)
+                budget = self._schedule_running(batch, budget)
+        else:
+            budget = self._schedule_running(batch, budget)
         if not batch.preempted:
             budget = self._schedule_swapped(batch, budget)
             if not self.swapped:
@@ -87,6 +115,7 @@ class Scheduler:
         bs = alloc.block_size
         seqs, news = batch.seqs, batch.num_new_tokens
         plain_decodes = plain_context = 0
+        min_left = batch.min_output_left
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
@@ -99,6 +128,9 @@ class Scheduler:
                 news.append(1)
                 plain_decodes += 1
                 plain_context += computed + 1
+                left = seq.request.output_len - seq.num_output_tokens
+                if left < min_left:
+                    min_left = left
                 budget -= 1
                 i += 1
                 continue
@@ -115,14 +147,45 @@ class Scheduler:
                 i += 1
                 continue
             break
+        batch.min_output_left = min(batch.min_output_left, min_left)
         batch.num_decode_seqs += plain_decodes
         batch.decode_context_tokens += plain_context
         alloc.note_written(plain_decodes)
         return budget
 
+    def _cohort_fits(self, budget: int) -> bool:
+        """Would every running sequence get all its tokens and blocks this step?"""
+        alloc, cohort = self.allocator, self.cohort
+        tokens, blocks = cohort.size, cohort.blocks_needed(1)
+        for seq in self.running:
+            n = seq.num_tokens - seq.num_computed_tokens
+            tokens += n
+            blocks += alloc.num_blocks_needed(seq, n)
+        return tokens <= budget and blocks <= alloc.num_free_blocks
+
+    def _schedule_cohort(self, batch: Batch, budget: int) -> int:
+        alloc, cohort = self.allocator, self.cohort
+        alloc.reserve(cohort.blocks_needed(1))
+        batch.cohort_size = cohort.size
+        batch.num_decode_seqs += cohort.size
+        batch.decode_context_tokens += cohort.context + cohort.size
+        batch.min_output_left = cohort.steps_to_next_finish()
+        budget -= cohort.size
+        for seq in self.running:
+            n = seq.num_tokens - seq.num_computed_tokens
+            alloc.append(seq, n)
+            batch.add(seq, n)
+            budget -= n
+        return budget
+
+    def _dissolve_cohort(self, batch: Batch) -> None:
+        members = self.cohort.dissolve()
+        batch.dissolved = members
+        self.running = sorted(self.running + members, key=lambda s: s.run_order)
+
     def _schedule_swapped(self, batch: Batch, budget: int) -> int:
         alloc = self.allocator
-        while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.swapped and budget > 0 and self.num_running < self.max_num_seqs:
             seq = self.swapped[0]
             num_new = seq.num_tokens - seq.num_computed_tokens
             if num_new > budget or not alloc.can_allocate(seq, num_new):
@@ -132,15 +195,14 @@ class Scheduler:
             blocks = len(seq.block_table)
             batch.swap_in_blocks += blocks
             self.num_swapped_blocks -= blocks
-            seq.status = RUNNING
-            self.running.append(seq)
+            self._enter_running(seq)
             batch.add(seq, num_new)
             budget -= num_new
         return budget
 
     def _schedule_waiting(self, batch: Batch, budget: int) -> int:
         alloc = self.allocator
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0 and self.num_running < self.max_num_seqs:
             seq = self.waiting[0]
             hits = alloc.get_computed_blocks(seq) if seq.num_computed_tokens == 0 else []
             num_new = seq.num_tokens - seq.num_computed_tokens - len(hits) * alloc.block_size
@@ -152,8 +214,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             alloc.allocate(seq, num_new, hits)
-            seq.status = RUNNING
-            self.running.append(seq)
+            self._enter_running(seq)
             batch.add(seq, num_new)
             budget -= num_new
         return budget
@@ -178,59 +239,58 @@ class Scheduler:
 
     # ---- after the step ------------------------------------------------------------------
     def postprocess(self, batch: Batch, num_steps: int = 1) -> tuple[list[Sequence], list[Sequence]]:
-        """Advance the scheduled sequences by the step (or a run of `num_steps` decode steps).
+        """Advance the scheduled sequences by the step (or, for a cohort-only batch, a run of
+        `num_steps` decode steps).
 
-        Returns (emitted, finished): the sequences that produced tokens, and those of them that are
-        done; finished sequences' blocks are freed.
+        Returns (emitted, finished): the explicitly scheduled sequences that produced a token, and
+        every sequence that is done (cohort members included); finished sequences' blocks are freed.
+        Cohort members' tokens are counted by `batch.cohort_size`, not listed.
         """
-        if num_steps > 1:
-            return self._postprocess_run(batch.seqs, num_steps)
         emitted, finished = [], []
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
-            # A decode run computes one token per step and samples one per step.
-            seq.num_computed_tokens += num_new + num_steps - 1
-            if seq.num_computed_tokens == seq.num_tokens + num_steps - 1:
-                seq.num_output_tokens += num_steps
-                seq.num_tokens += num_steps
+            seq.num_computed_tokens += num_new
+            if seq.num_computed_tokens == seq.num_tokens:
+                seq.num_output_tokens += 1
+                seq.num_tokens += 1
                 emitted.append(seq)
                 if seq.num_output_tokens >= seq.request.output_len:
                     finished.append(seq)
-        self._retire(finished)
+        for seq in finished:
+            seq.status = FINISHED
+        cohort = self.cohort
+        joined = False
+        if cohort is not None:
+            if batch.cohort_size:
+                cohort.advance(num_steps)
+                done = cohort.pop_finished()
+                for seq in done:
+                    seq.status = FINISHED
+                finished.extend(done)
+            for seq in emitted:  # the next step of each is a decode: into the cohort
+                if seq.status is RUNNING:
+                    cohort.join(seq)
+                    joined = True
+        if joined or finished:
+            self.running = [s for s in self.running if s.status is RUNNING and s.cohort_clock < 0]
+        for seq in finished:
+            self.allocator.deallocate(seq)
         return emitted, finished
-
-    def _postprocess_run(self, seqs: list[Sequence], k: int) -> tuple[list[Sequence], list[Sequence]]:
-        finished = []
-        for seq in seqs:  # every sequence of a run decodes: one computed and one sampled token a step
-            seq.num_computed_tokens += k
-            seq.num_tokens += k
-            seq.num_output_tokens += k
-            if seq.num_output_tokens >= seq.request.output_len:
-                finished.append(seq)
-        self._retire(finished)
-        return seqs, finished
-
-    def _retire(self, finished: list[Sequence]) -> None:
-        if finished:
-            done = set(map(id, finished))
-            self.running = [s for s in self.running if id(s) not in done]
-            for seq in finished:
-                seq.status = FINISHED
-                self.allocator.deallocate(seq)
 
     # ---- runs of identical decode steps ----------------------------------------------------
     def extend_decode_run(self, batch: Batch, max_steps: int) -> int:
-        """How many identical decode steps (>= 1) the pure-decode `batch` can run before the
-        schedule could change, at most `max_steps`; the extra steps' slots are allocated.
+        """How many identical decode steps (>= 1) the cohort-only `batch` can run before the
+        schedule could change, at most `max_steps`; the extra steps' blocks are reserved.
 
-        The schedule changes when a sequence finishes or when the allocator would run out of
-        blocks (a preemption); arrivals are the caller's bound. Nothing else can change it: the
-        waiting queue stays blocked while no sequence finishes.
+        The schedule changes when a sequence finishes or when the blocks would run out (a
+        preemption); arrivals are the caller's bound. Nothing else can change it: the waiting
+        queue stays blocked while no sequence finishes.
         """
-        k = max_steps
-        for s in batch.seqs:
-            left = s.request.output_len - s.num_output_tokens
-            if left < k:
-                k = left
+        cohort = self.cohort
+        if cohort is None or batch.seqs or not batch.cohort_size:
+            return 1
+        k = min(max_steps, batch.min_output_left)
         if k > 1:
-            k = 1 + self.allocator.extend_decodes(batch.seqs, k - 1)
+            first = cohort.blocks_needed(1)  # reserved by schedule()
+            k = max(1, cohort.affordable_steps(k, self.allocator.num_free_blocks + first))
+            self.allocator.reserve(cohort.blocks_needed(k) - first)
         return k

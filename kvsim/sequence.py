@@ -58,8 +58,10 @@ class Sequence:
     first_token_time: float = -1.0
     last_token_time: float = -1.0
     finish_time: float = -1.0
-    max_itl: float = 0.0  # longest gap between two of its tokens (stalls, preemptions)
     reject_reason: str = ""
+    run_order: int = 0  # when it last entered the running queue (vLLM's running order)
+    cohort_clock: int = -1  # the decode cohort's clock when it joined; -1 outside the cohort
+    cohort_serial: int = 0
 
     @property
     def seq_id(self) -> int:

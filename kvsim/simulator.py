@@ -28,6 +28,7 @@ class Replica:
     scheduler: Scheduler
     backend: object
     idle: Optional[simpy.Event] = None
+    cohort_last_token: float = 0.0  # when the scheduler's decode cohort last produced tokens
 
 
 def make_allocator(scenario, policy, num_blocks: int, max_model_len: int):
@@ -37,10 +38,12 @@ def make_allocator(scenario, policy, num_blocks: int, max_model_len: int):
     return BlockManager(num_blocks, engine.block_size, scenario.prefix_caching(policy))
 
 
-def make_scheduler(scenario, policy, allocator, max_model_len: int, num_host_blocks: int) -> Scheduler:
+def make_scheduler(scenario, policy, allocator, max_model_len: int, num_host_blocks: int,
+                   use_cohort: bool = False) -> Scheduler:
     engine = scenario.engine
-    return Scheduler(allocator, max_num_seqs=engine.max_num_seqs,
-                     max_num_batched_tokens=engine.max_num_batched_tokens, max_model_len=max_model_len,
+    return Scheduler(allocator, use_cohort=use_cohort, max_num_seqs=engine.max_num_seqs,
+                     max_num_batched_tokens=policy.max_num_batched_tokens or engine.max_num_batched_tokens,
+                     max_model_len=max_model_len,
                      enable_chunked_prefill=policy.enable_chunked_prefill,
                      preemption_mode=engine.preemption_mode, num_host_blocks=num_host_blocks)
 
@@ -68,7 +71,7 @@ class Simulation:
         for rep in self.replicas:
             self.env.process(self._engine_loop(rep))
         self.env.run()
-        stuck = sum(len(r.scheduler.running) + len(r.scheduler.waiting) + len(r.scheduler.swapped)
+        stuck = sum(r.scheduler.num_running + len(r.scheduler.waiting) + len(r.scheduler.swapped)
                     for r in self.replicas)
         if stuck:
             raise RuntimeError(f"simulation ended with {stuck} requests unaccounted for")
@@ -92,7 +95,7 @@ class Simulation:
         if self.router == "round_robin":
             self._rr = (self._rr + 1) % len(self.replicas)
             return self.replicas[self._rr]
-        return min(self.replicas, key=lambda r: len(r.scheduler.running) + len(r.scheduler.waiting)
+        return min(self.replicas, key=lambda r: r.scheduler.num_running + len(r.scheduler.waiting)
                    + len(r.scheduler.swapped))
 
     def _dispatch(self, seq: Sequence) -> None:
@@ -123,14 +126,16 @@ class Simulation:
                 yield rep.idle
                 continue
             batch = sched.schedule()
-            if not batch.seqs:
+            if not batch.seqs and not batch.cohort_size:
                 raise RuntimeError("scheduler made no progress with work queued")
             now = env.now
+            for seq in batch.dissolved:
+                seq.last_token_time = rep.cohort_last_token
             for seq in batch.seqs:
                 if seq.first_scheduled_time < 0:
                     seq.first_scheduled_time = now
             k = 1
-            if fuse and batch.is_pure_decode and not batch.preempted:
+            if fuse and batch.cohort_size and not batch.seqs and batch.is_pure_decode and not batch.preempted:
                 bound = self._steps_until_arrival(backend, batch, now)
                 if bound > 1:
                     k = sched.extend_decode_run(batch, bound)
@@ -143,14 +148,20 @@ class Simulation:
             self.num_steps += 1
             self.num_decode_steps += k
             emitted, finished = sched.postprocess(batch, k)
-            self._stamp_tokens(emitted, now + first, env.now, k)
+            end = env.now
+            self._stamp_tokens(emitted, now + first, end)
+            if batch.cohort_size:
+                metrics.record_itl(now + first - rep.cohort_last_token, batch.cohort_size)
+                if k > 1:  # a run's steps differ by far less than a histogram bin: their mean
+                    metrics.record_itl((end - now - first) / (k - 1), batch.cohort_size * (k - 1))
+            rep.cohort_last_token = end
             for seq in finished:
-                seq.finish_time = env.now
+                seq.last_token_time = seq.finish_time = end
                 backend.free(seq)
                 metrics.on_finish(seq)
             if finished:
                 self._ended(len(finished))
-            metrics.sample(env.now, rep.index, running=len(sched.running), waiting=len(sched.waiting),
+            metrics.sample(end, rep.index, running=sched.num_running, waiting=len(sched.waiting),
                            swapped=len(sched.swapped), blocks_used=alloc.num_used_blocks,
                            blocks_cached=alloc.num_cached_blocks,
                            blocks_free=alloc.num_free_blocks - alloc.num_cached_blocks,
@@ -162,21 +173,13 @@ class Simulation:
         budget = self.next_arrival_time - now
         return 1 if budget <= 0 else backend.decode_steps_within(batch, budget)
 
-    def _stamp_tokens(self, emitted: list[Sequence], t_first: float, t_end: float, k: int) -> None:
-        """Token times: the first step's token at t_first, a fused run's last token at t_end."""
+    def _stamp_tokens(self, emitted: list[Sequence], t_token: float, t_end: float) -> None:
+        """Token times of the explicitly scheduled sequences (one token each, at t_token)."""
         gaps = []
-        run_gap = (t_end - t_first) / (k - 1) if k > 1 else 0.0  # a run's steps differ by far less than a histogram bin
         for seq in emitted:
             if seq.first_token_time < 0:
-                seq.first_token_time = t_first
+                seq.first_token_time = t_token
             else:
-                gap = t_first - seq.last_token_time
-                gaps.append(gap)
-                if gap > seq.max_itl:
-                    seq.max_itl = gap
-            if run_gap > seq.max_itl:
-                seq.max_itl = run_gap
+                gaps.append(t_token - seq.last_token_time)
             seq.last_token_time = t_end
         self.metrics.record_itls(gaps)
-        if k > 1 and emitted:
-            self.metrics.record_itl(run_gap, len(emitted) * (k - 1))

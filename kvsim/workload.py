@@ -35,7 +35,6 @@ from typing import Iterator, Optional
 import numpy as np
 
 from kvsim.config import ArrivalConfig, LengthDist, PrefixConfig
-from kvsim.errors import KvsimError
 from kvsim.sequence import Request
 from kvsim.traces import VOCAB_SIZE, Trace, load_trace
 
@@ -45,10 +44,7 @@ _GROUP_CONTENT_KEY = 4  # spawn-key branch for group prefix tokens, beside the 4
 
 def generate_requests(scenario) -> Iterator[Request]:
     """The scenario's requests in arrival order (a generator; trace and seed are checked now)."""
-    wl = scenario.workload
-    if wl.seed < 0:
-        raise KvsimError(f"{scenario.source}: workload.seed: must be non-negative, got {wl.seed}")
-    trace = load_trace(scenario) if wl.trace is not None else None
+    trace = load_trace(scenario) if scenario.workload.trace is not None else None
     return _stream(scenario, trace)
 
 

@@ -67,14 +67,16 @@ class Engine:
         sampled = dict(zip(out.seq_ids, out.token_ids))
         for seq, n in work:
             seq.num_computed_tokens += n
-            if seq.seq_id in sampled:
+            if seq.seq_id in sampled:  # as Scheduler.postprocess
                 assert seq.num_computed_tokens == seq.num_tokens
                 seq.num_output_tokens += 1
+                seq.num_tokens += 1
                 self.tokens[seq.seq_id].append(sampled[seq.seq_id])
         return out
 
 
 def check_against_reference(runner, out, tokens: dict[int, list[int]]) -> None:
+    assert len(out.token_ids) == len(out.seq_ids) == out.logits.shape[0]
     refs = dense_reference_forward(runner.model, [tokens[sid] for sid in out.seq_ids])
     for logits, sid, token, ref in zip(out.logits.cpu().double(), out.seq_ids, out.token_ids, refs):
         want = ref[-1]
@@ -137,6 +139,7 @@ def test_cuda_graph_decode_matches_eager():
         eng.grow([(s, 1) for s in seqs])
         graph = eng.runner.execute_model(seqs, [1, 1, 1])  # padded to the batch-4 graph
         eager = eng.step([(s, 1) for s in seqs])  # checked against the reference
+        assert sorted(eager.seq_ids) == [50, 51, 52]
         assert graph.seq_ids == eager.seq_ids and graph.token_ids == eager.token_ids
 
 

@@ -35,7 +35,7 @@ def _import_torch():
     """torch, once it is known to import and to see a CUDA device."""
     try:
         import torch
-        import triton  # noqa: F401
+        import triton  # noqa: F401  (the kernels need it; fail here, in one line)
     except ImportError as exc:
         raise KvsimError(f"backend 'triton' needs torch and triton with CUDA: {exc} (pip install kvsim[gpu])") from None
     if not torch.cuda.is_available():
@@ -69,14 +69,11 @@ class TritonBackend:
                            gpu_memory_utilization=scenario.hardware.gpu_memory_utilization,
                            enforce_eager=getattr(scenario.backend, "enforce_eager", False),
                            device=str(self.device), seed=scenario.backend.seed)
-        with torch.cuda.device(self.device):
-            self.runner = ModelRunner(model, cfg)
-        prof = self.runner.profile
-        if prof.num_blocks * engine.block_size < cfg.max_model_len:
-            raise KvsimError(f"{scenario.source}: policy {policy.name}: the profiled KV cache on "
-                             f"{torch.cuda.get_device_name(self.device)} holds {prof.num_blocks} blocks, fewer than "
-                             f"one max_model_len ({cfg.max_model_len}) sequence: lower engine.max_model_len or raise "
-                             f"hardware.gpu_memory_utilization")
+        try:
+            with torch.cuda.device(self.device):
+                self.runner = ModelRunner(model, cfg)
+        except KvsimError as exc:
+            raise KvsimError(f"{scenario.source}: policy {policy.name}: {exc}") from None
         self.num_blocks = self.runner.num_blocks
         self._capacity, self._policy = capacity, policy.name
         _live.append(weakref.ref(self))
@@ -104,7 +101,7 @@ class TritonBackend:
             "device": self._torch.cuda.get_device_name(self.device),
             "num_blocks": self.num_blocks,
             "kv_cache_dtype": self.runner.kv_dtype,
-            "cuda_graphs": bool(self.runner._graphs),
+            "cuda_graph_batch_sizes": self.runner.graph_sizes,
             "profile_gib": {"total": prof.total / GiB, "budget": prof.budget / GiB, "weights": prof.weights / GiB,
                             "activation_peak": prof.activation_peak / GiB, "non_torch": prof.non_torch / GiB,
                             "other_torch": prof.other_torch / GiB, "kv": prof.kv / GiB},

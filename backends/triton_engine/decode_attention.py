@@ -29,9 +29,9 @@ MAX_SPLITS = 32
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, context_lens_ptr, out_ptr,
                    part_out_ptr, part_lse_ptr, qk_scale, stride_qs, stride_qh, stride_os, stride_oh,
-                   stride_bt, num_kv_heads, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
+                   stride_bt, num_kv_heads, num_splits, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                   KIND: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_F32: tl.constexpr):
+                   KIND: tl.constexpr, SPLIT: tl.constexpr, USE_F32: tl.constexpr):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -39,7 +39,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, contex
     DP: tl.constexpr = HEAD_DIM // PACK
 
     context_len = tl.load(context_lens_ptr + seq)
-    split_len = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), 16) * 16
+    split_len = tl.cdiv(tl.cdiv(context_len, num_splits), 16) * 16
     start = split * split_len
     end = tl.minimum(start + split_len, context_len)
 
@@ -72,13 +72,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, contex
 
     # An empty split (short context) has l_i = 0: it writes zeros and lse = -inf, which merge to nothing.
     inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)[:, None]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         o_off = seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :] * PACK
         tl.store(out_ptr + o_off, (acc * inv_l).to(out_ptr.dtype.element_ty), mask=h_mask[:, None])
         if KIND == 3:
             tl.store(out_ptr + o_off + 1, (acc_odd * inv_l).to(out_ptr.dtype.element_ty), mask=h_mask[:, None])
     else:
-        row = (seq.to(tl.int64) * num_kv_heads * GROUP + heads) * NUM_SPLITS + split  # (seq, head, split)
+        row = (seq.to(tl.int64) * num_kv_heads * GROUP + heads) * num_splits + split  # (seq, head, split)
         p_off = row[:, None] * HEAD_DIM + offs_d[None, :] * PACK
         tl.store(part_out_ptr + p_off, acc * inv_l, mask=h_mask[:, None])
         if KIND == 3:
@@ -88,17 +88,17 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, contex
 
 
 @triton.jit
-def _merge_splits_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_os, stride_oh, num_heads,
-                         NUM_SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _merge_splits_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_os, stride_oh, num_heads, num_splits,
+                         SPLITS_P: tl.constexpr, HEAD_DIM: tl.constexpr):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_P)
     offs_d = tl.arange(0, HEAD_DIM)
-    row = (seq.to(tl.int64) * num_heads + head) * NUM_SPLITS
-    lse = tl.load(part_lse_ptr + row + offs_s, mask=offs_s < NUM_SPLITS, other=float("-inf"))
+    row = (seq.to(tl.int64) * num_heads + head) * num_splits
+    lse = tl.load(part_lse_ptr + row + offs_s, mask=offs_s < num_splits, other=float("-inf"))
     w = tl.exp2(lse - tl.max(lse, 0))  # split 0 always holds a token, so the max is finite
     parts = tl.load(part_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=(offs_s < NUM_SPLITS)[:, None], other=0.0)
+                    mask=(offs_s < num_splits)[:, None], other=0.0)
     o = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
     tl.store(out_ptr + seq.to(tl.int64) * stride_os + head * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
@@ -145,12 +145,12 @@ def paged_decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: t
         part_out = part_lse = out  # unused
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, *kernel_args(cache), block_tables, context_lens, out, part_out, part_lse, scale * LOG2E,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), num_kv_heads,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), num_kv_heads, num_splits,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=cache.block_size, KIND=KV_KIND[cache.kv_dtype], NUM_SPLITS=num_splits, USE_F32=DOT_F32,
+        BLOCK_SIZE=cache.block_size, KIND=KV_KIND[cache.kv_dtype], SPLIT=num_splits > 1, USE_F32=DOT_F32,
         **_launch_config(cache))
     if num_splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](
-            part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, NUM_SPLITS=num_splits,
+            part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, num_splits,
             SPLITS_P=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim, num_warps=4)
     return out

@@ -26,6 +26,7 @@ import torch
 from backends.triton_engine.decode_attention import choose_num_splits
 from backends.triton_engine.kv_quant import LayerKVCache, allocate_kv_cache, resolve_kv_dtype
 from backends.triton_engine.model import TORCH_DTYPES, AttentionMetadata, PagedAttention, Transformer
+from kvsim.errors import KvsimError
 from kvsim.sequence import Sequence
 
 
@@ -131,6 +132,10 @@ class ModelRunner:
         if num_blocks is None:
             self.profile = self.profile_num_blocks()
             num_blocks = self.profile.num_blocks
+            if num_blocks * self.block_size < cfg.max_model_len:  # before any kernel reads block 0
+                raise KvsimError(f"the KV cache left on {torch.cuda.get_device_name(self.device)} holds {num_blocks} "
+                                 f"blocks, fewer than one max_model_len ({cfg.max_model_len}) sequence: lower "
+                                 f"engine.max_model_len or raise hardware.gpu_memory_utilization")
         self.num_blocks = num_blocks
         self.kv_caches = self._allocate(num_blocks)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -138,6 +143,11 @@ class ModelRunner:
             self.warmup_decode()
             if not cfg.enforce_eager:
                 self.capture_cudagraphs()
+
+    @property
+    def graph_sizes(self) -> list[int]:
+        """Decode batch sizes with a captured CUDA graph (empty: eager only)."""
+        return list(self._graphs)
 
     def _allocate(self, num_blocks: int) -> list[LayerKVCache]:
         s = self.spec
@@ -239,12 +249,11 @@ class ModelRunner:
         ids, pos, slots, decode_ctx, prefill_ctx, tables, cu, idx = self._upload(
             inp.input_ids, inp.positions, inp.slot_mapping, inp.context_lens[:nd], inp.context_lens[nd:],
             inp.block_tables, inp.cu_seqlens_q, inp.logits_indices)
-        has_prefill = len(inp.cu_seqlens_q) > 1
-        meta = AttentionMetadata(
-            slot_mapping=slots, num_decode_tokens=nd, decode_block_tables=tables[:nd], decode_context_lens=decode_ctx,
-            num_splits=self.decode_splits(nd) if nd else None, prefill_block_tables=tables[nd:] if has_prefill else None,
-            cu_seqlens_q=cu if has_prefill else None, prefill_context_lens=prefill_ctx if has_prefill else None,
-            max_seqlen_q=inp.max_seqlen_q)
+        meta = AttentionMetadata(slot_mapping=slots, num_decode_tokens=nd, decode_block_tables=tables[:nd],
+                                 decode_context_lens=decode_ctx, num_splits=self.decode_splits(nd) if nd else None)
+        if len(inp.cu_seqlens_q) > 1:
+            meta.prefill_block_tables, meta.cu_seqlens_q = tables[nd:], cu
+            meta.prefill_context_lens, meta.max_seqlen_q = prefill_ctx, inp.max_seqlen_q
         hidden = self.model(ids, pos, PagedAttention(caches, meta, self.scale))
         logits = self.model.compute_logits(hidden[idx])
         return logits.argmax(dim=-1), (logits if with_logits else None)

@@ -1,0 +1,105 @@
+"""Simulator speed benchmark: Azure trace replay and a million synthetic requests.
+
+    python benchmarks/sim_speed.py            # Azure trace (sim + whole CLI) and 1,000,000 requests
+    python benchmarks/sim_speed.py --requests 100000
+
+Prints a markdown table: wall seconds (median of --repeat runs where cheap), peak RSS of the CLI
+process, engine events and the engine steps they stand for. Targets (issue 2): Azure simulation
+<= 1.0 s and whole CLI run <= 3 s with one policy; 1M requests <= 60 s and <= 1 GB RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SYNTHETIC = """
+name = "million"
+[model]
+name = "Llama-3.1-8B"
+[hardware]
+gpu = "H100-SXM"
+[engine]
+max_model_len = 8192
+[[policies]]
+name = "paged"
+[workload]
+seed = 7
+num_requests = {n}
+arrival = {{ process = "poisson", rate = 25.0 }}
+prompt_len = {{ dist = "lognormal", mean = 600, sigma = 0.8, max = 6000 }}
+output_len = {{ dist = "lognormal", mean = 150, sigma = 0.8, max = 1500 }}
+prefix = {{ num_groups = 16, prefix_len = 256, fraction = 0.5 }}
+[output]
+timeseries_interval_s = 10.0
+"""
+
+
+def run_cli(args: list[str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one `python -m kvsim ...` process."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "kvsim", *args], cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise SystemExit(f"kvsim failed ({proc.returncode}): {proc.stderr.strip()}")
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest child so far
+    return wall, rss
+
+
+def azure(repeat: int) -> list[tuple]:
+    from kvsim.config import load_scenario
+    from kvsim.run import run_scenario
+
+    sc = load_scenario(ROOT / "scenarios/azure_conv.toml")
+    sims, events = [], (0, 0)
+    for _ in range(repeat):
+        r = run_scenario(sc, policies=["paged"], write=False)
+        sims.append(r.runs[0].wall_s)
+        extra = r.summaries["paged"]
+        events = (extra["engine_events"], extra["engine_steps"])
+    with tempfile.TemporaryDirectory() as tmp:
+        clis = [run_cli(["scenarios/azure_conv.toml", "--policy", "paged", "--quiet", "--out", tmp])[0]
+                for _ in range(repeat)]
+    n = r.summaries["paged"]["requests"]["received"]
+    return [("azure_conv, paged: simulation", n, statistics.median(sims), "", *events, "<= 1.0 s"),
+            ("azure_conv, paged: whole CLI run", n, statistics.median(clis), "", *events, "<= 3 s")]
+
+
+def synthetic(n: int) -> list[tuple]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "million.toml"
+        path.write_text(SYNTHETIC.format(n=n))
+        wall, rss = run_cli([str(path), "--quiet", "--out", str(Path(tmp) / "out")])
+        import json
+        s = json.loads((Path(tmp) / "out" / "summary.json").read_text())["policies"]["paged"]
+    return [(f"{n:,} synthetic requests: whole CLI run", n, wall, f"{rss:,.0f}", s["engine_events"], s["engine_steps"],
+             "<= 60 s, <= 1024 MiB")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--skip-azure", action="store_true")
+    args = ap.parse_args()
+    rows = [] if args.skip_azure else azure(args.repeat)
+    rows += synthetic(args.requests)
+    print(f"cpu: {os.cpu_count()} cores, python {sys.version.split()[0]}")
+    print("| run | requests | wall s (median) | peak RSS MiB | engine events | engine steps | target |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, n, wall, rss, ev, steps, target in rows:
+        print(f"| {name} | {n:,} | {wall:.2f} | {rss} | {ev:,} | {steps:,} | {target} |")
+
+
+if __name__ == "__main__":
+    main()

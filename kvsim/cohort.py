@@ -1,0 +1,127 @@
+"""The decode cohort: running sequences in steady decode, advanced together in O(1) per step.
+
+Between a request's first token and its last, every engine step gives it one more token. Touching
+every such sequence at every step makes a simulation cost O(batch) per step; instead the scheduler
+hands steady decoders to this cohort, which keeps their sums (count, context tokens) and a clock of
+decode steps. A member's counters are brought up to date only when it leaves: when it finishes
+(a heap ordered by the clock at which it will), or when the scheduler needs every sequence
+explicitly (memory is tight, a preemption may follow; see Scheduler).
+
+Blocks are still exact: a member that has written `v` tokens holds ceil(v / block_size) blocks, so
+advancing the clock by k needs, for each member, the block boundaries its token count crosses;
+members are counted by their token count modulo block_size, which makes that sum O(block_size).
+The blocks are reserved from the allocator (taken off its free queue in LRU order, evicting as it
+would) at once, and handed to each member's block table when it leaves.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from kvsim.sequence import Sequence
+
+
+class DecodeCohort:
+    def __init__(self, allocator):
+        self.allocator = allocator
+        self.block_size = allocator.block_size
+        self.grows = not getattr(allocator, "fixed_slabs", False)  # contiguous slabs never grow
+        self.clock = 0  # decode steps given to every member so far
+        self.size = 0
+        self.context = 0  # sum of the members' num_computed_tokens, kept exact
+        self.residues = [0] * self.block_size  # members by (num_computed_tokens - clock) mod block_size
+        self._finish: list[tuple[int, int, int, Sequence]] = []  # (clock at last token, serial, seq_id, seq)
+        self._serial = 0
+        self.members: dict[int, Sequence] = {}  # serial -> member
+
+    # ---- membership ------------------------------------------------------------------------
+    def join(self, seq: Sequence) -> None:
+        """Take a sequence whose next step is a decode (its KV covers all but its newest token)."""
+        self._serial += 1
+        seq.cohort_clock, seq.cohort_serial = self.clock, self._serial
+        self.residues[(seq.num_computed_tokens - self.clock) % self.block_size] += 1
+        self.size += 1
+        self.context += seq.num_computed_tokens
+        self.members[self._serial] = seq
+        left = seq.request.output_len - seq.num_output_tokens
+        heapq.heappush(self._finish, (self.clock + left, self._serial, seq.seq_id, seq))
+
+    def leave(self, seq: Sequence) -> None:
+        """Bring the member's counters and block table up to date and release it."""
+        del self.members[seq.cohort_serial]
+        steps = self.clock - seq.cohort_clock
+        self.residues[(seq.num_computed_tokens - seq.cohort_clock) % self.block_size] -= 1
+        seq.num_computed_tokens += steps
+        seq.num_output_tokens += steps
+        seq.num_tokens += steps
+        seq.cohort_clock, seq.cohort_serial = -1, 0
+        self.size -= 1
+        self.context -= seq.num_computed_tokens
+        if self.grows:
+            self.allocator.claim(seq)
+
+    def dissolve(self) -> list[Sequence]:
+        """Release every member (up to date), in the order they joined."""
+        members = list(self.members.values())
+        for seq in members:
+            self.leave(seq)
+        self._finish.clear()
+        return members
+
+    def pop_finished(self) -> list[Sequence]:
+        """Members whose last token the clock has reached, released."""
+        done = []
+        heap = self._finish
+        while heap and heap[0][0] <= self.clock:
+            _, serial, _, seq = heapq.heappop(heap)
+            if seq.cohort_serial == serial:
+                self.leave(seq)
+                done.append(seq)
+        return done
+
+    def steps_to_next_finish(self) -> int:
+        heap = self._finish
+        while heap and heap[0][3].cohort_serial != heap[0][1]:
+            heapq.heappop(heap)  # a stale entry of a sequence that left early
+        return heap[0][0] - self.clock if heap else 1 << 62
+
+    # ---- blocks ----------------------------------------------------------------------------
+    def blocks_needed(self, steps: int) -> int:
+        """New blocks the members need to write `steps` more tokens each.
+
+        A member whose last block holds q tokens (q = 0: full) needs ceil((q + steps) / bs) - [q > 0]
+        blocks. With steps = a*bs + b that is a, plus one if q is 0 or q > bs - b (b > 0): every
+        member's `a`, and one more for the members in a cyclic range of b residues.
+        """
+        if not self.grows or steps <= 0:
+            return 0
+        bs = self.block_size
+        a, b = divmod(steps, bs)
+        total = a * self.size
+        if b:
+            res = self.residues
+            r0 = (bs - b + 1 - self.clock) % bs  # residue of members with q = bs - b + 1 (q = 0 when b = 1)
+            if r0 + b <= bs:
+                total += sum(res[r0:r0 + b])
+            else:
+                total += sum(res[r0:]) + sum(res[:r0 + b - bs])
+        return total
+
+    def affordable_steps(self, want: int, free_blocks: int) -> int:
+        """The most steps (<= want) whose new blocks fit in `free_blocks`."""
+        if self.blocks_needed(want) <= free_blocks:
+            return want
+        lo, hi = 0, want
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.blocks_needed(mid) <= free_blocks:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def advance(self, steps: int) -> None:
+        """Every member decoded `steps` tokens (their blocks were reserved when scheduled)."""
+        self.clock += steps
+        self.context += self.size * steps
+        self.allocator.note_written(self.size * steps)

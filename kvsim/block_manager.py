@@ -259,7 +259,7 @@ class BlockManager:
             del chunk[: len(take)]
             if not chunk:
                 self._free.popleft()
-            if self._stale:
+            if self._stale and not self._stale.keys().isdisjoint(take):
                 take = self._drop_stale(take)
             out.extend(take)
         self.num_free_blocks -= n

@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
         argv.insert(0, "run")
     args = _parser().parse_args(argv)
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=160)  # pipes and logs: no truncated table
     try:
         if args.command == "schema":
             from kvsim.config import json_schema

@@ -55,6 +55,9 @@ class ContiguousAllocator:
             return 0.0
         return 1.0 - self.largest_free_extent / self.num_free_blocks
 
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
     def slab_blocks(self, seq: Sequence) -> int:
         req = seq.request
         tokens = self.max_model_len if self.reserve_mode == "max_model_len" else req.prompt_len + req.output_len

@@ -108,7 +108,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
             meta = {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": scenario.hardware.tensor_parallel_size,
                     "num_replicas": scenario.hardware.num_replicas, "backend": scenario.backend.name,
                     "seed": scenario.workload.seed, "description": scenario.description}
-            writer.commit(scenario.name or "scenario", result.summaries, meta)
+            writer.commit(scenario.name or "scenario", result.summaries, meta, report_html=scenario.output.report_html)
     except BaseException:
         if writer:
             writer.abort()

@@ -188,11 +188,15 @@ class Scheduler:
         while self.swapped and budget > 0 and self.num_running < self.max_num_seqs:
             seq = self.swapped[0]
             num_new = seq.num_tokens - seq.num_computed_tokens
-            if num_new > budget or not alloc.can_allocate(seq, num_new):
+            if num_new > budget:
+                if not self.enable_chunked_prefill:
+                    break
+                num_new = budget  # a sequence swapped out mid-prompt resumes in chunks
+            if not alloc.can_allocate(seq, num_new):
                 break
             self.swapped.popleft()
+            blocks = alloc.blocks_for(seq.num_computed_tokens)  # the KV that comes back, not the new slots
             alloc.allocate(seq, num_new)
-            blocks = len(seq.block_table)
             batch.swap_in_blocks += blocks
             self.num_swapped_blocks -= blocks
             self._enter_running(seq)
@@ -223,7 +227,7 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         batch.preempted.append(seq)
-        blocks = len(seq.block_table)
+        blocks = self.allocator.blocks_for(seq.num_computed_tokens)  # the KV written so far, not a whole slab
         if self.preemption_mode == "swap" and self.num_swapped_blocks + blocks <= self.num_host_blocks:
             computed = seq.num_computed_tokens
             self.allocator.deallocate(seq)

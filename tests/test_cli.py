@@ -188,7 +188,6 @@ def test_policy_flag_runs_only_that_policy(tmp_path, capsys):
     assert list(summary["policies"]) == ["contiguous"]
 
 
-@pytest.mark.xfail(strict=True, reason="run_scenario ignores output.report_html: report.html is always written")
 def test_report_html_false_writes_no_report(tmp_path, capsys):
     text = GOOD.format(engine="", rate="20.0", workload="") + "[output]\nreport_html = false\n"
     scenario = write_scenario(tmp_path / "in", text=text)

@@ -221,3 +221,14 @@ def test_request_rows():
     assert b["mean_itl_s"] == "" and float(b["ttft_s"]) == 0.25
     assert c["reject_reason"] == "kv_capacity" and c["ttft_s"] == c["first_token_s"] == c["first_scheduled_s"] == ""
     assert float(c["finish_s"]) == 3.0
+
+
+def test_bulk_itl_binning_equals_one_by_one():
+    from kvsim.metrics import LogHistogram
+    values = np.random.default_rng().lognormal(-4, 1.5, 5000)
+    a, b = LogHistogram(), LogHistogram()
+    for v in values:
+        a.add(float(v))
+    b.add_many(values)
+    assert np.array_equal(a.counts, b.counts) and a.count == b.count
+    assert a.min == b.min and a.max == b.max and abs(a.total - b.total) < 1e-9 * a.total

@@ -1,0 +1,214 @@
+"""Whole simulations of small synthetic scenarios: accounting, determinism, fused decode runs, and
+the policy effects a capacity planner exists to show."""
+
+import json
+
+import pytest
+
+from backends.analytic import AnalyticBackend
+from kvsim.catalog import gpu_spec, model_spec
+from kvsim.cli import main
+from kvsim.config import scenario_from_dict
+from kvsim.memory import kv_capacity
+from kvsim.metrics import Metrics
+from kvsim.run import run_scenario
+from kvsim.workload import generate_requests
+
+from conftest import make_scenario, scenario_dict
+
+# Llama-3.1-8B (15 GiB of weights) on a GPU cut to 20 GiB: about 970 blocks of 16 tokens of KV,
+# so KV memory is what limits the batch.
+TIGHT = {"memory_gib": 20.0}
+BUSY = {"num_requests": 150, "arrival": {"rate": 50.0},
+        "prompt_len": {"dist": "uniform", "min": 200, "max": 1500},
+        "output_len": {"dist": "uniform", "min": 50, "max": 400}}
+PAGED = {"name": "paged"}
+CONTIGUOUS = {"name": "contiguous", "allocator": "contiguous", "enable_chunked_prefill": False}
+
+
+def summaries(**sections) -> dict:
+    return run_scenario(make_scenario(**sections), write=False).summaries
+
+
+def test_every_request_is_accounted_for():
+    sc = make_scenario(engine={"max_model_len": 700},  # prompts up to 600 + outputs up to 200: some rejected
+                       policies=[PAGED, CONTIGUOUS, {"name": "fp8", "kv_cache_dtype": "fp8"}])
+    for name, s in run_scenario(sc, write=False).summaries.items():
+        req = s["requests"]
+        assert req["received"] == 100, name
+        assert req["finished"] + req["rejected"] == req["received"], name
+        assert req["rejected"] > 0 and sum(req["rejected_by_reason"].values()) == req["rejected"]
+        assert all("max_model_len" in reason for reason in req["rejected_by_reason"])
+
+
+def test_rejections_match_max_model_len():
+    sc = make_scenario(engine={"max_model_len": 700})
+    too_long = sum(r.prompt_len + r.output_len > 700 for r in generate_requests(sc))
+    s = run_scenario(sc, write=False).summaries["paged"]
+    assert 0 < too_long < 100
+    assert s["requests"]["rejected"] == too_long
+    assert s["requests"]["finished"] == 100 - too_long
+
+
+def test_same_scenario_same_summary():
+    sc = scenario_dict(hardware=TIGHT, workload=BUSY, policies=[PAGED, CONTIGUOUS])
+    first = run_scenario(scenario_from_dict(sc), write=False).summaries
+    second = run_scenario(scenario_from_dict(sc), write=False).summaries
+    assert first == second
+    assert first["paged"]["preemptions"] > 0  # a run with something to get wrong
+
+
+def test_two_cli_runs_write_identical_summaries(tmp_path):
+    text = (tmp_path / "s.toml")
+    text.write_text('name = "det"\n[model]\nname = "Llama-3.1-8B"\n[hardware]\nmemory_gib = 20.0\n'
+                    '[engine]\nmax_model_len = 4096\n[[policies]]\nname = "paged"\n'
+                    '[[policies]]\nname = "fp8"\nkv_cache_dtype = "fp8"\n'
+                    '[workload]\nseed = 7\nnum_requests = 60\narrival = { process = "gamma", rate = 30.0, cv = 2.0 }\n'
+                    'prompt_len = { dist = "lognormal", mean = 600, sigma = 0.8, max = 3000 }\n'
+                    'output_len = { dist = "lognormal", mean = 150, sigma = 0.8, max = 1000 }\n')
+    for out in ("a", "b"):
+        assert main([str(text), "--out", str(tmp_path / out), "--quiet"]) == 0
+    a, b = ((tmp_path / out / "summary.json").read_bytes() for out in ("a", "b"))
+    assert a == b
+    assert json.loads(a)["policies"]["paged"]["requests"]["finished"] == 60
+
+
+# ---- fused decode runs ---------------------------------------------------------------------
+
+def per_request(monkeypatch, scenario) -> tuple[dict, dict]:
+    """Every finished request's (TTFT, E2E, outputs, preemptions, cached tokens), by (policy, id)."""
+    rows = {}
+    on_finish = Metrics.on_finish
+
+    def spy(self, seq):
+        arrival = seq.request.arrival_time
+        rows[(self.policy, seq.seq_id)] = (seq.first_token_time - arrival, seq.finish_time - arrival,
+                                           seq.num_output_tokens, seq.num_preemptions, seq.num_cached_tokens)
+        on_finish(self, seq)
+
+    monkeypatch.setattr(Metrics, "on_finish", spy)
+    return rows, run_scenario(scenario, write=False).summaries
+
+
+FUSION_CASES = {
+    "tight memory, preemptions": dict(hardware=TIGHT, workload=BUSY, policies=[
+        PAGED, CONTIGUOUS, {"name": "fp8", "kv_cache_dtype": "fp8"},
+        {"name": "known", "allocator": "contiguous", "contiguous_reserve": "known_output"}]),
+    "swap preemption": dict(hardware=TIGHT, workload=BUSY, engine={"preemption_mode": "swap", "swap_space": 0.5},
+                            policies=[PAGED]),
+    "prefix groups, two replicas": dict(hardware={"num_replicas": 2}, workload={
+        "num_requests": 120, "arrival": {"rate": 15.0}, "prefix": {"num_groups": 3, "prefix_len": 512}}),
+    "budget smaller than the batch": dict(engine={"max_num_batched_tokens": 32, "max_num_seqs": 64},
+                                          workload={"num_requests": 80, "arrival": {"rate": 20.0}}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FUSION_CASES))
+def test_fused_decode_runs_match_step_by_step(monkeypatch, case):
+    sc = make_scenario(**FUSION_CASES[case])
+    fused, fused_sum = per_request(monkeypatch, sc)
+    monkeypatch.setattr(AnalyticBackend, "fuses_decode_runs", False)
+    plain, plain_sum = per_request(monkeypatch, sc)
+    assert fused.keys() == plain.keys() and fused
+    for key, (ttft, e2e, *counts) in plain.items():
+        f_ttft, f_e2e, *f_counts = fused[key]
+        assert f_counts == counts, key
+        assert f_ttft == pytest.approx(ttft, rel=1e-9, abs=1e-12), key
+        assert f_e2e == pytest.approx(e2e, rel=1e-9, abs=1e-12), key
+    for name, s in plain_sum.items():
+        f = fused_sum[name]
+        assert s["engine_events"] == s["engine_steps"]  # no fusion: one event a step
+        assert f["engine_steps"] == s["engine_steps"]
+        assert f["engine_events"] < s["engine_steps"]  # fusion did happen
+        assert f["preemptions"] == s["preemptions"]
+        assert f["duration_s"] == pytest.approx(s["duration_s"], rel=1e-9)
+        assert f["itl_s"]["mean"] == pytest.approx(s["itl_s"]["mean"], rel=1e-6)
+
+
+# ---- policy effects ------------------------------------------------------------------------
+
+def test_paged_runs_more_sequences_than_contiguous_slabs():
+    sc = make_scenario(hardware=TIGHT, workload=BUSY, policies=[PAGED, CONTIGUOUS])
+    s = run_scenario(sc, write=False).summaries
+    cap = kv_capacity(sc, sc.policies[1], model_spec(sc), gpu_spec(sc))
+    slabs = cap.num_blocks // (4096 // 16)  # every slab reserves max_model_len
+    assert 1 <= slabs < 10
+    assert s["contiguous"]["peak_running"] == slabs
+    assert s["paged"]["peak_running"] >= 3 * slabs
+    assert s["paged"]["ttft_s"]["mean"] < s["contiguous"]["ttft_s"]["mean"]
+
+
+@pytest.mark.parametrize("gpu", ["tight H100", "L40S"])
+def test_8_bit_kv_runs_more_sequences_when_memory_bound(gpu):
+    hardware, engine, workload = TIGHT, {}, BUSY
+    if gpu == "L40S":  # 46 GiB: room for about 12 sequences of 16k tokens in bf16
+        hardware, engine = {"gpu": "L40S"}, {"max_model_len": 16384}
+        workload = {"num_requests": 150, "arrival": {"rate": 50.0},
+                    "prompt_len": {"dist": "uniform", "min": 4000, "max": 12000},
+                    "output_len": {"dist": "uniform", "min": 50, "max": 300}}
+    s = summaries(hardware=hardware, engine=engine, workload=workload, policies=[
+        PAGED, {"name": "fp8", "kv_cache_dtype": "fp8"}, {"name": "int8", "kv_cache_dtype": "int8"}])
+    bf16 = s["paged"]
+    assert bf16["preemptions"] > 0  # memory is the bottleneck
+    for name in ("fp8", "int8"):
+        q = s[name]
+        assert q["kv"]["num_blocks"] > 1.9 * bf16["kv"]["num_blocks"]
+        assert q["peak_running"] > 1.5 * bf16["peak_running"], name
+        assert q["preemptions"] < bf16["preemptions"], name
+        assert q["duration_s"] < bf16["duration_s"], name
+
+
+def test_chunked_prefill_lowers_token_itl_p99_on_long_prompts():
+    s = summaries(engine={"max_model_len": 20000, "max_num_batched_tokens": 2048},
+                  policies=[{"name": "chunked"}, {"name": "whole", "enable_chunked_prefill": False}],
+                  workload={"num_requests": 60, "arrival": {"rate": 3.0},
+                            "prompt_len": {"dist": "uniform", "min": 8000, "max": 16000},
+                            "output_len": {"dist": "uniform", "min": 100, "max": 300}})
+    chunked, whole = s["chunked"]["itl_s"], s["whole"]["itl_s"]
+    assert chunked["p99"] < 0.5 * whole["p99"]
+    assert chunked["max"] < whole["max"]
+
+
+def test_prefix_caching_hits_the_shared_system_prompts():
+    sc = make_scenario(policies=[{"name": "cache", "enable_prefix_caching": True},
+                                 {"name": "no-cache", "enable_prefix_caching": False}],
+                       workload={"num_requests": 150, "arrival": {"rate": 20.0},
+                                 "prompt_len": {"dist": "uniform", "min": 50, "max": 300},
+                                 "prefix": {"num_groups": 3, "prefix_len": 2048, "fraction": 0.8}})
+    s = run_scenario(sc, write=False).summaries
+    # A roomy cache and no preemption: every group member after its group's first hits the whole
+    # 2048-token prefix (128 full blocks of 16), and nothing else can hit.
+    seen, hit, total = set(), 0, 0
+    for r in generate_requests(sc):
+        total += r.prompt_len
+        if r.token_ids is not None:
+            key = r.token_ids[:8].tobytes()
+            hit += 2048 if key in seen else 0
+            seen.add(key)
+    assert len(seen) == 3
+    cache, plain = s["cache"], s["no-cache"]
+    assert cache["preemptions"] == plain["preemptions"] == 0
+    assert cache["prefix_hit_rate"] == pytest.approx(hit / total, rel=1e-12)
+    assert plain["prefix_hit_rate"] == 0
+    assert cache["ttft_s"]["mean"] < 0.5 * plain["ttft_s"]["mean"]
+
+
+def test_overload_queues_and_preempts_where_light_load_does_not():
+    light = summaries(hardware=TIGHT, workload={**BUSY, "num_requests": 60, "arrival": {"rate": 0.5}})["paged"]
+    heavy = summaries(hardware=TIGHT, workload=BUSY)["paged"]
+    assert light["preemptions"] == 0 and light["peak_waiting"] <= 3
+    assert heavy["preemptions"] > 0 and heavy["peak_waiting"] > 50
+    assert heavy["ttft_s"]["mean"] > 20 * light["ttft_s"]["mean"]
+    assert heavy["requests"]["finished"] == 150
+
+
+def test_two_replicas_halve_the_queueing_of_a_burst():
+    # 300 requests at once, at most 16 running per replica: requests wait for about
+    # 300 / 16 / 2 rounds on one replica, half that on two.
+    burst = {"num_requests": 300, "arrival": {"rate": 2000.0}}
+    one = summaries(engine={"max_num_seqs": 16}, workload=burst)["paged"]
+    two = summaries(engine={"max_num_seqs": 16}, workload=burst, hardware={"num_replicas": 2})["paged"]
+    assert one["peak_running"] == 16 and two["peak_running"] == 32
+    assert 0.4 < two["ttft_s"]["mean"] / one["ttft_s"]["mean"] < 0.6
+    assert 0.4 < two["duration_s"] / one["duration_s"] < 0.6
+    assert two["kv"]["num_blocks"] == 2 * one["kv"]["num_blocks"]

@@ -160,8 +160,8 @@ class StepModel:
         """
         if num_seqs <= 0 or not math.isfinite(budget_s):
             raise ValueError(f"need num_seqs > 0 and a finite budget, got {num_seqs}, {budget_s}")
-        run = lambda k: self.decode_run_time(num_seqs, context_tokens, k)  # noqa: E731
         fixed, c0, cs, m0, ms = self._decode_lines(num_seqs, context_tokens)
+        run = lambda k: fixed * k + _sum_max_lines(c0, cs, m0, ms, k)  # noqa: E731  (= decode_run_time)
         if fixed + max(c0, m0) >= budget_s:
             return 1
         a, b = (fixed + c0, cs) if c0 >= m0 else (fixed + m0, ms)  # sum_{i<k} (a + b i) >= budget

@@ -51,6 +51,7 @@ class Scheduler:
         self.swapped: deque[Sequence] = deque()
         self.num_preemptions = 0
         self._order = 0
+        self._cohort_step_blocks = 0
 
     # ---- admission -----------------------------------------------------------------------
     def reject_reason(self, seq: Sequence) -> str:
@@ -156,7 +157,8 @@ class Scheduler:
     def _cohort_fits(self, budget: int) -> bool:
         """Would every running sequence get all its tokens and blocks this step?"""
         alloc, cohort = self.allocator, self.cohort
-        tokens, blocks = cohort.size, cohort.blocks_needed(1)
+        self._cohort_step_blocks = cohort.blocks_needed(1)
+        tokens, blocks = cohort.size, self._cohort_step_blocks
         for seq in self.running:
             n = seq.num_tokens - seq.num_computed_tokens
             tokens += n
@@ -165,7 +167,7 @@ class Scheduler:
 
     def _schedule_cohort(self, batch: Batch, budget: int) -> int:
         alloc, cohort = self.allocator, self.cohort
-        alloc.reserve(cohort.blocks_needed(1))
+        alloc.reserve(self._cohort_step_blocks)  # counted by _cohort_fits for this very step
         batch.cohort_size = cohort.size
         batch.num_decode_seqs += cohort.size
         batch.decode_context_tokens += cohort.context + cohort.size
@@ -294,7 +296,7 @@ class Scheduler:
             return 1
         k = min(max_steps, batch.min_output_left)
         if k > 1:
-            first = cohort.blocks_needed(1)  # reserved by schedule()
+            first = self._cohort_step_blocks  # reserved by schedule()
             k = max(1, cohort.affordable_steps(k, self.allocator.num_free_blocks + first))
             self.allocator.reserve(cohort.blocks_needed(k) - first)
         return k

@@ -129,14 +129,16 @@ class Simulation:
             if not batch.seqs and not batch.cohort_size:
                 raise RuntimeError("scheduler made no progress with work queued")
             now = env.now
-            for seq in batch.dissolved:
-                seq.last_token_time = rep.cohort_last_token
+            if batch.dissolved:
+                for seq in batch.dissolved:
+                    seq.last_token_time = rep.cohort_last_token
             for seq in batch.seqs:
                 if seq.first_scheduled_time < 0:
                     seq.first_scheduled_time = now
             k = 1
             if fuse and batch.cohort_size and not batch.seqs and batch.is_pure_decode and not batch.preempted:
-                bound = self._steps_until_arrival(backend, batch, now)
+                budget = self.next_arrival_time - now  # steps that start before the next arrival
+                bound = 1 << 30 if budget == math.inf else (1 if budget <= 0 else backend.decode_steps_within(batch, budget))
                 if bound > 1:
                     k = sched.extend_decode_run(batch, bound)
             if k == 1:
@@ -149,29 +151,24 @@ class Simulation:
             self.num_decode_steps += k
             emitted, finished = sched.postprocess(batch, k)
             end = env.now
-            self._stamp_tokens(emitted, now + first, end)
+            if emitted:
+                self._stamp_tokens(emitted, now + first, end)
             if batch.cohort_size:
                 metrics.record_itl(now + first - rep.cohort_last_token, batch.cohort_size)
                 if k > 1:  # a run's steps differ by far less than a histogram bin: their mean
                     metrics.record_itl((end - now - first) / (k - 1), batch.cohort_size * (k - 1))
             rep.cohort_last_token = end
-            for seq in finished:
-                seq.last_token_time = seq.finish_time = end
-                backend.free(seq)
-                metrics.on_finish(seq)
             if finished:
+                for seq in finished:
+                    seq.last_token_time = seq.finish_time = end
+                    backend.free(seq)
+                    metrics.on_finish(seq)
                 self._ended(len(finished))
             metrics.sample(end, rep.index, running=sched.num_running, waiting=len(sched.waiting),
                            swapped=len(sched.swapped), blocks_used=alloc.num_used_blocks,
                            blocks_cached=alloc.num_cached_blocks,
                            blocks_free=alloc.num_free_blocks - alloc.num_cached_blocks,
                            reserved_unused_tokens=alloc.reserved_unused_tokens, batch_tokens=batch.num_tokens)
-
-    def _steps_until_arrival(self, backend, batch, now: float) -> int:
-        if self.next_arrival_time == math.inf:
-            return 1 << 30
-        budget = self.next_arrival_time - now
-        return 1 if budget <= 0 else backend.decode_steps_within(batch, budget)
 
     def _stamp_tokens(self, emitted: list[Sequence], t_token: float, t_end: float) -> None:
         """Token times of the explicitly scheduled sequences (one token each, at t_token)."""

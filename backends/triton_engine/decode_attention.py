@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.triton_engine.kv_quant import (DOT_F32, KV_KIND, LayerKVCache, attend_tile, check_cache, kernel_args,
+from backends.triton_engine.kv_quant import (DOT_F32, KV_KIND, LayerKVCache, attend_tile, check_cache, attention_args,
                                              load_kv_tile)
 
 LOG2E = 1.4426950408889634
@@ -35,7 +35,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, contex
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    PACK: tl.constexpr = 2 if KIND == 3 else 1
+    PACK: tl.constexpr = 1 if KIND == 0 else 2  # quantized: even/odd element pairs
     DP: tl.constexpr = HEAD_DIM // PACK
 
     context_len = tl.load(context_lens_ptr + seq)
@@ -54,8 +54,6 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, contex
     acc_odd = acc
     if KIND != 0:
         q = q.to(tl.float16)  # the dot dtype of quantized caches
-        q_odd = q
-    if KIND == 3:
         q_odd = tl.load(q_ptr + q_off + 1, mask=h_mask[:, None], other=0.0).to(tl.float16)
         acc_odd = tl.zeros((BLOCK_H, DP), dtype=tl.float32)
     m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
@@ -75,13 +73,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, contex
     if not SPLIT:
         o_off = seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :] * PACK
         tl.store(out_ptr + o_off, (acc * inv_l).to(out_ptr.dtype.element_ty), mask=h_mask[:, None])
-        if KIND == 3:
+        if KIND != 0:
             tl.store(out_ptr + o_off + 1, (acc_odd * inv_l).to(out_ptr.dtype.element_ty), mask=h_mask[:, None])
     else:
         row = (seq.to(tl.int64) * num_kv_heads * GROUP + heads) * num_splits + split  # (seq, head, split)
         p_off = row[:, None] * HEAD_DIM + offs_d[None, :] * PACK
         tl.store(part_out_ptr + p_off, acc * inv_l, mask=h_mask[:, None])
-        if KIND == 3:
+        if KIND != 0:
             tl.store(part_out_ptr + p_off + 1, acc_odd * inv_l, mask=h_mask[:, None])
         lse = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
         tl.store(part_lse_ptr + row, lse, mask=h_mask)
@@ -118,9 +116,9 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, device
 
 def _launch_config(cache: LayerKVCache) -> dict:
     """Tile and launch shape, tuned on an H100 (benchmarks/gpu_kernels.py)."""
-    quantized = cache.kv_dtype not in ("bfloat16", "float16")
-    block_n = 128 if quantized or cache.head_dim <= 64 else 64
-    return dict(BLOCK_N=block_n, num_warps=4, num_stages=3)
+    if cache.kv_dtype in ("bfloat16", "float16"):
+        return dict(BLOCK_N=64, num_warps=4, num_stages=3)
+    return dict(BLOCK_N=128, num_warps=4, num_stages=3)
 
 
 def paged_decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor,
@@ -144,7 +142,7 @@ def paged_decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: t
     else:
         part_out = part_lse = out  # unused
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, *kernel_args(cache), block_tables, context_lens, out, part_out, part_lse, scale * LOG2E,
+        q, *attention_args(cache), block_tables, context_lens, out, part_out, part_lse, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), num_kv_heads, num_splits,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=cache.block_size, KIND=KV_KIND[cache.kv_dtype], SPLIT=num_splits > 1, USE_F32=DOT_F32,

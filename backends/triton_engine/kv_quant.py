@@ -6,7 +6,7 @@ scales `k_scale`, `v_scale` of shape (num_blocks, block_size, num_kv_heads): one
 symmetric absmax, scale = max|x| / qmax and x ~= q * scale. "int4" packs two values per uint8 byte
 along head_dim: element 2i in the low nibble, 2i+1 in the high nibble, each stored as q + 8 with q in
 [-7, 7] (so nibble 0 never occurs). The attention kernels never dequantize K or V tiles: integers
-and fp8 values are exact in fp16, so they are cast (cheaply, see to_dot_operand) and fed to the
+and fp8 values are exact in fp16, so they are cast (cheaply, see unpack_pairs) and fed to the
 matrix units as they are, and the scales are applied to the score columns (K) and to the
 probabilities (V) instead. Quantized caches therefore run their dots in fp16 whatever the model dtype.
 """
@@ -125,25 +125,24 @@ def mma(a, b, acc, USE_F32: tl.constexpr):
 
 
 @triton.jit
-def to_dot_operand(x, KIND: tl.constexpr):
-    """A loaded K/V tile as exact fp16 dot operands: fp8 (loaded as bytes) by the hardware cast,
-    int8 by the magic-number trick (1024 + 128 + x in fp16 bits, minus 1152), which is cheaper than
-    an integer-to-float conversion; float caches pass through. int4 goes through unpack_int4."""
-    if KIND == 1:
-        return x.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-    elif KIND == 2:
-        biased = ((x.to(tl.uint8, bitcast=True) ^ 0x80).to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True)
-        return (biased - 1152.0).to(tl.float16)
-    else:
-        return x
+def unpack_pairs(x, KIND: tl.constexpr):
+    """A loaded tile of quantized pairs -> (even, odd) element tiles as exact fp16 dot operands.
 
-
-@triton.jit
-def unpack_int4(x):
-    """Packed bytes -> (even, odd) fp16 tiles in [-7, 7] by the magic-number trick: nibble n = q + 8
-    goes into the mantissa of 1024.0, and 1032 comes off."""
-    lo = ((x & 0xF).to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True) - 1032.0
-    hi = ((x >> 4).to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True) - 1032.0
+    8-bit caches are loaded as int16 (two elements a word) and int4 ones as bytes (two a byte), so the
+    unpacking has two consumers and the compiler converts in registers, before the layout change to
+    the dot operand, instead of reading single bytes back from shared memory. Integers become fp16
+    by the magic-number trick (the value goes into the mantissa of 1024.0, the bias comes off), which
+    is cheaper than an integer-to-float conversion; fp8 by the hardware cast.
+    """
+    if KIND == 3:  # nibble = q + 8
+        lo = ((x & 0xF).to(tl.uint16) | 0x6400).to(tl.uint16).to(tl.float16, bitcast=True) - 1032.0
+        hi = ((x >> 4).to(tl.uint16) | 0x6400).to(tl.uint16).to(tl.float16, bitcast=True) - 1032.0
+    elif KIND == 2:  # byte ^ 0x80 = q + 128
+        lo = (((x ^ 0x80) & 0xFF) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1152.0
+        hi = ((((x >> 8) ^ 0x80) & 0xFF) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1152.0
+    else:  # fp8 e4m3 bytes
+        lo = (x & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        hi = ((x >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
     return lo.to(tl.float16), hi.to(tl.float16)
 
 
@@ -169,19 +168,19 @@ def attend_tile(acc, acc_odd, m_i, l_i, q, q_odd, k, v, k_scale, v_scale, mask, 
                 KIND: tl.constexpr, MASKED: tl.constexpr, USE_F32: tl.constexpr):
     """One online-softmax step (base 2) of query rows q over a tile of cached tokens.
 
-    q is in the dot dtype: the model dtype for float caches, fp16 for quantized ones. For int4,
-    q/acc hold the even and q_odd/acc_odd the odd head_dim elements; otherwise q_odd and acc_odd
-    pass through untouched. `mask` (rows, BLOCK_N) is applied when MASKED. For quantized caches,
+    q is in the dot dtype: the model dtype for float caches, fp16 for quantized ones. For quantized
+    caches q/acc hold the even and q_odd/acc_odd the odd head_dim elements (see unpack_pairs); for
+    float caches q_odd and acc_odd pass through untouched. `mask` (rows, BLOCK_N) is applied when MASKED. For quantized caches,
     V's scales enter the probabilities as v_scale / max(v_scale) so that they stay in fp16 range,
     and the max multiplies the tile's product.
     """
     dt = q.dtype
-    if KIND == 3:
-        k_lo, k_hi = unpack_int4(k)
+    if KIND == 0:
+        s = mma(q, tl.trans(k), None, USE_F32)
+    else:
+        k_lo, k_hi = unpack_pairs(k, KIND)
         s = mma(q, tl.trans(k_lo), None, USE_F32)
         s = mma(q_odd, tl.trans(k_hi), s, USE_F32)
-    else:
-        s = mma(q, tl.trans(to_dot_operand(k, KIND)), None, USE_F32)
     if KIND != 0:
         s = s * k_scale[None, :]
     s = s * qk_scale
@@ -196,27 +195,27 @@ def attend_tile(acc, acc_odd, m_i, l_i, q, q_odd, k, v, k_scale, v_scale, mask, 
     else:
         v_max = tl.maximum(tl.max(v_scale, 0), 1e-30)
         p = (p * (v_scale / v_max)[None, :]).to(dt)
-        if KIND == 3:
-            v_lo, v_hi = unpack_int4(v)
-            acc = acc * alpha[:, None] + mma(p, v_lo, None, USE_F32) * v_max
-            acc_odd = acc_odd * alpha[:, None] + mma(p, v_hi, None, USE_F32) * v_max
-        else:
-            acc = acc * alpha[:, None] + mma(p, to_dot_operand(v, KIND), None, USE_F32) * v_max
+        v_lo, v_hi = unpack_pairs(v, KIND)
+        acc = acc * alpha[:, None] + mma(p, v_lo, None, USE_F32) * v_max
+        acc_odd = acc_odd * alpha[:, None] + mma(p, v_hi, None, USE_F32) * v_max
     return acc, acc_odd, m_new, l_i
 
 
-def kernel_args(cache: LayerKVCache) -> tuple:
-    """(k, v, k_scale, v_scale) for a kernel launch; plain caches pass k/v as dummy scale pointers.
-
-    fp8 caches go in as their bytes (uint8): masked loads then fill with byte 0 (= +0.0), which the
-    interpreter cannot do for fp8, and the kernels bitcast after loading.
-    """
+def store_args(cache: LayerKVCache) -> tuple:
+    """(k, v, k_scale, v_scale) for store_kvcache: bytes for fp8, which the interpreter cannot fill or
+    cast into; plain caches pass k/v again as dummy scale pointers."""
     k, v = cache.k, cache.v
     if cache.kv_dtype == "fp8":
         k, v = k.view(torch.uint8), v.view(torch.uint8)
-    if cache.k_scale is None:
-        return k, v, k, v
-    return k, v, cache.k_scale, cache.v_scale
+    return (k, v) + ((k, v) if cache.k_scale is None else (cache.k_scale, cache.v_scale))
+
+
+def attention_args(cache: LayerKVCache) -> tuple:
+    """(k, v, k_scale, v_scale) for the attention kernels: 8-bit caches as int16 pairs (see unpack_pairs)."""
+    k, v = cache.k, cache.v
+    if cache.kv_dtype in ("fp8", "int8"):
+        k, v = k.view(torch.int16), v.view(torch.int16)
+    return (k, v) + ((k, v) if cache.k_scale is None else (cache.k_scale, cache.v_scale))
 
 
 def check_cache(cache: LayerKVCache) -> None:

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.triton_engine.kv_quant import (DOT_F32, KV_KIND, LayerKVCache, attend_tile, check_cache, kernel_args,
+from backends.triton_engine.kv_quant import (DOT_F32, KV_KIND, LayerKVCache, attend_tile, check_cache, attention_args,
                                              load_kv_tile)
 
 LOG2E = 1.4426950408889634
@@ -28,7 +28,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, cu_se
     tile = tl.program_id(0)
     seq = tl.program_id(1)
     kv_head = tl.program_id(2)
-    PACK: tl.constexpr = 2 if KIND == 3 else 1
+    PACK: tl.constexpr = 1 if KIND == 0 else 2  # quantized: even/odd element pairs
     DP: tl.constexpr = HEAD_DIM // PACK
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_P
 
@@ -51,8 +51,6 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, cu_se
     acc_odd = acc
     if KIND != 0:
         q = q.to(tl.float16)  # the dot dtype of quantized caches
-        q_odd = q
-    if KIND == 3:
         q_odd = tl.load(q_ptr + q_off + 1, mask=row_mask[:, None], other=0.0).to(tl.float16)
         acc_odd = tl.zeros((BLOCK_M, DP), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
@@ -79,7 +77,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, cu_se
     inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)[:, None]
     o_off = (q_start + tok_q).to(tl.int64)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :] * PACK
     tl.store(out_ptr + o_off, (acc * inv_l).to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
-    if KIND == 3:
+    if KIND != 0:
         tl.store(out_ptr + o_off + 1, (acc_odd * inv_l).to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
 
 
@@ -108,7 +106,7 @@ def paged_prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: 
     config = _launch_config(cache, group_p)
     grid = (triton.cdiv(max_seqlen_q, config["BLOCK_Q"]), num_seqs, num_kv_heads)
     _prefill_kernel[grid](
-        q, *kernel_args(cache), block_tables, cu_seqlens_q, context_lens, out, scale * LOG2E, q.stride(0),
+        q, *attention_args(cache), block_tables, cu_seqlens_q, context_lens, out, scale * LOG2E, q.stride(0),
         q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), num_kv_heads, GROUP=group,
         GROUP_P=group_p, HEAD_DIM=head_dim, BLOCK_SIZE=cache.block_size, KIND=KV_KIND[cache.kv_dtype],
         USE_F32=DOT_F32, **config)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.triton_engine.kv_quant import KV_KIND, QMAX, LayerKVCache, check_cache, kernel_args
+from backends.triton_engine.kv_quant import KV_KIND, QMAX, LayerKVCache, check_cache, store_args
 
 
 @triton.jit
@@ -102,6 +102,6 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, cache: LayerKVCache, s
     if num_tokens == 0:
         return
     _store_kvcache_kernel[(num_tokens,)](
-        key, value, *kernel_args(cache), slot_mapping, key.stride(0), key.stride(1), value.stride(0),
+        key, value, *store_args(cache), slot_mapping, key.stride(0), key.stride(1), value.stride(0),
         value.stride(1), num_kv_heads, HEADS_P=triton.next_power_of_2(num_kv_heads), HEAD_DIM=head_dim,
         KIND=KV_KIND[cache.kv_dtype], QMAX_=QMAX.get(cache.kv_dtype, 1.0), num_warps=4)

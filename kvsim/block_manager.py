@@ -233,7 +233,7 @@ class BlockManager:
         # Tail blocks go first, so they are evicted first (as vLLM).
         freed = [b for b in reversed(table) if ref[b] == 0] if seq.num_cached_tokens or self.hash_to_block else table[::-1]
         if self.hash_to_block:
-            self.num_cached_blocks += sum(1 for b in freed if self.block_hash[b] != NO_HASH)
+            self.num_cached_blocks += len(self.block_tokens.keys() & freed)
         self._table_slots -= len(table) * self.block_size
         self._computed_tokens -= seq.num_computed_tokens
         if freed:
@@ -264,9 +264,8 @@ class BlockManager:
             out.extend(take)
         self.num_free_blocks -= n
         if self.num_cached_blocks:
-            for b in out:
-                if self.block_hash[b] != NO_HASH:
-                    self._evict(b)
+            for b in self.block_tokens.keys() & out:  # the hashed ones (set arithmetic in C)
+                self._evict(b)
         return out
 
     def _drop_stale(self, entries: list[int]) -> list[int]:

@@ -18,7 +18,8 @@ from backends.triton_engine import decode_attention, prefill_attention  # noqa: 
 from backends.triton_engine.kv_quant import (KV_DTYPES, QMAX, allocate_kv_cache, dequantize_reference,  # noqa: E402
                                              kv_bytes_per_token)
 from backends.triton_engine.store_kvcache import store_kvcache  # noqa: E402
-from tests.kernel_reference import attention_reference, gather_context, rel_err  # noqa: E402
+from kvsim.errors import KvsimError  # noqa: E402
+from tests.kernel_reference import attention_reference, rel_err  # noqa: E402
 
 NUM_BLOCKS, NUM_KV_HEADS = 32, 2
 # Against attention over the dequantized cache every dtype only sees the bf16 output rounding.
@@ -66,7 +67,8 @@ def _random_cache(kv_dtype: str, block_size: int, head_dim: int, live_slots: tor
         elif kv_dtype == "int8":
             t.copy_(torch.randint(-127, 128, t.shape, dtype=torch.int8))
         else:
-            t.copy_(torch.randint(1, 16, t.shape, dtype=torch.uint8) | (torch.randint(1, 16, t.shape, dtype=torch.uint8) << 4))
+            lo, hi = (torch.randint(1, 16, t.shape, dtype=torch.uint8) for _ in range(2))  # nibbles q + 8
+            t.copy_(lo | (hi << 4))
         if s is not None:
             s.copy_(torch.rand(s.shape) + 0.5).div_(QMAX[kv_dtype] / 2.5)
             s.view(-1, NUM_KV_HEADS)[dead] = float("nan")
@@ -104,7 +106,7 @@ def test_store_kvcache_round_trip(kv_dtype):
     written = slots >= 0
     live = slots[written]
     k64, v64 = dequantize_reference(cache)
-    for x, deq, t_before in ((key, k64, before[0]), (value, v64, before[1])):
+    for x, deq in ((key, k64), (value, v64)):
         x, deq = x[written].double(), deq.view(-1, NUM_KV_HEADS, head_dim)[live]
         err = rel_err(deq, x)
         assert err <= TOL_ROUND_TRIP[kv_dtype], f"seed {seed}: round-trip error {err:.4f}"
@@ -176,9 +178,9 @@ def test_paged_decode_small_tiles_and_pages(monkeypatch):
         cache = _random_cache(kv_dtype, block_size, head_dim, _context_slots(tables, context_lens, block_size))
         q = torch.randn(3, NUM_KV_HEADS * 4, head_dim).bfloat16()
         ref = attention_reference(q, *dequantize_reference(cache), tables, context_lens, [1, 1, 1], 0.2)
+        lens = torch.tensor(context_lens, dtype=torch.int32)
         for num_splits in (1, 5):
-            out = decode_attention.paged_decode_attention(q, cache, tables, torch.tensor(context_lens, dtype=torch.int32),
-                                                          0.2, num_splits, out=_poisoned_like(q))
+            out = decode_attention.paged_decode_attention(q, cache, tables, lens, 0.2, num_splits, out=_poisoned_like(q))
             assert rel_err(out, ref) <= TOL_DEQUANT, f"seed {seed}: {kv_dtype} splits {num_splits}"
 
 
@@ -243,8 +245,6 @@ def test_store_then_attend_matches_unquantized(kv_dtype):
     exact_v = exact_k.clone()
     exact_k[slots], exact_v[slots] = key.double(), value.double()
     exact = [t.view(NUM_BLOCKS, block_size, NUM_KV_HEADS, head_dim) for t in (exact_k, exact_v)]
-    # the dequantized cache holds the stored tokens in order
-    assert gather_context(dequantize_reference(cache)[0], tables[1], 30).shape == (30, NUM_KV_HEADS, head_dim)
 
     q = torch.randn(2, NUM_KV_HEADS * group, head_dim).to(dtype)
     lens = torch.tensor(context_lens, dtype=torch.int32)
@@ -254,8 +254,28 @@ def test_store_then_attend_matches_unquantized(kv_dtype):
     assert err <= TOL_END_TO_END[kv_dtype], f"seed {seed}: decode error {err:.4f} vs unquantized"
 
 
+def test_allocate_kv_cache_dtypes_and_errors():
+    half = allocate_kv_cache(2, 4, 16, 2, 64, "auto", "cpu", torch.float16)
+    assert len(half) == 2 and half[0].k.dtype == torch.float16 and half[0].k_scale is None
+    packed = allocate_kv_cache(1, 4, 16, 2, 64, "int4", "cpu")[0]
+    assert packed.k.shape == (4, 16, 2, 32) and packed.head_dim == 64 and packed.v_scale.shape == (4, 16, 2)
+    assert allocate_kv_cache(1, 4, 16, 2, 64, "fp8_e4m3", "cpu")[0].k.dtype == torch.float8_e4m3fn
+    for bad in (dict(kv_dtype="fp4"), dict(block_size=12), dict(head_dim=96)):
+        args = dict(num_layers=1, num_blocks=4, block_size=16, num_kv_heads=2, head_dim=64, kv_dtype="int8",
+                    device="cpu") | bad
+        with pytest.raises(KvsimError, match=next(iter(bad)).replace("kv_dtype", "kv_cache_dtype")):
+            allocate_kv_cache(**args)
+
+
 def test_kv_bytes_per_token():
     # Llama-3.1-8B: 8 KV heads x 128: bf16 4 KiB per token per layer, int4 1 KiB + 64 B of scales
     assert kv_bytes_per_token(8, 128, "bfloat16") == 4096
     assert kv_bytes_per_token(8, 128, "fp8") == 2048 + 64
     assert kv_bytes_per_token(8, 128, "int4") == 1024 + 64
+
+
+def test_quantized_caches_get_twice_the_programs():
+    cpu = torch.device("cpu")  # 8 "SMs" off the GPU
+    assert decode_attention.choose_num_splits(1, 2, 32768, cpu, "fp8") == 16
+    assert decode_attention.choose_num_splits(4, 2, 32768, cpu, "int8") == 4
+    assert decode_attention.choose_num_splits(4, 2, 32768, cpu, "bfloat16") == 2

@@ -3,7 +3,7 @@
 One program per (sequence, KV head, split) reads each K/V tile of its share of the context once and
 serves all query heads of that KV head, which are the rows of the tl.dot (padded to 16). With more
 than one split (flash-decoding), each split writes its partial output and log-sum-exp and a second
-kernel merges them. Quantized tiles are cast to the model dtype without scaling; K's scales multiply
+kernel merges them. Quantized tiles are unpacked into exact fp16 without scaling; K's scales multiply
 the score columns and V's scales the probabilities (see kv_quant). Capturable in a CUDA graph when
 num_splits is fixed: no host syncs, and the heuristic for num_splits=None reads shapes only.
 """
@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.triton_engine.kv_quant import (DOT_F32, KV_KIND, LayerKVCache, attend_tile, check_cache, attention_args,
-                                             load_kv_tile)
+from backends.triton_engine.kv_quant import (DOT_F32, KV_KIND, LayerKVCache, attend_tile, attention_args,
+                                             check_cache, load_kv_tile)
 
 LOG2E = 1.4426950408889634
 # Tokens of context per iteration and per split: at least this many tokens before it pays to split.
@@ -106,10 +106,13 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
-    """Enough splits to give every SM about two programs, none shorter than MIN_TOKENS_PER_SPLIT."""
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device,
+                      kv_dtype: str = "bfloat16") -> int:
+    """Enough splits to give every SM about two programs (four for quantized caches, whose programs
+    spend longer converting than loading), none shorter than MIN_TOKENS_PER_SPLIT."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
-    want = math.ceil(2 * sms / max(num_seqs * num_kv_heads, 1))
+    per_sm = 2 if kv_dtype in ("bfloat16", "float16") else 4
+    want = math.ceil(per_sm * sms / max(num_seqs * num_kv_heads, 1))
     most = max(max_context // MIN_TOKENS_PER_SPLIT, 1)
     return max(1, min(want, most, MAX_SPLITS))
 
@@ -118,7 +121,7 @@ def _launch_config(cache: LayerKVCache) -> dict:
     """Tile and launch shape, tuned on an H100 (benchmarks/gpu_kernels.py)."""
     if cache.kv_dtype in ("bfloat16", "float16"):
         return dict(BLOCK_N=64, num_warps=4, num_stages=3)
-    return dict(BLOCK_N=128, num_warps=4, num_stages=3)
+    return dict(BLOCK_N=128, num_warps=4, num_stages=2 if cache.kv_dtype == "int4" else 3)
 
 
 def paged_decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor,
@@ -135,7 +138,8 @@ def paged_decode_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: t
     if num_seqs == 0:
         return out
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, block_tables.shape[1] * cache.block_size, q.device)
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, block_tables.shape[1] * cache.block_size, q.device,
+                                       cache.kv_dtype)
     if num_splits > 1:
         part_out = torch.empty((num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)

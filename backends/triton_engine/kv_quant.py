@@ -8,7 +8,8 @@ along head_dim: element 2i in the low nibble, 2i+1 in the high nibble, each stor
 [-7, 7] (so nibble 0 never occurs). The attention kernels never dequantize K or V tiles: integers
 and fp8 values are exact in fp16, so they are cast (cheaply, see unpack_pairs) and fed to the
 matrix units as they are, and the scales are applied to the score columns (K) and to the
-probabilities (V) instead. Quantized caches therefore run their dots in fp16 whatever the model dtype.
+probabilities (V) instead. Quantized caches therefore run their dots in fp16 whatever the model
+dtype, so query values must stay inside fp16's range (|q| < 65504).
 """
 
 from __future__ import annotations
@@ -170,8 +171,8 @@ def attend_tile(acc, acc_odd, m_i, l_i, q, q_odd, k, v, k_scale, v_scale, mask, 
 
     q is in the dot dtype: the model dtype for float caches, fp16 for quantized ones. For quantized
     caches q/acc hold the even and q_odd/acc_odd the odd head_dim elements (see unpack_pairs); for
-    float caches q_odd and acc_odd pass through untouched. `mask` (rows, BLOCK_N) is applied when MASKED. For quantized caches,
-    V's scales enter the probabilities as v_scale / max(v_scale) so that they stay in fp16 range,
+    float caches q_odd and acc_odd pass through untouched. `mask` (rows, BLOCK_N) is applied when
+    MASKED. For quantized caches, V's scales enter the probabilities as v_scale / max(v_scale) so that they stay in fp16 range,
     and the max multiplies the tile's product.
     """
     dt = q.dtype

@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.triton_engine.kv_quant import (DOT_F32, KV_KIND, LayerKVCache, attend_tile, check_cache, attention_args,
-                                             load_kv_tile)
+from backends.triton_engine.kv_quant import (DOT_F32, KV_KIND, LayerKVCache, attend_tile, attention_args,
+                                             check_cache, load_kv_tile)
 
 LOG2E = 1.4426950408889634
 
@@ -82,10 +82,13 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, cu_se
 
 
 def _launch_config(cache: LayerKVCache, group_p: int) -> dict:
-    """Rows per program BLOCK_Q * GROUP_P ~ 128 (64 for head_dim 256), tuned on an H100."""
-    rows = 64 if cache.head_dim > 128 else 128
-    return dict(BLOCK_Q=max(rows // group_p, 1), BLOCK_N=64 if cache.head_dim <= 128 else 32,
-                num_warps=8, num_stages=2)
+    """BLOCK_Q tokens x group_p query heads = 64 rows (bf16/fp16) or 128 rows (quantized) per program,
+    tuned on an H100 (benchmarks/results/h100.md); head_dim 256 halves the key tile."""
+    block_n = 64 if cache.head_dim <= 128 else 32
+    if cache.kv_dtype in ("bfloat16", "float16"):
+        return dict(BLOCK_Q=max(64 // group_p, 1), BLOCK_N=block_n, num_warps=4, num_stages=3)
+    rows = 128 if cache.head_dim <= 128 else 64
+    return dict(BLOCK_Q=max(rows // group_p, 1), BLOCK_N=block_n, num_warps=8, num_stages=3)
 
 
 def paged_prefill_attention(q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor,

@@ -121,8 +121,8 @@ def mma(a, b, acc, USE_F32: tl.constexpr):
     """acc + a @ b in float32 (operands cast to float32 under the interpreter, see DOT_F32)."""
     if USE_F32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc)
+    else:  # a float32 query against a 16-bit cache runs the dot in the cache's dtype
+        return tl.dot(a.to(b.dtype), b, acc)
 
 
 @triton.jit

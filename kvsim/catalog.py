@@ -8,11 +8,10 @@ into specs, or raise `KvsimError` naming the file and key at fault.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from kvsim.errors import KvsimError
+from kvsim.errors import KvsimError, read_json_object
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
 
@@ -125,16 +124,7 @@ def load_hf_config(path: Path, name: str | None = None) -> ModelSpec:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise KvsimError(f"{path}: model config not found (model.hf_config)") from None
-    except OSError as exc:
-        raise KvsimError(f"{path}: cannot read model config ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise KvsimError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
-    if not isinstance(cfg, dict):
-        raise KvsimError(f"{path}: expected a JSON object")
+    cfg = read_json_object(path, "model config (model.hf_config)")
     src = str(path)
     hidden = _get(cfg, "hidden_size", src, int)
     heads = _get(cfg, "num_attention_heads", src, int)

@@ -16,7 +16,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from kvsim.errors import KvsimError
+from kvsim.errors import KvsimError, read_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -270,12 +270,7 @@ def scenario_from_dict(data: dict, source: str = "<scenario>", base_dir: Path = 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario TOML file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise KvsimError(f"{path}: scenario file not found") from None
-    except OSError as exc:
-        raise KvsimError(f"{path}: cannot read scenario ({exc.strerror})") from None
+    text = read_text(path, "scenario file")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

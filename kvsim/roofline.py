@@ -8,13 +8,12 @@ rates. Pure Python: no torch.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from kvsim.catalog import GpuSpec, ModelSpec
-from kvsim.errors import KvsimError
+from kvsim.errors import KvsimError, read_json_object
 from kvsim.memory import QUANTIZED_KV, bytes_per_block, kv_bytes_per_token, kv_elements_per_token
 
 _EFFICIENCIES = ("compute_efficiency", "attention_efficiency", "memory_efficiency")
@@ -36,16 +35,7 @@ class Calibration:
 def load_calibration(path) -> Calibration:
     """A Calibration from a JSON object holding any of its fields; the rest keep their defaults."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise KvsimError(f"{path}: calibration file not found (backend.calibration)") from None
-    except OSError as exc:
-        raise KvsimError(f"{path}: cannot read calibration ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise KvsimError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
-    if not isinstance(data, dict):
-        raise KvsimError(f"{path}: expected a JSON object of calibration coefficients")
+    data = read_json_object(path, "calibration (backend.calibration)")
     known = [f.name for f in fields(Calibration)]
     for key, value in data.items():
         if key not in known:

@@ -105,7 +105,7 @@ def test_unknown_preset_names_file_and_key(tmp_path):
 
 
 def test_missing_config_file(tmp_path):
-    with pytest.raises(KvsimError, match=r"nope[/\\]config\.json: model config not found"):
+    with pytest.raises(KvsimError, match=r"nope[/\\]config\.json: model config \(model.hf_config\) not found"):
         model_spec(scenario(tmp_path, "hf_config = 'nope/config.json'"))
 
 

@@ -176,5 +176,5 @@ def test_load_calibration_errors(tmp_path, text, match):
     path.write_text(text)
     with pytest.raises(KvsimError, match=match):
         load_calibration(path)
-    with pytest.raises(KvsimError, match="calibration file not found"):
+    with pytest.raises(KvsimError, match=r"calibration \(backend.calibration\) not found"):
         load_calibration(tmp_path / "missing.json")

@@ -24,7 +24,7 @@ class Batch:
     swap_out_blocks: int = 0  # blocks copied GPU -> host before this step (swap preemption)
     swap_in_blocks: int = 0  # blocks copied host -> GPU before this step
     preempted: list[Sequence] = field(default_factory=list)
-    min_output_left: int = 1 << 62  # fewest tokens any scheduled sequence has left to generate
+    min_output_left: int = 1 << 62  # cohort batches: fewest tokens any member has left to generate
     cohort_size: int = 0  # decoders scheduled as the scheduler's decode cohort (counted, not listed)
     dissolved: list[Sequence] = field(default_factory=list)  # cohort members released into `seqs` this step
 
@@ -39,9 +39,6 @@ class Batch:
     def add(self, seq: Sequence, num_new: int) -> None:
         self.seqs.append(seq)
         self.num_new_tokens.append(num_new)
-        left = seq.request.output_len - seq.num_output_tokens
-        if left < self.min_output_left:
-            self.min_output_left = left
         ctx = seq.num_computed_tokens
         if num_new > 1 or ctx < seq.request.prompt_len:  # prompt, or recomputing after preemption
             self.num_prefill_seqs += 1

@@ -113,45 +113,19 @@ class Scheduler:
 
     def _schedule_running(self, batch: Batch, budget: int) -> int:
         alloc, running = self.allocator, self.running
-        bs = alloc.block_size
-        seqs, news = batch.seqs, batch.num_new_tokens
-        plain_decodes = plain_context = 0
-        min_left = batch.min_output_left
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            computed = seq.num_computed_tokens
-            num_new = seq.num_tokens - computed
-            # (num_new == 1 with an output token means the prompt is in the cache: computed >= prompt_len.)
-            if num_new == 1 and seq.num_output_tokens and computed < len(seq.block_table) * bs:
-                # The common case, a decode whose slot is already in its last block: no allocation.
-                seqs.append(seq)
-                news.append(1)
-                plain_decodes += 1
-                plain_context += computed + 1
-                left = seq.request.output_len - seq.num_output_tokens
-                if left < min_left:
-                    min_left = left
-                budget -= 1
-                i += 1
-                continue
-            num_new = min(num_new, budget)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not alloc.can_append(seq, num_new):
-                victim = running.pop()
+                victim = running.pop()  # the newest
                 self._preempt(victim, batch)
                 if victim is seq:
-                    break
-            else:
-                alloc.append(seq, num_new)
-                batch.add(seq, num_new)
-                budget -= num_new
-                i += 1
-                continue
-            break
-        batch.min_output_left = min(batch.min_output_left, min_left)
-        batch.num_decode_seqs += plain_decodes
-        batch.decode_context_tokens += plain_context
-        alloc.note_written(plain_decodes)
+                    return budget
+            alloc.append(seq, num_new)
+            batch.add(seq, num_new)
+            budget -= num_new
+            i += 1
         return budget
 
     def _cohort_fits(self, budget: int) -> bool:

@@ -230,7 +230,7 @@ class Metrics:
 
     # ---- time series (called every engine step: keep it cheap)
 
-    def sample(self, t: float, replica: int, *, running: int, waiting: int, swapped: int, blocks_used: int,
+    def sample(self, t: float, replica: int, running: int, waiting: int, swapped: int, blocks_used: int,
                blocks_cached: int, blocks_free: int, reserved_unused_tokens: int, batch_tokens: int) -> None:
         r = self._replicas.get(replica)
         if r is None:

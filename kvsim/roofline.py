@@ -57,6 +57,8 @@ def _line_sum(a: float, b: float, lo: int, hi: int) -> float:
 
 def _sum_max_lines(a1: float, b1: float, a2: float, b2: float, k: int) -> float:
     """sum over i in [0, k) of max(a1 + b1*i, a2 + b2*i): split where the lines cross."""
+    if k == 1:
+        return a1 if a1 >= a2 else a2
     d0, d1 = a1 - a2, b1 - b2
     if d1 == 0:
         return _line_sum(a1, b1, 0, k) if d0 >= 0 else _line_sum(a2, b2, 0, k)

@@ -164,11 +164,10 @@ class Simulation:
                     backend.free(seq)
                     metrics.on_finish(seq)
                 self._ended(len(finished))
-            metrics.sample(end, rep.index, running=sched.num_running, waiting=len(sched.waiting),
-                           swapped=len(sched.swapped), blocks_used=alloc.num_used_blocks,
-                           blocks_cached=alloc.num_cached_blocks,
-                           blocks_free=alloc.num_free_blocks - alloc.num_cached_blocks,
-                           reserved_unused_tokens=alloc.reserved_unused_tokens, batch_tokens=batch.num_tokens)
+            cached = alloc.num_cached_blocks
+            metrics.sample(end, rep.index, sched.num_running, len(sched.waiting), len(sched.swapped),
+                           alloc.num_used_blocks, cached, alloc.num_free_blocks - cached,
+                           alloc.reserved_unused_tokens, batch.num_tokens)
 
     def _stamp_tokens(self, emitted: list[Sequence], t_token: float, t_end: float) -> None:
         """Token times of the explicitly scheduled sequences (one token each, at t_token)."""

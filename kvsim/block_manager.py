@@ -43,6 +43,8 @@ def block_hashes(token_ids, block_size: int) -> list[int]:
 class BlockManager:
     """Paged allocator over `num_blocks` blocks of `block_size` token slots."""
 
+    external_fragmentation = 0.0  # any free block serves any sequence
+
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")

@@ -56,7 +56,8 @@ class HardwareConfig(_Section):
     gpu: str = "H100-SXM"
     tensor_parallel_size: PosInt = 1
     num_replicas: PosInt = 1
-    router: Literal["least_loaded", "round_robin"] = "least_loaded"
+    # prefix_affinity: to the replica whose prefix cache holds most of the prompt, load permitting
+    router: Literal["least_loaded", "round_robin", "prefix_affinity"] = "least_loaded"
     gpu_memory_utilization: Fraction = 0.9
     memory_gib: Optional[PosFloat] = None
     hbm_bandwidth_gbps: Optional[PosFloat] = None

@@ -26,7 +26,7 @@ REQUEST_COLUMNS = (
 )
 TIMESERIES_COLUMNS = (
     "policy", "replica", "time_s", "running", "waiting", "swapped", "kv_blocks_used", "kv_blocks_cached",
-    "kv_blocks_free", "reserved_unused_tokens", "batch_tokens",
+    "kv_blocks_free", "reserved_unused_tokens", "external_fragmentation", "batch_tokens",
 )
 PERCENTILES = (50, 90, 99)
 
@@ -125,7 +125,7 @@ class _ReplicaSeries:
     """Time-series state of one replica: the open bucket's last sample and the KV-usage integral."""
 
     bucket: int = -1
-    last: tuple = ()  # (t, running, waiting, swapped, used, cached, free, reserved_unused) of the open bucket
+    last: tuple = ()  # (t, running, waiting, swapped, used, cached, free, reserved_unused, ext_frag) of the open bucket
     batch_max: int = 0
     running: int = 0
     waiting: int = 0
@@ -133,6 +133,7 @@ class _ReplicaSeries:
     last_t: float = -1.0
     used_seconds: float = 0.0  # integral of blocks_used over time (block-seconds)
     peak_used: int = 0
+    peak_external_fragmentation: float = 0.0
 
 
 class Metrics:
@@ -231,7 +232,8 @@ class Metrics:
     # ---- time series (called every engine step: keep it cheap)
 
     def sample(self, t: float, replica: int, running: int, waiting: int, swapped: int, blocks_used: int,
-               blocks_cached: int, blocks_free: int, reserved_unused_tokens: int, batch_tokens: int) -> None:
+               blocks_cached: int, blocks_free: int, reserved_unused_tokens: int, batch_tokens: int,
+               external_fragmentation: float = 0.0) -> None:
         r = self._replicas.get(replica)
         if r is None:
             r = self._replicas[replica] = _ReplicaSeries(first_t=t, last_t=t)
@@ -246,7 +248,9 @@ class Metrics:
         if r.last:  # the previous sample's usage held from its time until now
             r.used_seconds += r.last[4] * (t - r.last_t)
         r.last = (round(t, 6), running, waiting, swapped, blocks_used, blocks_cached, blocks_free,
-                  reserved_unused_tokens)
+                  reserved_unused_tokens, round(external_fragmentation, 6))
+        if external_fragmentation > r.peak_external_fragmentation:
+            r.peak_external_fragmentation = external_fragmentation
         r.last_t = t
         if blocks_used > r.peak_used:
             r.peak_used = blocks_used
@@ -280,7 +284,8 @@ class Metrics:
             mean_frac = None
         return {"num_blocks": num_blocks, "block_size": block_size, "bytes_per_block": bytes_per_block,
                 "peak_used_blocks": peak, "peak_used_fraction": peak / num_blocks if num_blocks else None,
-                "mean_used_fraction": mean_frac if num_blocks else None}
+                "mean_used_fraction": mean_frac if num_blocks else None,
+                "peak_external_fragmentation": max((r.peak_external_fragmentation for r in reps), default=0.0)}
 
     def summary(self, *, duration_s: float, num_blocks: int, block_size: int, bytes_per_block: int,
                 extra: dict | None = None) -> dict:

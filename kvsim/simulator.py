@@ -22,6 +22,16 @@ from kvsim.scheduler import Scheduler
 from kvsim.sequence import Request, Sequence
 
 
+# prefix_affinity (cache-aware routing, as SGLang's router): follow the longest cached prefix
+# unless that replica holds more than FACTOR x the least loaded one's requests + SLACK.
+AFFINITY_LOAD_FACTOR, AFFINITY_LOAD_SLACK = 2, 8
+
+
+def _load(rep) -> int:
+    s = rep.scheduler
+    return s.num_running + len(s.waiting) + len(s.swapped)
+
+
 @dataclass(slots=True)
 class Replica:
     index: int
@@ -89,18 +99,23 @@ class Simulation:
             req = next(requests, None)
         self.next_arrival_time = math.inf
 
-    def _route(self) -> Replica:
+    def _route(self, seq: Sequence) -> Replica:
         if len(self.replicas) == 1:
             return self.replicas[0]
         if self.router == "round_robin":
             self._rr = (self._rr + 1) % len(self.replicas)
             return self.replicas[self._rr]
-        return min(self.replicas, key=lambda r: r.scheduler.num_running + len(r.scheduler.waiting)
-                   + len(r.scheduler.swapped))
+        least = min(self.replicas, key=_load)
+        if self.router == "prefix_affinity" and seq.request.token_ids is not None:
+            # The replica caching the longest prefix of the prompt, unless it is much busier.
+            best = max(self.replicas, key=lambda r: (len(r.scheduler.allocator.get_computed_blocks(seq)), -_load(r)))
+            if _load(best) <= AFFINITY_LOAD_FACTOR * _load(least) + AFFINITY_LOAD_SLACK:
+                return best
+        return least
 
     def _dispatch(self, seq: Sequence) -> None:
         self.num_received += 1
-        rep = self._route()
+        rep = self._route(seq)
         if rep.scheduler.add(seq):
             if rep.idle is not None:
                 rep.idle.succeed()
@@ -167,7 +182,7 @@ class Simulation:
             cached = alloc.num_cached_blocks
             metrics.sample(end, rep.index, sched.num_running, len(sched.waiting), len(sched.swapped),
                            alloc.num_used_blocks, cached, alloc.num_free_blocks - cached,
-                           alloc.reserved_unused_tokens, batch.num_tokens)
+                           alloc.reserved_unused_tokens, batch.num_tokens, alloc.external_fragmentation)
 
     def _stamp_tokens(self, emitted: list[Sequence], t_token: float, t_end: float) -> None:
         """Token times of the explicitly scheduled sequences (one token each, at t_token)."""

@@ -212,3 +212,44 @@ def test_two_replicas_halve_the_queueing_of_a_burst():
     assert 0.4 < two["ttft_s"]["mean"] / one["ttft_s"]["mean"] < 0.6
     assert 0.4 < two["duration_s"] / one["duration_s"] < 0.6
     assert two["kv"]["num_blocks"] == 2 * one["kv"]["num_blocks"]
+
+
+def test_contiguous_slabs_of_many_sizes_fragment_the_cache_and_pages_do_not():
+    """With prompt + output slabs ("known_output"), freed holes come in many sizes: some free
+    memory sits in holes too small for the next slab. Pages never leave such holes."""
+    sc = make_scenario(
+        hardware={"gpu": "H100-SXM", "gpu_memory_utilization": 0.3},
+        engine={"max_model_len": 16384, "max_num_seqs": 256, "max_num_batched_tokens": 16384},
+        policies=[{"name": "slabs", "allocator": "contiguous", "contiguous_reserve": "known_output"},
+                  {"name": "paged"}],
+        workload={"num_requests": 300, "arrival": {"rate": 50.0},
+                  "prompt_len": {"dist": "uniform", "min": 100, "max": 8000},
+                  "output_len": {"dist": "uniform", "min": 10, "max": 400}})
+    kv = {name: s["kv"] for name, s in run_scenario(sc, write=False).summaries.items()}
+    assert 0 < kv["slabs"]["peak_external_fragmentation"] < 1
+    assert kv["paged"]["peak_external_fragmentation"] == 0
+
+
+def test_prefix_affinity_routing_keeps_each_group_on_one_replica_cache():
+    """Four replicas, eight system prompts: routed by prompt prefix, each replica sees only its
+    groups, so after the first request of a group every member hits; least-loaded routing makes
+    each group miss once per replica."""
+    common = dict(hardware={"gpu": "H100-SXM", "num_replicas": 4},
+                  workload={"num_requests": 400, "arrival": {"rate": 40.0},
+                            "prefix": {"num_groups": 8, "prefix_len": 1024, "fraction": 1.0}})
+    hit = {}
+    for router in ("prefix_affinity", "least_loaded"):
+        sc = make_scenario(**merge_router(common, router))
+        hit[router] = run_scenario(sc, write=False).summaries["paged"]["prefix_hit_rate"]
+    requests = list(generate_requests(sc))
+    groups = {r.token_ids.tobytes() for r in requests}
+    prompt_tokens = sum(r.prompt_len for r in requests)
+    # every member but the first of its group hits all 64 blocks of its 1024-token system prompt
+    assert hit["prefix_affinity"] == pytest.approx(1024 * (len(requests) - len(groups)) / prompt_tokens)
+    assert hit["least_loaded"] < hit["prefix_affinity"]
+
+
+def merge_router(sections: dict, router: str) -> dict:
+    out = {k: dict(v) for k, v in sections.items()}
+    out["hardware"]["router"] = router
+    return out

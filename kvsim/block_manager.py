@@ -228,9 +228,13 @@ class BlockManager:
         if not table:
             raise AllocationError(f"sequence {seq.seq_id}: nothing to free (double free?)")
         ref = self.ref_cnt
-        if min(table) < 0 or max(table) >= self.num_blocks or min(map(ref.__getitem__, table)) <= 0:
-            raise AllocationError(f"sequence {seq.seq_id}: its block table holds blocks it does not own")
-        for b in table:
+        if min(table) < 0 or max(table) >= self.num_blocks:
+            raise AllocationError(f"sequence {seq.seq_id}: its block table holds unknown block ids")
+        for i, b in enumerate(table):
+            if ref[b] <= 0:
+                for undo in table[:i]:
+                    ref[undo] += 1
+                raise AllocationError(f"sequence {seq.seq_id}: its block table holds block {b}, which is free")
             ref[b] -= 1
         # Tail blocks go first, so they are evicted first (as vLLM).
         freed = [b for b in reversed(table) if ref[b] == 0] if seq.num_cached_tokens or self.hash_to_block else table[::-1]

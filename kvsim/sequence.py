@@ -30,10 +30,6 @@ class Request:
     output_len: int
     token_ids: Optional[np.ndarray] = None
 
-    @property
-    def num_shareable_tokens(self) -> int:
-        return 0 if self.token_ids is None else len(self.token_ids)
-
 
 class SequenceStatus(Enum):
     WAITING = auto()
@@ -73,12 +69,3 @@ class Sequence:
 
     def __post_init__(self):
         self.num_tokens = self.request.prompt_len + self.num_output_tokens
-
-    @property
-    def is_prefill(self) -> bool:
-        """More than the one newest token still lacks KV: a prompt, or a recompute after preemption."""
-        return self.num_computed_tokens + 1 < self.num_tokens
-
-    @property
-    def remaining_output(self) -> int:
-        return self.request.output_len - self.num_output_tokens

@@ -8,7 +8,6 @@ import random
 from dataclasses import dataclass
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings, strategies as st
 
 from kvsim.block_manager import BlockManager

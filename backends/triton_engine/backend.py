@@ -56,7 +56,10 @@ class TritonBackend:
 
     def __init__(self, scenario, policy, model, gpu, capacity):
         _check_scenario(scenario, model)
-        torch = _import_torch()
+        try:
+            torch = _import_torch()
+        except KvsimError as exc:
+            raise KvsimError(f"{scenario.source}: backend.name: {exc}") from None
         from backends.triton_engine.runner import ModelRunner, RunnerConfig
         from kvsim.memory import max_model_len
 

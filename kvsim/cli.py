@@ -76,7 +76,7 @@ def cmd_run(args, console: Console) -> int:
     finally:
         progress.close()
     if not args.quiet:
-        console.print(comparison_table(result.summaries))
+        console.print(comparison_table(result.summaries, transpose=console.width < 150))
         for run in result.runs:
             console.print(f"[dim]{run.name}: simulated in {run.wall_s:.2f} s wall ({run.events} engine events)[/dim]")
         console.print(f"results: {result.out_dir}")

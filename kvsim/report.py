@@ -78,10 +78,17 @@ def _table_rows(summaries: dict[str, dict]) -> tuple[list[str], list[list[str]]]
     return header, rows
 
 
-def comparison_table(summaries: dict[str, dict]) -> Table:
-    """A rich table with one row per policy."""
+def comparison_table(summaries: dict[str, dict], transpose: bool = False) -> Table:
+    """A rich table with one row per policy, or (`transpose`, for narrow terminals) one column per policy."""
     header, rows = _table_rows(summaries)
     table = Table(title="kvsim: policy comparison")
+    if transpose:
+        table.add_column(header[0], no_wrap=True)
+        for row in rows:
+            table.add_column(row[0], justify="right", overflow="fold")
+        for i, label in enumerate(header[1:], start=1):
+            table.add_row(label, *(row[i] for row in rows))
+        return table
     for i, label in enumerate(header):
         table.add_column(label, justify="left" if i == 0 else "right", no_wrap=i == 0)
     for row in rows:

@@ -137,6 +137,17 @@ def test_comparison_table_one_row_per_policy(tmp_path):
     assert f"{ttft_p99:,.1f}" in text
 
 
+def test_transposed_comparison_fits_a_narrow_terminal(tmp_path):
+    summaries = write_run(tmp_path / "res")
+    wide, narrow = comparison_table(summaries), comparison_table(summaries, transpose=True)
+    assert len(narrow.columns) == len(POLICIES) + 1 and narrow.row_count == len(wide.columns) - 1
+    console = Console(record=True, width=80)
+    console.print(narrow)
+    text = console.export_text()
+    assert "…" not in text and "20/1" in text
+    assert f"{summaries[POLICIES[1]]['ttft_s']['p99'] * 1e3:,.1f}" in text
+
+
 def test_comparison_table_handles_empty_summary():
     s = Metrics("idle", SloConfig(), 1.0).summary(duration_s=0.0, num_blocks=10, block_size=16, bytes_per_block=1)
     table = comparison_table({"idle": s})

@@ -30,7 +30,7 @@ class DecodeCohort:
         self.size = 0
         self.context = 0  # sum of the members' num_computed_tokens, kept exact
         self.residues = [0] * self.block_size  # members by (num_computed_tokens - clock) mod block_size
-        self._finish: list[tuple[int, int, int, Sequence]] = []  # (clock at last token, serial, seq_id, seq)
+        self._finish: list[tuple[int, int, Sequence]] = []  # (clock at last token, serial, seq); serials are unique
         self._serial = 0
         self.members: dict[int, Sequence] = {}  # serial -> member
 
@@ -44,7 +44,7 @@ class DecodeCohort:
         self.context += seq.num_computed_tokens
         self.members[self._serial] = seq
         left = seq.request.output_len - seq.num_output_tokens
-        heapq.heappush(self._finish, (self.clock + left, self._serial, seq.seq_id, seq))
+        heapq.heappush(self._finish, (self.clock + left, self._serial, seq))
 
     def leave(self, seq: Sequence) -> None:
         """Bring the member's counters and block table up to date and release it."""
@@ -73,7 +73,7 @@ class DecodeCohort:
         done = []
         heap = self._finish
         while heap and heap[0][0] <= self.clock:
-            _, serial, _, seq = heapq.heappop(heap)
+            _, serial, seq = heapq.heappop(heap)
             if seq.cohort_serial == serial:
                 self.leave(seq)
                 done.append(seq)
@@ -81,7 +81,7 @@ class DecodeCohort:
 
     def steps_to_next_finish(self) -> int:
         heap = self._finish
-        while heap and heap[0][3].cohort_serial != heap[0][1]:
+        while heap and heap[0][2].cohort_serial != heap[0][1]:
             heapq.heappop(heap)  # a stale entry of a sequence that left early
         return heap[0][0] - self.clock if heap else 1 << 62
 

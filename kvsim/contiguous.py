@@ -61,7 +61,7 @@ class ContiguousAllocator:
     def slab_blocks(self, seq: Sequence) -> int:
         req = seq.request
         tokens = self.max_model_len if self.reserve_mode == "max_model_len" else req.prompt_len + req.output_len
-        return -(-tokens // self.block_size)
+        return self.blocks_for(tokens)
 
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         base = seq.block_table[0] * self.block_size

@@ -151,7 +151,7 @@ class Simulation:
                 if seq.first_scheduled_time < 0:
                     seq.first_scheduled_time = now
             k = 1
-            if fuse and batch.cohort_size and not batch.seqs and batch.is_pure_decode and not batch.preempted:
+            if fuse and batch.cohort_size and not batch.seqs and not batch.preempted:  # cohort only: a decode run
                 budget = self.next_arrival_time - now  # steps that start before the next arrival
                 bound = 1 << 30 if budget == math.inf else (1 if budget <= 0 else backend.decode_steps_within(batch, budget))
                 if bound > 1:

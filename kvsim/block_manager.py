@@ -11,6 +11,15 @@ confirmed against the stored token ids, so a collision can never return differen
 blocks go to the tail of an LRU free queue and keep their cached content until they are taken
 again from the head. Prompt content that is unique to a request is never hashed: no other request
 could hit it, and skipping it keeps replay of traces without prompt content fast.
+
+Cost: only the blocks at *shareable* positions of a table (full blocks of `Request.token_ids`, with
+prefix caching on) are reference counted one by one. The rest of a table (unique prompt content
+and generated tokens) can never be shared: those blocks have exactly one owner, the table, and move
+between the free queue and the tables in list slices, so allocating and freeing a sequence costs
+Python work per shared block, not per block. Misuse is still caught where it can be cheaply: a
+sequence freed twice, ids outside the pool, and any reference-count underflow at shareable
+positions. Only this class writes block tables; a table edited by hand to list an in-range block it
+was never given is not detected (vLLM's BlockPool does not check that either).
 """
 
 from __future__ import annotations
@@ -31,13 +40,23 @@ class AllocationError(RuntimeError):
 
 def block_hashes(token_ids, block_size: int) -> list[int]:
     """Chained xxhash64 of every full block of `token_ids` (the parent hash seeds the child's)."""
+    return _hashed_blocks(token_ids, block_size)[0]
+
+
+def _hashed_blocks(token_ids, block_size: int) -> tuple[list[int], list[bytes]]:
+    """(chained hashes, token bytes) of every full block of `token_ids`."""
     data = token_ids.astype("<i4", copy=False).tobytes()
     step = 4 * block_size
+    chunks = [data[i * step:(i + 1) * step] for i in range(len(token_ids) // block_size)]
     hashes, parent = [], 0
-    for i in range(len(token_ids) // block_size):
-        parent = xxhash.xxh64_intdigest(data[i * step:(i + 1) * step], seed=parent)
+    for chunk in chunks:
+        parent = xxhash.xxh64_intdigest(chunk, seed=parent)
         hashes.append(parent)
-    return hashes
+    return hashes, chunks
+
+
+# Requests of a prefix group share one token_ids array: their block hashes are computed once.
+CONTENT_CACHE_SIZE = 4096
 
 
 class BlockManager:
@@ -51,14 +70,15 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.ref_cnt = [0] * num_blocks
+        self.ref_cnt = [0] * num_blocks  # references to blocks at shareable table positions (0 elsewhere)
         self.block_hash = [NO_HASH] * num_blocks
         self.block_tokens: dict[int, bytes] = {}  # block id -> token bytes, for hashed blocks
         self.hash_to_block: dict[int, int] = {}
-        # LRU free queue as chunks of block ids; ids revived by a prefix hit stay in their chunk as
-        # stale entries (counted in `_stale`) and are skipped when popped.
-        self._free: deque[list[int]] = deque([list(range(num_blocks))])
+        # LRU free queue as [block ids, may hold hashed blocks] chunks; ids revived by a prefix hit
+        # stay in their chunk as stale entries (counted in `_stale`) and are skipped when popped.
+        self._free: deque[tuple[list[int], bool]] = deque([(list(range(num_blocks)), False)])
         self._stale: dict[int, int] = {}
+        self._content: dict[int, tuple] = {}  # id(token_ids) -> (token_ids, hashes, block bytes)
         self.num_free_blocks = num_blocks  # ref 0, cached content or not
         self.num_cached_blocks = 0  # ref 0 and still holding a hashed block (reusable)
         self._reserved: list[int] = []  # taken off the free queue for sequences that claim them later
@@ -86,7 +106,7 @@ class BlockManager:
         """The free queue in LRU order (head first), stale entries skipped. For checks, not hot paths."""
         stale = dict(self._stale)
         out = []
-        for chunk in self._free:
+        for chunk, _ in self._free:
             for b in chunk:
                 if stale.get(b, 0):
                     stale[b] -= 1
@@ -99,50 +119,55 @@ class BlockManager:
         return [table[p // bs] * bs + p % bs for p in range(start, end)]
 
     # ---- prefix caching ------------------------------------------------------------------
-    def _seq_hashes(self, seq: Sequence) -> list[int]:
+    def _num_shareable(self, seq: Sequence) -> int:
+        """Table positions whose blocks may be shared: the full blocks of the shareable prompt."""
+        ids = seq.request.token_ids
+        return 0 if ids is None or not self.enable_prefix_caching else len(ids) // self.block_size
+
+    def _seq_content(self, seq: Sequence) -> tuple[list[int], list[bytes]]:
+        """(hashes, token bytes) of the sequence's shareable full blocks."""
         if seq.block_hashes is None:
             ids = seq.request.token_ids
-            seq.block_hashes = [] if ids is None else block_hashes(ids, self.block_size)
+            entry = self._content.get(id(ids))
+            if entry is None or entry[0] is not ids:
+                if len(self._content) >= CONTENT_CACHE_SIZE:
+                    del self._content[next(iter(self._content))]
+                entry = (ids, *_hashed_blocks(ids, self.block_size))
+                self._content[id(ids)] = entry  # the entry keeps `ids` alive, so its id stays unique
+            seq.block_hashes = entry[1:]
         return seq.block_hashes
 
     def get_computed_blocks(self, seq: Sequence) -> list[int]:
         """Cached blocks holding the longest prefix of the sequence's prompt (at least one token is left to compute)."""
         if not self.enable_prefix_caching or seq.request.token_ids is None or seq.block_table:
             return []
-        hashes = self._seq_hashes(seq)
+        hashes, chunks = self._seq_content(seq)
         limit = min(len(hashes), (seq.num_tokens - 1) // self.block_size)
-        hits, bs = [], self.block_size
-        data = None
+        hits = []
+        lookup, stored = self.hash_to_block.get, self.block_tokens
         for i in range(limit):
-            block = self.hash_to_block.get(hashes[i])
-            if block is None:
-                break
-            if data is None:
-                data = seq.request.token_ids.astype("<i4", copy=False).tobytes()
-            if self.block_tokens[block] != data[i * 4 * bs:(i + 1) * 4 * bs]:
-                break  # a hash collision: different tokens, not a hit
+            block = lookup(hashes[i])
+            if block is None or stored[block] != chunks[i]:
+                break  # a miss, or a hash collision (different tokens): not a hit
             hits.append(block)
         return hits
 
     def _register_full_blocks(self, seq: Sequence, start_block: int, end_tokens: int) -> None:
         """Hash the sequence's blocks that become full of shareable tokens up to `end_tokens`."""
-        hashes = self._seq_hashes(seq)
+        hashes, chunks = self._seq_content(seq)
         stop = min(len(hashes), end_tokens // self.block_size)
-        if start_block >= stop:
-            return
-        data = seq.request.token_ids.astype("<i4", copy=False).tobytes()
-        step = 4 * self.block_size
         for i in range(start_block, stop):
             block, h = seq.block_table[i], hashes[i]
             if self.block_hash[block] != NO_HASH or h in self.hash_to_block:
                 continue  # already cached, or another block holds the same content
             self.block_hash[block] = h
             self.hash_to_block[h] = block
-            self.block_tokens[block] = data[i * step:(i + 1) * step]
+            self.block_tokens[block] = chunks[i]
 
     # ---- allocation ----------------------------------------------------------------------
     def _num_revived(self, blocks: Seq[int]) -> int:
-        return sum(1 for b in blocks if self.ref_cnt[b] == 0)
+        ref = self.ref_cnt
+        return [ref[b] for b in blocks].count(0) if blocks else 0
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> bool:
         need = self.num_blocks_needed(seq, num_new_tokens, len(computed_blocks))
@@ -154,45 +179,56 @@ class BlockManager:
         `computed_blocks` (from get_computed_blocks, first allocation only) are prefix hits: the
         sequence takes a reference to them and its `num_computed_tokens` moves past them.
         """
-        if computed_blocks:
-            if seq.block_table or seq.num_computed_tokens:
-                raise AllocationError(f"sequence {seq.seq_id}: prefix hits only on a first allocation")
-        if not self.can_allocate(seq, num_new_tokens, computed_blocks):
+        if computed_blocks and (seq.block_table or seq.num_computed_tokens):
+            raise AllocationError(f"sequence {seq.seq_id}: prefix hits only on a first allocation")
+        need = self.num_blocks_needed(seq, num_new_tokens, len(computed_blocks))
+        if need + self._num_revived(computed_blocks) > self.num_free_blocks:
             raise AllocationError(f"sequence {seq.seq_id}: not enough free blocks for {num_new_tokens} tokens")
-        for b in computed_blocks:
-            self._take(b)
         if computed_blocks:
+            ref, stale = self.ref_cnt, self._stale
+            for b in computed_blocks:
+                if ref[b] == 0:  # a cached block revived from the free queue: its entry there goes stale
+                    stale[b] = stale.get(b, 0) + 1
+                    self.num_free_blocks -= 1
+                    self.num_cached_blocks -= 1
+                ref[b] += 1
             hit_tokens = len(computed_blocks) * self.block_size
             seq.block_table.extend(computed_blocks)
             seq.num_computed_tokens = hit_tokens
             seq.num_cached_tokens += hit_tokens
             self._table_slots += hit_tokens
             self._computed_tokens += hit_tokens
-        self._grow(seq, num_new_tokens)
+        self._grow(seq, num_new_tokens, need)
 
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
         return self.num_blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
 
     def append(self, seq: Sequence, num_new_tokens: int = 1) -> None:
         """Slots for a running sequence's next tokens (decode, or the next prefill chunk)."""
-        if not self.can_append(seq, num_new_tokens):
+        need = self.num_blocks_needed(seq, num_new_tokens)
+        if need > self.num_free_blocks:
             raise AllocationError(f"sequence {seq.seq_id}: not enough free blocks to append {num_new_tokens} tokens")
-        self._grow(seq, num_new_tokens)
+        self._grow(seq, num_new_tokens, need)
 
-    def _grow(self, seq: Sequence, num_new_tokens: int) -> None:
+    def _grow(self, seq: Sequence, num_new_tokens: int, need: int) -> None:
         if not seq.block_table:
             self._computed_tokens += seq.num_computed_tokens  # a swapped-in sequence brings its KV back
         first_new_block = seq.num_computed_tokens // self.block_size
-        need = self.num_blocks_needed(seq, num_new_tokens)
         if need:
-            new = self._pop_free(need)
-            for b in new:
-                self.ref_cnt[b] = 1
-            seq.block_table.extend(new)
+            self._adopt(seq, self._pop_free(need))
         self._table_slots += need * self.block_size
         self._computed_tokens += num_new_tokens
-        if self.enable_prefix_caching and seq.request.token_ids is not None:
+        if first_new_block < self._num_shareable(seq):
             self._register_full_blocks(seq, first_new_block, seq.num_computed_tokens + num_new_tokens)
+
+    def _adopt(self, seq: Sequence, new: list[int]) -> None:
+        """Append blocks taken off the free queue to the sequence's table, one reference each."""
+        shared = self._num_shareable(seq) - len(seq.block_table)  # how many land at shareable positions
+        if shared > 0:
+            ref = self.ref_cnt
+            for b in new[:shared]:
+                ref[b] = 1
+        seq.block_table.extend(new)
 
     def reserve(self, n: int) -> None:
         """Take n blocks off the free queue now (LRU order, evicting as usual) for `claim` later."""
@@ -210,9 +246,7 @@ class BlockManager:
         if need > 0:
             new = self._reserved[:need]
             del self._reserved[:need]
-            for b in new:
-                self.ref_cnt[b] = 1
-            seq.block_table.extend(new)
+            self._adopt(seq, new)
 
     @property
     def num_reserved_blocks(self) -> int:
@@ -227,50 +261,52 @@ class BlockManager:
         table = seq.block_table
         if not table:
             raise AllocationError(f"sequence {seq.seq_id}: nothing to free (double free?)")
-        ref = self.ref_cnt
         if min(table) < 0 or max(table) >= self.num_blocks:
             raise AllocationError(f"sequence {seq.seq_id}: its block table holds unknown block ids")
-        for i, b in enumerate(table):
-            if ref[b] <= 0:
-                for undo in table[:i]:
-                    ref[undo] += 1
-                raise AllocationError(f"sequence {seq.seq_id}: its block table holds block {b}, which is free")
-            ref[b] -= 1
+        shared = min(len(table), self._num_shareable(seq))
+        freed = self._release_shared(seq, table[:shared]) if shared else []
+        private = table[shared:] if shared else table
         # Tail blocks go first, so they are evicted first (as vLLM).
-        freed = [b for b in reversed(table) if ref[b] == 0] if seq.num_cached_tokens or self.hash_to_block else table[::-1]
-        if self.hash_to_block:
-            self.num_cached_blocks += len(self.block_tokens.keys() & freed)
+        if private:
+            self._free.append((private[::-1], False))
+        if freed:
+            self._free.append((freed, True))
+            self.num_cached_blocks += sum(1 for b in freed if self.block_hash[b] != NO_HASH)
+        self.num_free_blocks += len(private) + len(freed)
         self._table_slots -= len(table) * self.block_size
         self._computed_tokens -= seq.num_computed_tokens
-        if freed:
-            self._free.append(freed)
-            self.num_free_blocks += len(freed)
         seq.block_table = []
         seq.num_computed_tokens = 0
 
-    # ---- free queue ----------------------------------------------------------------------
-    def _take(self, block: int) -> None:
-        """Add a reference to a cached block, reviving it from the free queue if it was free."""
-        if self.ref_cnt[block] == 0:
-            self._stale[block] = self._stale.get(block, 0) + 1
-            self.num_free_blocks -= 1
-            self.num_cached_blocks -= 1
-        self.ref_cnt[block] += 1
+    def _release_shared(self, seq: Sequence, blocks: list[int]) -> list[int]:
+        """Drop a reference to each block (all or none); returns those now free, tail first."""
+        ref = self.ref_cnt
+        for i, b in enumerate(blocks):
+            if ref[b] <= 0:
+                for undo in blocks[:i]:
+                    ref[undo] += 1
+                raise AllocationError(f"sequence {seq.seq_id}: its block table holds block {b}, which is free")
+            ref[b] -= 1
+        return [b for b in reversed(blocks) if ref[b] == 0]
 
+    # ---- free queue ----------------------------------------------------------------------
     def _pop_free(self, n: int) -> list[int]:
         out: list[int] = []
+        hashed: list[int] = []  # taken from chunks that may hold hashed (or stale) blocks
         while len(out) < n:
-            chunk = self._free[0]
+            chunk, may_hash = self._free[0]
             take = chunk[: n - len(out)]
             del chunk[: len(take)]
             if not chunk:
                 self._free.popleft()
-            if self._stale and not self._stale.keys().isdisjoint(take):
-                take = self._drop_stale(take)
+            if may_hash:
+                if self._stale and not self._stale.keys().isdisjoint(take):
+                    take = self._drop_stale(take)
+                hashed.extend(take)
             out.extend(take)
         self.num_free_blocks -= n
-        if self.num_cached_blocks:
-            for b in self.block_tokens.keys() & out:  # the hashed ones (set arithmetic in C)
+        if hashed and self.num_cached_blocks:
+            for b in self.block_tokens.keys() & hashed:  # set arithmetic in C
                 self._evict(b)
         return out
 

@@ -96,6 +96,8 @@ class DecodeCohort:
         if not self.grows or steps <= 0:
             return 0
         bs = self.block_size
+        if steps == 1:  # the every-step case: members whose last block is full
+            return self.residues[-self.clock % bs]
         a, b = divmod(steps, bs)
         total = a * self.size
         if b:

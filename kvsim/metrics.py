@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Optional
 
 import numpy as np
@@ -29,6 +30,7 @@ TIMESERIES_COLUMNS = (
     "kv_blocks_free", "reserved_unused_tokens", "external_fragmentation", "batch_tokens",
 )
 PERCENTILES = (50, 90, 99)
+ITL_BUFFER = 1 << 16
 
 
 def _stats(values: np.ndarray) -> dict:
@@ -76,18 +78,26 @@ class LogHistogram:
         if value > self.max:
             self.max = value
 
-    def add_many(self, values: np.ndarray) -> None:
-        """Add each of `values` once (vectorized; same binning as `add`)."""
+    def add_many(self, values, counts=None) -> None:
+        """Add each of `values` once, or `counts[i]` times (vectorized; same binning as `add`)."""
+        values = np.asarray(values, dtype=np.float64)
+        if counts is not None:
+            counts = np.asarray(counts, dtype=np.int64)
+            values, counts = values[counts > 0], counts[counts > 0]
         if len(values) == 0:
             return
-        values = np.asarray(values, dtype=np.float64)
         with np.errstate(divide="ignore"):
             idx = ((np.log10(values) - self.LOG_MIN) * self.bins_per_decade)
         idx = np.where(values > 0, idx, 0.0)
         idx = np.clip(idx, 0, self.num_bins - 1).astype(np.int64)
-        self.counts += np.bincount(idx, minlength=self.num_bins)
-        self.count += len(values)
-        self.total += float(values.sum())
+        if counts is None:
+            self.counts += np.bincount(idx, minlength=self.num_bins)
+            self.count += len(values)
+            self.total += float(values.sum())
+        else:  # float weights are exact for counts below 2**53
+            self.counts += np.bincount(idx, weights=counts, minlength=self.num_bins).astype(np.int64)
+            self.count += int(counts.sum())
+            self.total += float(values @ counts)
         self.min = min(self.min, float(values.min()))
         self.max = max(self.max, float(values.max()))
 
@@ -139,7 +149,8 @@ class Metrics:
         self.e2e = array("d")
         self.tpot = array("d")  # per-request mean ITL, requests with >= 2 output tokens only
         self.itl = LogHistogram()
-        self._itl_buffer: list[float] = []
+        self._itl_values: list[float] = []  # (gap, count) records not yet binned
+        self._itl_counts: list[int] = []
         self.num_finished = 0
         self.num_good = 0
         self.rejected_by_reason: dict[str, int] = {}
@@ -206,22 +217,23 @@ class Metrics:
         return self.itl.stats()
 
     def record_itl(self, gap_s: float, count: int = 1) -> None:
-        if count == 1:  # the hot case: buffer, and bin in bulk
-            self._itl_buffer.append(gap_s)
-            if len(self._itl_buffer) >= 1 << 16:
-                self._flush_itl()
-        else:
-            self.itl.add(gap_s, count)
+        """`count` inter-token gaps of `gap_s` seconds (buffered, binned in bulk)."""
+        self._itl_values.append(gap_s)
+        self._itl_counts.append(count)
+        if len(self._itl_values) >= ITL_BUFFER:
+            self._flush_itl()
 
     def record_itls(self, gaps: list[float]) -> None:
         """One inter-token gap each."""
-        self._itl_buffer.extend(gaps)
-        if len(self._itl_buffer) >= 1 << 16:
+        self._itl_values.extend(gaps)
+        self._itl_counts.extend(repeat(1, len(gaps)))
+        if len(self._itl_values) >= ITL_BUFFER:
             self._flush_itl()
 
     def _flush_itl(self) -> None:
-        self.itl.add_many(np.asarray(self._itl_buffer))
-        self._itl_buffer.clear()
+        self.itl.add_many(self._itl_values, self._itl_counts)
+        self._itl_values.clear()
+        self._itl_counts.clear()
 
     # ---- time series (called every engine step: keep it cheap)
 
@@ -234,15 +246,15 @@ class Metrics:
         bucket = int(t // self.interval)
         if bucket != r.bucket:
             if r.last:
-                self._rows.append((self.policy, replica, *r.last, r.batch_max))
+                self._rows.append(self._row(replica, r))
             r.bucket = bucket
             r.batch_max = batch_tokens
         elif batch_tokens > r.batch_max:
             r.batch_max = batch_tokens
         if r.last:  # the previous sample's usage held from its time until now
             r.used_seconds += r.last[4] * (t - r.last_t)
-        r.last = (round(t, 6), running, waiting, swapped, blocks_used, blocks_cached, blocks_free,
-                  reserved_unused_tokens, round(external_fragmentation, 6))
+        r.last = (t, running, waiting, swapped, blocks_used, blocks_cached, blocks_free,
+                  reserved_unused_tokens, external_fragmentation)
         if external_fragmentation > r.peak_external_fragmentation:
             r.peak_external_fragmentation = external_fragmentation
         r.last_t = t
@@ -256,10 +268,20 @@ class Metrics:
         if self._waiting_now > self.peak_waiting:
             self.peak_waiting = self._waiting_now
 
+    def _row(self, replica: int, r: _ReplicaSeries) -> tuple:
+        t, *counts, frag = r.last
+        return (self.policy, replica, round(t, 6), *counts, round(frag, 6), r.batch_max)
+
     def timeseries_rows(self) -> list[tuple]:
         """Rows for timeseries.csv (columns `TIMESERIES_COLUMNS`), by time then replica."""
-        open_rows = [(self.policy, i, *r.last, r.batch_max) for i, r in self._replicas.items() if r.last]
+        open_rows = [self._row(i, r) for i, r in self._replicas.items() if r.last]
         return sorted(self._rows + open_rows, key=lambda row: (row[2], row[1]))
+
+    def latencies(self) -> dict[str, np.ndarray]:
+        """The finished requests' TTFT, mean ITL and E2E, named as requests.csv's columns."""
+        return {"ttft_s": np.frombuffer(self.ttft, dtype=np.float64),
+                "mean_itl_s": np.frombuffer(self.tpot, dtype=np.float64),
+                "e2e_s": np.frombuffer(self.e2e, dtype=np.float64)}
 
     # ---- summary
 

@@ -205,12 +205,16 @@ th{background:#f3f3f3}"""
 
 
 def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requests_csv_path,
-                      timeseries_csv_path) -> None:
-    """One self-contained HTML page (plotly.js inlined once) comparing the policies of a run."""
+                      timeseries_csv_path, latencies: dict[str, dict[str, np.ndarray]] | None = None) -> None:
+    """One self-contained HTML page (plotly.js inlined once) comparing the policies of a run.
+
+    `latencies` (per policy, as `Metrics.latencies()`) saves reading requests.csv back."""
     policies = list(summaries)
     colors = _colors(policies)
     series = _read_timeseries(Path(timeseries_csv_path))
-    figures = [_bars_figure(summaries, colors), _cdf_figure(_read_latencies(Path(requests_csv_path)), colors)]
+    if latencies is None:
+        latencies = _read_latencies(Path(requests_csv_path))
+    figures = [_bars_figure(summaries, colors), _cdf_figure(latencies, colors)]
     if policies:
         figures += [
             _timeseries_figure(series, policies, (("kv_blocks_used", "solid"), ("kv_blocks_cached", "dash")),
@@ -250,11 +254,16 @@ class ResultsWriter:
         self.requests_csv.writerow(REQUEST_COLUMNS)
         self._timeseries_csv = csv.writer(self._timeseries_file)
         self._timeseries_csv.writerow(TIMESERIES_COLUMNS)
+        self._latencies: dict[str, dict[str, np.ndarray]] = {}
         self.committed = False
 
     def add_timeseries(self, policy: str, rows: list[tuple]) -> None:
         """Append one policy's time-series rows (as from `Metrics.timeseries_rows`)."""
         self._timeseries_csv.writerows(rows)
+
+    def add_latencies(self, policy: str, latencies: dict[str, np.ndarray]) -> None:
+        """One policy's finished-request latencies (as `Metrics.latencies()`) for the report's CDFs."""
+        self._latencies[policy] = latencies
 
     def _close(self) -> None:
         for f in (getattr(self, "_requests_file", None), getattr(self, "_timeseries_file", None)):
@@ -269,7 +278,8 @@ class ResultsWriter:
             (self.tmp_dir / "summary.json").write_text(json.dumps(doc, sort_keys=True, indent=2) + "\n")
             if report_html:
                 write_report_html(self.tmp_dir / "report.html", scenario_name, summaries,
-                                  self.tmp_dir / "requests.csv", self.tmp_dir / "timeseries.csv")
+                                  self.tmp_dir / "requests.csv", self.tmp_dir / "timeseries.csv",
+                                  self._latencies if set(self._latencies) == set(summaries) else None)
             self._swap_in()
         except BaseException:
             self.abort()

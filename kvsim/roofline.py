@@ -95,6 +95,7 @@ class StepModel:
         self.allreduce_fixed_s = calls * c.allreduce_latency_s
         self.allreduce_s_per_token = calls * ring
         self._decode_base: dict[int, tuple[float, float, float]] = {}
+        self._last_lines: tuple = (-1, -1, None)
 
     def overhead(self, num_seqs: int) -> float:
         return self.calibration.step_overhead_s + self.calibration.per_seq_overhead_s * num_seqs
@@ -127,6 +128,8 @@ class StepModel:
 
     def _decode_lines(self, n: int, x0: int) -> tuple[float, float, float, float, float]:
         """(fixed, c0, c_slope, m0, m_slope) of a decode step i: fixed + max(c0 + cs*i, m0 + ms*i)."""
+        if n == self._last_lines[0] and x0 == self._last_lines[1]:  # a run is sized, then priced
+            return self._last_lines[2]
         base = self._decode_base.get(n)
         if base is None:
             base = (self.overhead(n) + self.allreduce_time(n), self.compute_time(n, n, 0, 0), self.memory_time(n, 0))
@@ -134,7 +137,9 @@ class StepModel:
         fixed, c_base, m_base = base
         c_slope = self.attn_s_per_pair + self.dequant_s_per_kv_token
         m_slope = self.kv_s_per_token
-        return fixed, c_base + c_slope * x0, c_slope * n, m_base + m_slope * x0, m_slope * n
+        lines = (fixed, c_base + c_slope * x0, c_slope * n, m_base + m_slope * x0, m_slope * n)
+        self._last_lines = (n, x0, lines)
+        return lines
 
     def decode_run_time(self, num_seqs: int, context_tokens: int, k: int) -> float:
         """Seconds for k pure-decode steps of num_seqs sequences; step i has

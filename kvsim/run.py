@@ -104,6 +104,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
             result.runs.append(PolicyRun(policy.name, summary, wall, sim.num_steps))
             if writer:
                 writer.add_timeseries(policy.name, metrics.timeseries_rows())
+                writer.add_latencies(policy.name, metrics.latencies())
         if writer:
             meta = {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": scenario.hardware.tensor_parallel_size,
                     "num_replicas": scenario.hardware.num_replicas, "backend": scenario.backend.name,

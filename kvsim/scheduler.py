@@ -106,8 +106,9 @@ class Scheduler:
         else:
             budget = self._schedule_running(batch, budget)
         if not batch.preempted:
-            budget = self._schedule_swapped(batch, budget)
-            if not self.swapped:
+            if self.swapped:
+                budget = self._schedule_swapped(batch, budget)
+            if self.waiting and not self.swapped:
                 self._schedule_waiting(batch, budget)
         return batch
 
@@ -131,8 +132,8 @@ class Scheduler:
     def _cohort_fits(self, budget: int) -> bool:
         """Would every running sequence get all its tokens and blocks this step?"""
         alloc, cohort = self.allocator, self.cohort
-        self._cohort_step_blocks = cohort.blocks_needed(1)
-        tokens, blocks = cohort.size, self._cohort_step_blocks
+        self._cohort_step_blocks = blocks = cohort.blocks_needed(1)
+        tokens = cohort.size
         for seq in self.running:
             n = seq.num_tokens - seq.num_computed_tokens
             tokens += n

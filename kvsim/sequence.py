@@ -47,7 +47,7 @@ class Sequence:
     num_output_tokens: int = 0  # tokens generated so far
     num_tokens: int = 0  # prompt + generated: what the KV cache must hold to compute the next token
     block_table: list[int] = field(default_factory=list)
-    block_hashes: Optional[list[int]] = None  # chained hashes of the shareable full blocks, lazily
+    block_hashes: Optional[tuple] = None  # (chained hashes, token bytes) of the shareable full blocks, lazily
     num_cached_tokens: int = 0  # prompt tokens served by prefix-cache hits, over all admissions
     num_preemptions: int = 0
     first_scheduled_time: float = -1.0

@@ -50,9 +50,35 @@ def test_double_free_and_unknown_block_raise():
     bm.deallocate(s)
     with pytest.raises(AllocationError):
         bm.deallocate(s)
-    s.block_table = [3]
+    s.block_table = [4]  # the pool has blocks 0-3
     with pytest.raises(AllocationError):
         bm.deallocate(s)
+
+
+@pytest.mark.parametrize("bad_table, shares_prefix", [
+    (lambda a, b: [b[0], -1], False),  # unknown ids
+    (lambda a, b: [b[0], 99], False),
+    (lambda a, b: [a[0], a[0], 7], True),  # at shareable positions: twice (the second finds it free)
+    (lambda a, b: [7, a[0]], True),  # at a shareable position, a free block
+    (lambda a, b: [a[0], -1], True),
+    (lambda a, b: [a[0], a[1], 99], True),  # shareable positions fine, the private tail unknown
+])
+def test_misused_tables_raise_and_change_nothing(bad_table, shares_prefix):
+    bm = BlockManager(8, 4)
+    prefix = list(range(8))  # 2 shareable blocks
+    a, b = seq_of(0, 8, prefix), seq_of(1, 8)
+    for s in (a, b):
+        bm.allocate(s, 8)
+        s.num_computed_tokens = 8
+    before = (list(bm.ref_cnt), bm.num_free_blocks, bm.free_block_ids())
+    victim = seq_of(2, 12, prefix if shares_prefix else None)
+    victim.block_table = bad_table(a.block_table, b.block_table)
+    with pytest.raises(AllocationError):
+        bm.deallocate(victim)
+    assert (list(bm.ref_cnt), bm.num_free_blocks, bm.free_block_ids()) == before
+    bm.deallocate(a)
+    bm.deallocate(b)
+    assert bm.num_free_blocks == 8 and sorted(bm.free_block_ids()) == list(range(8))
 
 
 def test_decode_appends_a_block_every_block_size_tokens():
@@ -178,12 +204,17 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     @invariant()
     def refcounts_match_tables(self):
-        counts = [0] * self.bm.num_blocks
+        """Shareable positions are reference counted; every other block has exactly one table."""
+        counts, private = [0] * self.bm.num_blocks, []
         for s in self.live:
-            for b in s.block_table:
+            k = min(len(s.block_table), self.bm._num_shareable(s))
+            for b in s.block_table[:k]:
                 counts[b] += 1
+            private += s.block_table[k:]
         assert counts == self.bm.ref_cnt
         assert min(self.bm.ref_cnt) >= 0
+        assert len(private) == len(set(private))
+        assert not any(counts[b] for b in private)
 
     @invariant()
     def tables_cover_tokens(self):

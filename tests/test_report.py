@@ -177,3 +177,29 @@ def test_cdf_points_thinned_and_exact_at_the_ends():
     small = np.array([3.0, 1.0, 2.0])
     xs, ys = cdf_points(small)
     assert xs.tolist() == [1.0, 2.0, 3.0] and ys.tolist() == pytest.approx([1 / 3, 2 / 3, 1.0])
+
+
+def test_in_memory_latencies_equal_the_csv_columns(tmp_path):
+    """The report's CDFs come from Metrics.latencies(); they must be exactly what requests.csv holds."""
+    from kvsim.report import _read_latencies
+    writer = ResultsWriter(tmp_path / "res")
+    with writer:
+        metrics = {}
+        for k, p in enumerate(POLICIES):
+            m = Metrics(p, SloConfig(), 0.5, requests_csv=writer.requests_csv)
+            for i in range(30):
+                seq = Sequence(Request(i, i * 0.1, 128, 1 + i % 4))
+                seq.first_scheduled_time = i * 0.1
+                seq.first_token_time = i * 0.1 + 0.013 * (k + 1) * (1 + i % 7)
+                seq.finish_time = seq.first_token_time + 0.0071 * (i % 4)
+                seq.num_output_tokens = 1 + i % 4
+                m.on_finish(seq)
+            metrics[p] = m
+        writer._requests_file.flush()
+        from_csv = _read_latencies(writer.tmp_dir / "requests.csv")
+    assert set(from_csv) == set(POLICIES)
+    for p, m in metrics.items():
+        mem = m.latencies()
+        assert len(mem["mean_itl_s"]) < len(mem["ttft_s"]) == 30  # one-token requests have no ITL
+        for col, values in from_csv[p].items():
+            assert np.array_equal(values, mem[col]), (p, col)

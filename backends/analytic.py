@@ -27,8 +27,9 @@ class AnalyticBackend:
     def execute(self, batch: Batch) -> float:
         return self.step_model.step_time(batch)
 
-    def decode_run_time(self, batch: Batch, num_steps: int) -> float:
-        return self.step_model.decode_run_time(batch.num_decode_seqs, batch.decode_context_tokens, num_steps)
+    def decode_run(self, batch: Batch, num_steps: int) -> tuple[float, float]:
+        """(seconds for the run, seconds for its first step)."""
+        return self.step_model.decode_run(batch.num_decode_seqs, batch.decode_context_tokens, num_steps)
 
     def decode_steps_within(self, batch: Batch, budget_s: float) -> int:
         return self.step_model.decode_steps_within(batch.num_decode_seqs, batch.decode_context_tokens, budget_s)

@@ -24,6 +24,7 @@ was never given is not detected (vLLM's BlockPool does not check that either).
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from typing import Sequence as Seq
 
@@ -74,14 +75,17 @@ class BlockManager:
         self.block_hash = [NO_HASH] * num_blocks
         self.block_tokens: dict[int, bytes] = {}  # block id -> token bytes, for hashed blocks
         self.hash_to_block: dict[int, int] = {}
-        # LRU free queue as [block ids, may hold hashed blocks] chunks; ids revived by a prefix hit
-        # stay in their chunk as stale entries (counted in `_stale`) and are skipped when popped.
-        self._free: deque[tuple[list[int], bool]] = deque([(list(range(num_blocks)), False)])
+        # LRU free queue as [block ids, index of the next one, may hold hashed blocks] chunks (an
+        # index, not deletions from the front, which would move the rest of a long chunk); ids
+        # revived by a prefix hit stay in their chunk as stale entries (counted in `_stale`) and are
+        # skipped when popped.
+        self._free: deque[list] = deque([[array("i", range(num_blocks)), 0, False]])
         self._stale: dict[int, int] = {}
-        self._content: dict[int, tuple] = {}  # id(token_ids) -> (token_ids, hashes, block bytes)
+        self._content: dict[int, list] = {}  # id(token_ids) -> see _seq_content
+        self._num_evictions = 0
         self.num_free_blocks = num_blocks  # ref 0, cached content or not
         self.num_cached_blocks = 0  # ref 0 and still holding a hashed block (reusable)
-        self._reserved: list[int] = []  # taken off the free queue for sequences that claim them later
+        self._reserved = array("i")  # taken off the free queue for sequences that claim them later
         self._table_slots = 0  # sum over sequences of len(block_table) * block_size (+ reserved)
         self._computed_tokens = 0  # sum over sequences of the tokens their tables cover
 
@@ -106,8 +110,8 @@ class BlockManager:
         """The free queue in LRU order (head first), stale entries skipped. For checks, not hot paths."""
         stale = dict(self._stale)
         out = []
-        for chunk, _ in self._free:
-            for b in chunk:
+        for chunk, start, _ in self._free:
+            for b in chunk[start:]:
                 if stale.get(b, 0):
                     stale[b] -= 1
                 else:
@@ -124,25 +128,29 @@ class BlockManager:
         ids = seq.request.token_ids
         return 0 if ids is None or not self.enable_prefix_caching else len(ids) // self.block_size
 
-    def _seq_content(self, seq: Sequence) -> tuple[list[int], list[bytes]]:
-        """(hashes, token bytes) of the sequence's shareable full blocks."""
-        if seq.block_hashes is None:
-            ids = seq.request.token_ids
-            entry = self._content.get(id(ids))
-            if entry is None or entry[0] is not ids:
-                if len(self._content) >= CONTENT_CACHE_SIZE:
-                    del self._content[next(iter(self._content))]
-                entry = (ids, *_hashed_blocks(ids, self.block_size))
-                self._content[id(ids)] = entry  # the entry keeps `ids` alive, so its id stays unique
-            seq.block_hashes = entry[1:]
-        return seq.block_hashes
+    def _seq_content(self, seq: Sequence) -> list:
+        """This allocator's [token_ids, hashes, token bytes, hit-memo epoch, hit memo] for the
+        sequence's shareable full blocks, shared by every sequence with the same token_ids array."""
+        ids = seq.request.token_ids
+        entry = self._content.get(id(ids))
+        if entry is None or entry[0] is not ids:
+            if seq.block_hashes is None:  # kept on the sequence for the other replicas' allocators
+                seq.block_hashes = _hashed_blocks(ids, self.block_size)
+            if len(self._content) >= CONTENT_CACHE_SIZE:
+                del self._content[next(iter(self._content))]
+            entry = [ids, *seq.block_hashes, -1, None]
+            self._content[id(ids)] = entry  # the entry keeps `ids` alive, so its id stays unique
+        return entry
 
     def get_computed_blocks(self, seq: Sequence) -> list[int]:
         """Cached blocks holding the longest prefix of the sequence's prompt (at least one token is left to compute)."""
         if not self.enable_prefix_caching or seq.request.token_ids is None or seq.block_table:
             return []
-        hashes, chunks = self._seq_content(seq)
+        entry = self._seq_content(seq)
+        _, hashes, chunks, epoch, memo = entry
         limit = min(len(hashes), (seq.num_tokens - 1) // self.block_size)
+        if epoch == self._num_evictions:  # every block was a hit and none has been evicted since
+            return memo[:limit]
         hits = []
         lookup, stored = self.hash_to_block.get, self.block_tokens
         for i in range(limit):
@@ -150,11 +158,13 @@ class BlockManager:
             if block is None or stored[block] != chunks[i]:
                 break  # a miss, or a hash collision (different tokens): not a hit
             hits.append(block)
+        if len(hits) == len(hashes):  # hash -> block mappings only go away by eviction
+            entry[3], entry[4] = self._num_evictions, hits
         return hits
 
     def _register_full_blocks(self, seq: Sequence, start_block: int, end_tokens: int) -> None:
         """Hash the sequence's blocks that become full of shareable tokens up to `end_tokens`."""
-        hashes, chunks = self._seq_content(seq)
+        _, hashes, chunks, _, _ = self._seq_content(seq)
         stop = min(len(hashes), end_tokens // self.block_size)
         for i in range(start_block, stop):
             block, h = seq.block_table[i], hashes[i]
@@ -268,37 +278,50 @@ class BlockManager:
         private = table[shared:] if shared else table
         # Tail blocks go first, so they are evicted first (as vLLM).
         if private:
-            self._free.append((private[::-1], False))
+            self._free.append([private[::-1], 0, False])
         if freed:
-            self._free.append((freed, True))
+            self._free.append([freed, 0, True])
             self.num_cached_blocks += sum(1 for b in freed if self.block_hash[b] != NO_HASH)
         self.num_free_blocks += len(private) + len(freed)
         self._table_slots -= len(table) * self.block_size
         self._computed_tokens -= seq.num_computed_tokens
-        seq.block_table = []
+        seq.block_table = array("i")
         seq.num_computed_tokens = 0
 
     def _release_shared(self, seq: Sequence, blocks: list[int]) -> list[int]:
         """Drop a reference to each block (all or none); returns those now free, tail first."""
-        ref = self.ref_cnt
+        ref, freed = self.ref_cnt, []
         for i, b in enumerate(blocks):
-            if ref[b] <= 0:
+            left = ref[b] - 1
+            if left < 0:
                 for undo in blocks[:i]:
                     ref[undo] += 1
                 raise AllocationError(f"sequence {seq.seq_id}: its block table holds block {b}, which is free")
-            ref[b] -= 1
-        return [b for b in reversed(blocks) if ref[b] == 0]
+            ref[b] = left
+            if not left:
+                freed.append(b)
+        freed.reverse()
+        return freed
 
     # ---- free queue ----------------------------------------------------------------------
-    def _pop_free(self, n: int) -> list[int]:
-        out: list[int] = []
+    def _pop_free(self, n: int) -> Seq[int]:
+        head = self._free[0]
+        chunk, start, may_hash = head
+        if not may_hash and len(chunk) - start > n:  # the common case: one chunk of unhashed blocks
+            head[1] = start + n
+            self.num_free_blocks -= n
+            return chunk[start:start + n]
+        out = array("i")
         hashed: list[int] = []  # taken from chunks that may hold hashed (or stale) blocks
         while len(out) < n:
-            chunk, may_hash = self._free[0]
-            take = chunk[: n - len(out)]
-            del chunk[: len(take)]
-            if not chunk:
+            head = self._free[0]
+            chunk, start, may_hash = head
+            end = min(len(chunk), start + n - len(out))
+            take = chunk[start:end]
+            if end == len(chunk):
                 self._free.popleft()
+            else:
+                head[1] = end
             if may_hash:
                 if self._stale and not self._stale.keys().isdisjoint(take):
                     take = self._drop_stale(take)
@@ -325,6 +348,7 @@ class BlockManager:
         return fresh
 
     def _evict(self, block: int) -> None:
+        self._num_evictions += 1
         h = self.block_hash[block]
         del self.hash_to_block[h]
         del self.block_tokens[block]

@@ -109,18 +109,20 @@ class DecodeCohort:
                 total += sum(res[r0:]) + sum(res[:r0 + b - bs])
         return total
 
-    def affordable_steps(self, want: int, free_blocks: int) -> int:
-        """The most steps (<= want) whose new blocks fit in `free_blocks`."""
-        if self.blocks_needed(want) <= free_blocks:
-            return want
-        lo, hi = 0, want
+    def affordable_steps(self, want: int, free_blocks: int) -> tuple[int, int]:
+        """The most steps k <= want whose new blocks fit in `free_blocks`, and those blocks."""
+        need = self.blocks_needed(want)
+        if need <= free_blocks:
+            return want, need
+        lo, hi, lo_need = 0, want, 0
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self.blocks_needed(mid) <= free_blocks:
-                lo = mid
+            mid_need = self.blocks_needed(mid)
+            if mid_need <= free_blocks:
+                lo, lo_need = mid, mid_need
             else:
                 hi = mid
-        return lo
+        return lo, lo_need
 
     def advance(self, steps: int) -> None:
         """Every member decoded `steps` tokens (their blocks were reserved when scheduled)."""

@@ -9,6 +9,7 @@ rates. Pure Python: no torch.
 from __future__ import annotations
 
 import math
+from functools import partial
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -61,10 +62,20 @@ def _sum_max_lines(a1: float, b1: float, a2: float, b2: float, k: int) -> float:
         return a1 if a1 >= a2 else a2
     d0, d1 = a1 - a2, b1 - b2
     if d1 == 0:
-        return _line_sum(a1, b1, 0, k) if d0 >= 0 else _line_sum(a2, b2, 0, k)
-    s = math.ceil(min(max(-d0 / d1, 0.0), float(k)))  # first index at or past the crossing
+        a, b = (a1, b1) if d0 >= 0 else (a2, b2)
+        return a * k + b * ((k - 1) * k / 2)  # = _line_sum(a, b, 0, k)
     below, above = ((a2, b2), (a1, b1)) if d1 > 0 else ((a1, b1), (a2, b2))
+    cross = -d0 / d1
+    if cross <= 0.0 or cross >= k:  # one line on top for the whole run (the usual case)
+        a, b = above if cross <= 0.0 else below
+        return a * k + b * ((k - 1) * k / 2)
+    s = math.ceil(cross)  # first index at or past the crossing
     return _line_sum(*below, 0, s) + _line_sum(*above, s, k)
+
+
+def _run_time(fixed: float, c0: float, cs: float, m0: float, ms: float, k: int) -> float:
+    """k decode steps whose step i costs fixed + max(c0 + cs*i, m0 + ms*i)."""
+    return fixed * k + _sum_max_lines(c0, cs, m0, ms, k)
 
 
 class StepModel:
@@ -81,6 +92,9 @@ class StepModel:
         self.bytes_per_block = bytes_per_block(model, kv_cache_dtype, block_size, tp)
         # Seconds per unit of work, per GPU.
         self.gemm_s_per_flop = 1.0 / (tp * peak * c.compute_efficiency)
+        lm_head = model.gemm_flops(0, 1)  # only sampled rows go through lm_head
+        self.layers_s_per_token = model.gemm_flops(1, 0) * self.gemm_s_per_flop
+        self.lm_head_s_per_seq = lm_head * self.gemm_s_per_flop
         self.attn_s_per_pair = model.attention_flops(1) / (tp * peak * c.attention_efficiency)
         dequant = 0.0
         if kv_cache_dtype in QUANTIZED_KV:
@@ -107,7 +121,7 @@ class StepModel:
         return num_blocks * self.bytes_per_block / (self.gpu.pcie_gbps * 1e9)
 
     def compute_time(self, num_tokens: int, num_seqs: int, attn_pairs: int, kv_read_tokens: int) -> float:
-        return (self.model.gemm_flops(num_tokens, num_seqs) * self.gemm_s_per_flop
+        return (num_tokens * self.layers_s_per_token + num_seqs * self.lm_head_s_per_seq
                 + attn_pairs * self.attn_s_per_pair + kv_read_tokens * self.dequant_s_per_kv_token)
 
     def memory_time(self, num_tokens: int, kv_read_tokens: int) -> float:
@@ -115,7 +129,8 @@ class StepModel:
 
     def step_time(self, batch) -> float:
         """Seconds for one step of `batch` (a kvsim.batch.Batch; only its aggregate counts are read)."""
-        swap = self.swap_time(batch.swap_in_blocks + batch.swap_out_blocks)
+        swapped = batch.swap_in_blocks + batch.swap_out_blocks
+        swap = self.swap_time(swapped) if swapped else 0.0
         tokens = batch.num_prefill_tokens + batch.num_decode_seqs
         if tokens == 0:
             return swap
@@ -123,8 +138,9 @@ class StepModel:
         kv_read = batch.prefill_context_tokens + batch.decode_context_tokens
         pairs = batch.prefill_attn_pairs + batch.decode_context_tokens
         compute = self.compute_time(tokens, seqs, pairs, kv_read)
-        memory = self.memory_time(tokens, kv_read)
-        return self.overhead(seqs) + max(compute, memory) + self.allreduce_time(tokens) + swap
+        memory = self.weights_s + (kv_read + tokens) * self.kv_s_per_token
+        return (self.overhead(seqs) + (compute if compute > memory else memory)
+                + self.allreduce_fixed_s + self.allreduce_s_per_token * tokens + swap)
 
     def _decode_lines(self, n: int, x0: int) -> tuple[float, float, float, float, float]:
         """(fixed, c0, c_slope, m0, m_slope) of a decode step i: fixed + max(c0 + cs*i, m0 + ms*i)."""
@@ -146,8 +162,13 @@ class StepModel:
         decode_context_tokens = context_tokens + i*num_seqs. Closed form in k."""
         if k <= 0 or num_seqs <= 0:
             return 0.0
-        fixed, c0, cs, m0, ms = self._decode_lines(num_seqs, context_tokens)
-        return fixed * k + _sum_max_lines(c0, cs, m0, ms, k)
+        return _run_time(*self._decode_lines(num_seqs, context_tokens), k)
+
+    def decode_run(self, num_seqs: int, context_tokens: int, k: int) -> tuple[float, float]:
+        """(seconds for the k steps, seconds for the first) of a run as in decode_run_time."""
+        lines = fixed, c0, _, m0, _ = self._decode_lines(num_seqs, context_tokens)
+        first = fixed + (c0 if c0 >= m0 else m0)
+        return (first if k == 1 else _run_time(*lines, k)), first
 
     def decode_steps_within(self, num_seqs: int, context_tokens: int, budget_s: float) -> int:
         """The smallest k >= 1 with decode_run_time(num_seqs, context_tokens, k) >= budget_s.
@@ -157,8 +178,8 @@ class StepModel:
         """
         if num_seqs <= 0 or not math.isfinite(budget_s):
             raise ValueError(f"need num_seqs > 0 and a finite budget, got {num_seqs}, {budget_s}")
-        fixed, c0, cs, m0, ms = self._decode_lines(num_seqs, context_tokens)
-        run = lambda k: fixed * k + _sum_max_lines(c0, cs, m0, ms, k)  # noqa: E731  (= decode_run_time)
+        lines = fixed, c0, cs, m0, ms = self._decode_lines(num_seqs, context_tokens)
+        run = partial(_run_time, *lines)  # = decode_run_time
         if fixed + max(c0, m0) >= budget_s:
             return 1
         a, b = (fixed + c0, cs) if c0 >= m0 else (fixed + m0, ms)  # sum_{i<k} (a + b i) >= budget

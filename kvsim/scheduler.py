@@ -272,6 +272,9 @@ class Scheduler:
         k = min(max_steps, batch.min_output_left)
         if k > 1:
             first = self._cohort_step_blocks  # reserved by schedule()
-            k = max(1, cohort.affordable_steps(k, self.allocator.num_free_blocks + first))
-            self.allocator.reserve(cohort.blocks_needed(k) - first)
+            k, need = cohort.affordable_steps(k, self.allocator.num_free_blocks + first)
+            if k > 1:
+                self.allocator.reserve(need - first)
+            else:
+                k = 1
         return k

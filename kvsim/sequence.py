@@ -7,9 +7,10 @@ the timestamps that metrics turn into TTFT, inter-token latency and end-to-end l
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from enum import Enum, auto
-from typing import Optional
+from typing import Optional, Sequence as Seq
 
 import numpy as np
 
@@ -46,7 +47,7 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose KV is in the cache (prompt and output)
     num_output_tokens: int = 0  # tokens generated so far
     num_tokens: int = 0  # prompt + generated: what the KV cache must hold to compute the next token
-    block_table: list[int] = field(default_factory=list)
+    block_table: Seq[int] = field(default_factory=lambda: array("i"))  # block ids, as the allocator keeps them
     block_hashes: Optional[tuple] = None  # (chained hashes, token bytes) of the shareable full blocks, lazily
     num_cached_tokens: int = 0  # prompt tokens served by prefix-cache hits, over all admissions
     num_preemptions: int = 0

@@ -141,37 +141,35 @@ class Simulation:
                 yield rep.idle
                 continue
             batch = sched.schedule()
-            if not batch.seqs and not batch.cohort_size:
+            seqs, cohort_size = batch.seqs, batch.cohort_size
+            if not seqs and not cohort_size:
                 raise RuntimeError("scheduler made no progress with work queued")
             now = env.now
-            if batch.dissolved:
-                for seq in batch.dissolved:
-                    seq.last_token_time = rep.cohort_last_token
-            for seq in batch.seqs:
+            for seq in batch.dissolved:
+                seq.last_token_time = rep.cohort_last_token
+            for seq in seqs:
                 if seq.first_scheduled_time < 0:
                     seq.first_scheduled_time = now
             k = 1
-            if fuse and batch.cohort_size and not batch.seqs and not batch.preempted:  # cohort only: a decode run
+            if fuse and not seqs and not batch.preempted:  # cohort only: a decode run
                 budget = self.next_arrival_time - now  # steps that start before the next arrival
                 bound = 1 << 30 if budget == math.inf else (1 if budget <= 0 else backend.decode_steps_within(batch, budget))
                 if bound > 1:
                     k = sched.extend_decode_run(batch, bound)
-            if k == 1:
-                duration = first = backend.execute(batch)
+                duration, first = backend.decode_run(batch, k)
             else:
-                duration = backend.decode_run_time(batch, k)
-                first = backend.decode_run_time(batch, 1)
+                duration = first = backend.execute(batch)
             yield env.timeout(duration)
             self.num_steps += 1
             self.num_decode_steps += k
             emitted, finished = sched.postprocess(batch, k)
-            end = env.now
+            end = now + duration
             if emitted:
                 self._stamp_tokens(emitted, now + first, end)
-            if batch.cohort_size:
-                metrics.record_itl(now + first - rep.cohort_last_token, batch.cohort_size)
+            if cohort_size:
+                metrics.record_itl(now + first - rep.cohort_last_token, cohort_size)
                 if k > 1:  # a run's steps differ by far less than a histogram bin: their mean
-                    metrics.record_itl((end - now - first) / (k - 1), batch.cohort_size * (k - 1))
+                    metrics.record_itl((duration - first) / (k - 1), cohort_size * (k - 1))
             rep.cohort_last_token = end
             if finished:
                 for seq in finished:
@@ -179,10 +177,11 @@ class Simulation:
                     backend.free(seq)
                     metrics.on_finish(seq)
                 self._ended(len(finished))
-            cached = alloc.num_cached_blocks
-            metrics.sample(end, rep.index, sched.num_running, len(sched.waiting), len(sched.swapped),
-                           alloc.num_used_blocks, cached, alloc.num_free_blocks - cached,
-                           alloc.reserved_unused_tokens, batch.num_tokens, alloc.external_fragmentation)
+            cached, free = alloc.num_cached_blocks, alloc.num_free_blocks
+            metrics.sample(end, rep.index, sched.num_running, len(sched.waiting),
+                           len(sched.swapped), alloc.num_blocks - free, cached, free - cached,
+                           alloc.reserved_unused_tokens, batch.num_prefill_tokens + batch.num_decode_seqs,
+                           alloc.external_fragmentation)
 
     def _stamp_tokens(self, emitted: list[Sequence], t_token: float, t_end: float) -> None:
         """Token times of the explicitly scheduled sequences (one token each, at t_token)."""

@@ -35,7 +35,8 @@ def test_affordable_steps_is_the_largest_that_fits():
         c.residues[t % 4] += 1
         c.size += 1
     assert [c.blocks_needed(k) for k in range(1, 7)] == [1, 2, 2, 3, 4, 5]
-    assert c.affordable_steps(6, 3) == 4 and c.affordable_steps(6, 100) == 6 and c.affordable_steps(6, 0) == 0
+    assert c.affordable_steps(6, 3) == (4, 3) and c.affordable_steps(6, 100) == (6, 5)
+    assert c.affordable_steps(6, 0) == (0, 0)
 
 
 def test_members_leave_up_to_date_with_their_blocks():

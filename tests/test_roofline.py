@@ -89,6 +89,9 @@ def step_models():
 def test_decode_run_time_matches_brute_force(sm, n, per_seq, k):
     ctx = n * per_seq
     assert sm.decode_run_time(n, ctx, k) == pytest.approx(brute_run(sm, n, ctx, k), rel=1e-10)
+    total, first = sm.decode_run(n, ctx, k)
+    assert total == pytest.approx(brute_run(sm, n, ctx, k), rel=1e-10)
+    assert first == pytest.approx(sm.step_time(decode(n, ctx)), rel=1e-12)
 
 
 @settings(max_examples=100, deadline=None)

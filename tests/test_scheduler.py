@@ -120,7 +120,7 @@ def test_recompute_preempts_the_newest_and_requeues_it_first():
     sched, (a, b, c), batch = _two_growing_then_preempt("recompute")
     assert batch.preempted == [b]
     assert [s.seq_id for s in batch.seqs] == [0]  # nothing is admitted in a step that preempts
-    assert b.status is WAITING and b.num_computed_tokens == 0 and b.block_table == []
+    assert b.status is WAITING and b.num_computed_tokens == 0 and len(b.block_table) == 0
     assert b.num_output_tokens == 5 and b.num_preemptions == 1 and sched.num_preemptions == 1
     assert list(sched.waiting) == [b, c]
     assert batch.swap_out_blocks == 0
@@ -136,7 +136,7 @@ def test_swap_preemption_keeps_computed_tokens_and_counts_blocks():
     sched, (a, b, c), batch = _two_growing_then_preempt("swap", host_blocks=100)
     assert batch.preempted == [b]
     assert b.status is SWAPPED and list(sched.swapped) == [b]
-    assert b.num_computed_tokens == 12 and b.block_table == []
+    assert b.num_computed_tokens == 12 and len(b.block_table) == 0
     assert batch.swap_out_blocks == 3 and sched.num_swapped_blocks == 3
     assert list(sched.waiting) == [c]
     sched.postprocess(batch)

@@ -133,6 +133,7 @@ class _ReplicaSeries:
     first_t: float = -1.0
     last_t: float = -1.0
     used_seconds: float = 0.0  # integral of blocks_used over time (block-seconds)
+    last_used: int = 0
     peak_used: int = 0
     peak_external_fragmentation: float = 0.0
 
@@ -183,13 +184,18 @@ class Metrics:
         self.output_tokens += n_out
         self.prefix_hit_tokens += seq.num_cached_tokens
         self.preemptions += seq.num_preemptions
-        self._write_row(seq, "finished", ttft, tpot, e2e)
+        if self.requests_csv is not None:  # a finished request has every time set
+            r = seq.request
+            self.requests_csv.writerow((
+                self.policy, r.request_id, "finished", "", arrival, seq.first_scheduled_time,
+                seq.first_token_time, seq.finish_time, ttft, "" if tpot is None else tpot, e2e,
+                r.prompt_len, n_out, seq.num_cached_tokens, seq.num_preemptions))
 
     def on_reject(self, seq: Sequence) -> None:
         reason = seq.reject_reason or "unknown"
         self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
         self.preemptions += seq.num_preemptions
-        self._write_row(seq, "rejected", None, None, None)
+        self._write_rejected_row(seq)
 
     def meets_slo(self, ttft: float, tpot: Optional[float], e2e: float) -> bool:
         """Every bound the SLO gives holds; a one-token request has no ITL to miss."""
@@ -198,19 +204,16 @@ class Metrics:
                 and (slo.itl_ms is None or tpot is None or tpot * 1e3 <= slo.itl_ms)
                 and (slo.e2e_ms is None or e2e * 1e3 <= slo.e2e_ms))
 
-    def _write_row(self, seq: Sequence, status: str, ttft, tpot, e2e) -> None:
+    def _write_rejected_row(self, seq: Sequence) -> None:
         if self.requests_csv is None:
             return
         r = seq.request
-        # Full-precision floats (repr), empty cells for unset times: cheap enough for a million rows.
         self.requests_csv.writerow((
-            self.policy, r.request_id, status, seq.reject_reason, r.arrival_time,
+            self.policy, r.request_id, "rejected", seq.reject_reason, r.arrival_time,
             "" if seq.first_scheduled_time < 0 else seq.first_scheduled_time,
             "" if seq.first_token_time < 0 else seq.first_token_time,
-            "" if seq.finish_time < 0 else seq.finish_time,
-            "" if ttft is None else ttft, "" if tpot is None else tpot, "" if e2e is None else e2e,
-            r.prompt_len, seq.num_output_tokens, seq.num_cached_tokens, seq.num_preemptions,
-        ))
+            "" if seq.finish_time < 0 else seq.finish_time, "", "", "",
+            r.prompt_len, seq.num_output_tokens, seq.num_cached_tokens, seq.num_preemptions))
 
     def _itl_stats(self) -> dict:
         self._flush_itl()
@@ -251,13 +254,12 @@ class Metrics:
             r.batch_max = batch_tokens
         elif batch_tokens > r.batch_max:
             r.batch_max = batch_tokens
-        if r.last:  # the previous sample's usage held from its time until now
-            r.used_seconds += r.last[4] * (t - r.last_t)
+        r.used_seconds += r.last_used * (t - r.last_t)  # the previous sample's usage held until now
         r.last = (t, running, waiting, swapped, blocks_used, blocks_cached, blocks_free,
                   reserved_unused_tokens, external_fragmentation)
         if external_fragmentation > r.peak_external_fragmentation:
             r.peak_external_fragmentation = external_fragmentation
-        r.last_t = t
+        r.last_t, r.last_used = t, blocks_used
         if blocks_used > r.peak_used:
             r.peak_used = blocks_used
         self._running_now += running - r.running

@@ -234,3 +234,21 @@ def test_block_hashes_chain(tokens, bs):
     if len(h) >= 2:  # same block content under a different parent hashes differently
         moved = bm_mod.block_hashes(np.asarray(tokens[bs:2 * bs] + tokens[bs:2 * bs], dtype=np.int32), bs)
         assert moved[0] != h[1] or tokens[:bs] == tokens[bs:2 * bs]
+
+
+def test_prefix_hit_memo_is_per_allocator_and_dropped_on_eviction():
+    """The router asks every replica's allocator about one sequence: each answers from its own cache."""
+    prefix = list(range(1000, 1016))  # 4 full blocks of 4
+    a, b = BlockManager(8, 4), BlockManager(8, 4)
+    owner = seq_of(0, 20, prefix)
+    a.allocate(owner, 20)
+    owner.num_computed_tokens = 20
+    probe = seq_of(1, 20, prefix)
+    assert a.get_computed_blocks(probe) == list(owner.block_table[:4])  # a full-chain hit: memoized
+    assert b.get_computed_blocks(probe) == []  # the other allocator caches nothing
+    assert a.get_computed_blocks(probe) == list(owner.block_table[:4])
+    a.deallocate(owner)  # cached, free; a 6-block request must evict some of them
+    filler = seq_of(2, 24)
+    a.allocate(filler, 24)
+    assert a.num_cached_blocks < 4
+    assert len(a.get_computed_blocks(probe)) < 4  # the memo went with the eviction

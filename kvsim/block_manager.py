@@ -15,8 +15,8 @@ could hit it, and skipping it keeps replay of traces without prompt content fast
 Cost: only the blocks at *shareable* positions of a table (full blocks of `Request.token_ids`, with
 prefix caching on) are reference counted one by one. The rest of a table (unique prompt content
 and generated tokens) can never be shared: those blocks have exactly one owner, the table, and move
-between the free queue and the tables in list slices, so allocating and freeing a sequence costs
-Python work per shared block, not per block. Misuse is still caught where it can be cheaply: a
+between the free queue and the tables as `array('i')` slices, so allocating and freeing a sequence
+costs Python work per shared block, not per block. Misuse is still caught where it can be cheaply: a
 sequence freed twice, ids outside the pool, and any reference-count underflow at shareable
 positions. Only this class writes block tables; a table edited by hand to list an in-range block it
 was never given is not detected (vLLM's BlockPool does not check that either).
@@ -179,9 +179,12 @@ class BlockManager:
         ref = self.ref_cnt
         return [ref[b] for b in blocks].count(0) if blocks else 0
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> bool:
-        need = self.num_blocks_needed(seq, num_new_tokens, len(computed_blocks))
+    def _fits(self, need: int, computed_blocks: Seq[int]) -> bool:
+        """Are `need` new blocks free, besides the cached hits that leave the free queue?"""
         return need + self._num_revived(computed_blocks) <= self.num_free_blocks
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> bool:
+        return self._fits(self.num_blocks_needed(seq, num_new_tokens, len(computed_blocks)), computed_blocks)
 
     def allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> None:
         """Give the sequence slots for `num_new_tokens` more tokens, all or nothing.
@@ -192,7 +195,7 @@ class BlockManager:
         if computed_blocks and (seq.block_table or seq.num_computed_tokens):
             raise AllocationError(f"sequence {seq.seq_id}: prefix hits only on a first allocation")
         need = self.num_blocks_needed(seq, num_new_tokens, len(computed_blocks))
-        if need + self._num_revived(computed_blocks) > self.num_free_blocks:
+        if not self._fits(need, computed_blocks):
             raise AllocationError(f"sequence {seq.seq_id}: not enough free blocks for {num_new_tokens} tokens")
         if computed_blocks:
             ref, stale = self.ref_cnt, self._stale
@@ -231,7 +234,7 @@ class BlockManager:
         if first_new_block < self._num_shareable(seq):
             self._register_full_blocks(seq, first_new_block, seq.num_computed_tokens + num_new_tokens)
 
-    def _adopt(self, seq: Sequence, new: list[int]) -> None:
+    def _adopt(self, seq: Sequence, new: Seq[int]) -> None:
         """Append blocks taken off the free queue to the sequence's table, one reference each."""
         shared = self._num_shareable(seq) - len(seq.block_table)  # how many land at shareable positions
         if shared > 0:
@@ -288,7 +291,7 @@ class BlockManager:
         seq.block_table = array("i")
         seq.num_computed_tokens = 0
 
-    def _release_shared(self, seq: Sequence, blocks: list[int]) -> list[int]:
+    def _release_shared(self, seq: Sequence, blocks: Seq[int]) -> list[int]:
         """Drop a reference to each block (all or none); returns those now free, tail first."""
         ref, freed = self.ref_cnt, []
         for i, b in enumerate(blocks):

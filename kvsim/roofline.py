@@ -62,13 +62,11 @@ def _sum_max_lines(a1: float, b1: float, a2: float, b2: float, k: int) -> float:
         return a1 if a1 >= a2 else a2
     d0, d1 = a1 - a2, b1 - b2
     if d1 == 0:
-        a, b = (a1, b1) if d0 >= 0 else (a2, b2)
-        return a * k + b * ((k - 1) * k / 2)  # = _line_sum(a, b, 0, k)
+        return _line_sum(a1, b1, 0, k) if d0 >= 0 else _line_sum(a2, b2, 0, k)
     below, above = ((a2, b2), (a1, b1)) if d1 > 0 else ((a1, b1), (a2, b2))
     cross = -d0 / d1
     if cross <= 0.0 or cross >= k:  # one line on top for the whole run (the usual case)
-        a, b = above if cross <= 0.0 else below
-        return a * k + b * ((k - 1) * k / 2)
+        return _line_sum(*(above if cross <= 0.0 else below), 0, k)
     s = math.ceil(cross)  # first index at or past the crossing
     return _line_sum(*below, 0, s) + _line_sum(*above, s, k)
 

@@ -177,11 +177,10 @@ class Simulation:
                     backend.free(seq)
                     metrics.on_finish(seq)
                 self._ended(len(finished))
-            cached, free = alloc.num_cached_blocks, alloc.num_free_blocks
-            metrics.sample(end, rep.index, sched.num_running, len(sched.waiting),
-                           len(sched.swapped), alloc.num_blocks - free, cached, free - cached,
-                           alloc.reserved_unused_tokens, batch.num_prefill_tokens + batch.num_decode_seqs,
-                           alloc.external_fragmentation)
+            cached = alloc.num_cached_blocks
+            metrics.sample(end, rep.index, sched.num_running, len(sched.waiting), len(sched.swapped),
+                           alloc.num_used_blocks, cached, alloc.num_free_blocks - cached,
+                           alloc.reserved_unused_tokens, batch.num_tokens, alloc.external_fragmentation)
 
     def _stamp_tokens(self, emitted: list[Sequence], t_token: float, t_end: float) -> None:
         """Token times of the explicitly scheduled sequences (one token each, at t_token)."""

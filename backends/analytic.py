@@ -6,6 +6,7 @@ advance them as one event.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 
 from kvsim.batch import Batch
@@ -27,12 +28,11 @@ class AnalyticBackend:
     def execute(self, batch: Batch) -> float:
         return self.step_model.step_time(batch)
 
-    def decode_run(self, batch: Batch, num_steps: int) -> tuple[float, float]:
-        """(seconds for the run, seconds for its first step)."""
-        return self.step_model.decode_run(batch.num_decode_seqs, batch.decode_context_tokens, num_steps)
-
-    def decode_steps_within(self, batch: Batch, budget_s: float) -> int:
-        return self.step_model.decode_steps_within(batch.num_decode_seqs, batch.decode_context_tokens, budget_s)
+    def decode_run(self, batch: Batch, max_steps: int, budget_s: float = math.inf) -> tuple[int, float, float]:
+        """(k, seconds for the k steps, seconds for the first) of the cohort-only `batch` repeated:
+        k = max_steps, or fewer if a step would start at or after budget_s (the next arrival)."""
+        return self.step_model.decode_run_within(batch.num_decode_seqs, batch.decode_context_tokens,
+                                                 max_steps, budget_s)
 
     def free(self, seq) -> None:
         pass

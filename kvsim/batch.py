@@ -23,10 +23,10 @@ class Batch:
     decode_context_tokens: int = 0  # sum over decoding sequences of (num_computed_tokens + 1)
     swap_out_blocks: int = 0  # blocks copied GPU -> host before this step (swap preemption)
     swap_in_blocks: int = 0  # blocks copied host -> GPU before this step
-    preempted: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] | tuple = ()  # a list once the step preempts (rare: no list per step)
     min_output_left: int = 1 << 62  # cohort batches: fewest tokens any member has left to generate
     cohort_size: int = 0  # decoders scheduled as the scheduler's decode cohort (counted, not listed)
-    dissolved: list[Sequence] = field(default_factory=list)  # cohort members released into `seqs` this step
+    dissolved: list[Sequence] | tuple = ()  # cohort members released into `seqs` this step
 
     @property
     def num_tokens(self) -> int:

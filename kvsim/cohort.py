@@ -30,31 +30,30 @@ class DecodeCohort:
         self.size = 0
         self.context = 0  # sum of the members' num_computed_tokens, kept exact
         self.residues = [0] * self.block_size  # members by (num_computed_tokens - clock) mod block_size
-        self._finish: list[tuple[int, int, Sequence]] = []  # (clock at last token, serial, seq); serials are unique
+        # Every member, as (clock at its last token, serial, seq); serials are unique and give the
+        # join order. Members leave only through pop_finished and dissolve, so no entry is stale.
+        self._finish: list[tuple[int, int, Sequence]] = []
         self._serial = 0
-        self.members: dict[int, Sequence] = {}  # serial -> member
 
     # ---- membership ------------------------------------------------------------------------
     def join(self, seq: Sequence) -> None:
         """Take a sequence whose next step is a decode (its KV covers all but its newest token)."""
         self._serial += 1
-        seq.cohort_clock, seq.cohort_serial = self.clock, self._serial
+        seq.cohort_clock = self.clock
         self.residues[(seq.num_computed_tokens - self.clock) % self.block_size] += 1
         self.size += 1
         self.context += seq.num_computed_tokens
-        self.members[self._serial] = seq
         left = seq.request.output_len - seq.num_output_tokens
         heapq.heappush(self._finish, (self.clock + left, self._serial, seq))
 
-    def leave(self, seq: Sequence) -> None:
+    def _leave(self, seq: Sequence) -> None:
         """Bring the member's counters and block table up to date and release it."""
-        del self.members[seq.cohort_serial]
         steps = self.clock - seq.cohort_clock
         self.residues[(seq.num_computed_tokens - seq.cohort_clock) % self.block_size] -= 1
         seq.num_computed_tokens += steps
         seq.num_output_tokens += steps
         seq.num_tokens += steps
-        seq.cohort_clock, seq.cohort_serial = -1, 0
+        seq.cohort_clock = -1
         self.size -= 1
         self.context -= seq.num_computed_tokens
         if self.grows:
@@ -62,28 +61,26 @@ class DecodeCohort:
 
     def dissolve(self) -> list[Sequence]:
         """Release every member (up to date), in the order they joined."""
-        members = list(self.members.values())
-        for seq in members:
-            self.leave(seq)
+        members = [seq for _, _, seq in sorted(self._finish, key=lambda entry: entry[1])]
         self._finish.clear()
+        for seq in members:
+            self._leave(seq)
         return members
 
     def pop_finished(self) -> list[Sequence]:
         """Members whose last token the clock has reached, released."""
-        done = []
         heap = self._finish
+        if not heap or heap[0][0] > self.clock:
+            return []
+        done = []
         while heap and heap[0][0] <= self.clock:
-            _, serial, seq = heapq.heappop(heap)
-            if seq.cohort_serial == serial:
-                self.leave(seq)
-                done.append(seq)
+            seq = heapq.heappop(heap)[2]
+            self._leave(seq)
+            done.append(seq)
         return done
 
     def steps_to_next_finish(self) -> int:
-        heap = self._finish
-        while heap and heap[0][2].cohort_serial != heap[0][1]:
-            heapq.heappop(heap)  # a stale entry of a sequence that left early
-        return heap[0][0] - self.clock if heap else 1 << 62
+        return self._finish[0][0] - self.clock if self._finish else 1 << 62
 
     # ---- blocks ----------------------------------------------------------------------------
     def blocks_needed(self, steps: int) -> int:
@@ -127,5 +124,6 @@ class DecodeCohort:
     def advance(self, steps: int) -> None:
         """Every member decoded `steps` tokens (their blocks were reserved when scheduled)."""
         self.clock += steps
-        self.context += self.size * steps
-        self.allocator.note_written(self.size * steps)
+        written = self.size * steps
+        self.context += written
+        self.allocator.note_written(written)

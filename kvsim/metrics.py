@@ -226,6 +226,17 @@ class Metrics:
         if len(self._itl_values) >= ITL_BUFFER:
             self._flush_itl()
 
+    def record_run_itl(self, first_gap_s: float, num_seqs: int, later_gap_s: float, later_count: int) -> None:
+        """A decode run's gaps: num_seqs of first_gap_s (its first step), later_count of later_gap_s."""
+        values, counts = self._itl_values, self._itl_counts
+        values.append(first_gap_s)
+        counts.append(num_seqs)
+        if later_count:
+            values.append(later_gap_s)
+            counts.append(later_count)
+        if len(values) >= ITL_BUFFER:
+            self._flush_itl()
+
     def record_itls(self, gaps: list[float]) -> None:
         """One inter-token gap each."""
         self._itl_values.extend(gaps)

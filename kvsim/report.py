@@ -4,7 +4,8 @@
 there while the simulation runs) and renames it into place on `commit`, so a crash or Ctrl-C never
 leaves a half-written results folder. `write_report_html` turns the folder's summaries and CSVs into
 one HTML page with plotly.js inlined; `comparison_table` puts the headline figures of every policy
-side by side for the terminal.
+side by side for the terminal. Figures are plain plotly.js JSON (data and layout dicts): plotly's
+Python object model would add half a second to every run and nothing to the page.
 """
 
 from __future__ import annotations
@@ -18,17 +19,17 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+from importlib.resources import files
+
 import numpy as np
-import plotly.graph_objects as go
-import plotly.io as pio
-from plotly.colors import qualitative
-from plotly.subplots import make_subplots
 from rich.table import Table
 
 from kvsim.errors import KvsimError
 from kvsim.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS
 
 MAX_CDF_POINTS = 2000
+PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880",
+           "#FF97FF", "#FECB52")  # plotly's default colour sequence
 
 
 # ---- headline figures, shared by the terminal table, the HTML table and the bar charts
@@ -138,57 +139,104 @@ def cdf_points(values: np.ndarray, max_points: int = MAX_CDF_POINTS) -> tuple[np
     return x[idx], (idx + 1) / n
 
 
-# ---- figures
+# ---- figures, as plotly.js data and layout
+
+@dataclass(slots=True)
+class _Plot:
+    layout: dict
+    data: list
+
+    def add(self, trace: dict, cell: int = 1) -> None:
+        """Add a trace to subplot `cell` (1-based, row by row)."""
+        if cell > 1:
+            trace["xaxis"], trace["yaxis"] = f"x{cell}", f"y{cell}"
+        self.data.append(trace)
+
+    def axis(self, kind: str, cell: int, **props) -> None:
+        self.layout[f"{kind}axis{cell if cell > 1 else ''}"].update(props)
+
+
+def _subplots(rows: int, cols: int, titles: list[str], title: str, height: int, shared_x: bool = False,
+              vertical_spacing: float | None = None) -> _Plot:
+    """A grid of subplots as make_subplots lays it out: axis domains and one title above each cell."""
+    h_gap = 0.2 / cols if cols > 1 else 0.0
+    v_gap = (0.3 / rows if rows > 1 else 0.0) if vertical_spacing is None else vertical_spacing
+    width, tall = (1 - h_gap * (cols - 1)) / cols, (1 - v_gap * (rows - 1)) / rows
+    layout: dict = {"title": {"text": title}, "height": height, "annotations": [], "hovermode": "closest"}
+    for i in range(rows * cols):
+        r, c = divmod(i, cols)
+        x0, y1 = c * (width + h_gap), 1 - r * (tall + v_gap)
+        n = "" if i == 0 else str(i + 1)
+        layout[f"xaxis{n}"] = {"domain": [x0, x0 + width], "anchor": f"y{n}"}
+        layout[f"yaxis{n}"] = {"domain": [y1 - tall, y1], "anchor": f"x{n}"}
+        if shared_x and i:
+            layout[f"xaxis{n}"]["matches"] = "x"
+        if shared_x and r < rows - 1:
+            layout[f"xaxis{n}"]["showticklabels"] = False
+        if i < len(titles):
+            layout["annotations"].append({"text": titles[i], "x": x0 + width / 2, "y": y1, "xref": "paper",
+                                          "yref": "paper", "xanchor": "center", "yanchor": "bottom",
+                                          "showarrow": False, "font": {"size": 16}})
+    return _Plot(layout, [])
+
 
 def _colors(policies: list[str]) -> dict[str, str]:
-    palette = qualitative.Plotly
-    return {p: palette[i % len(palette)] for i, p in enumerate(policies)}
+    return {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(policies)}
 
 
-def _bars_figure(summaries: dict[str, dict], colors: dict[str, str]) -> go.Figure:
+def _bars_figure(summaries: dict[str, dict], colors: dict[str, str]) -> _Plot:
     ncols = 4
     nrows = -(-len(BAR_FIGURES) // ncols)
-    fig = make_subplots(rows=nrows, cols=ncols, subplot_titles=[f.label for f in BAR_FIGURES])
+    fig = _subplots(nrows, ncols, [f.label for f in BAR_FIGURES], "Policy comparison", 300 * nrows)
     names = list(summaries)
     for i, f in enumerate(BAR_FIGURES):
         values = [f.value(summaries[p]) for p in names]
-        fig.add_trace(go.Bar(x=names, y=values, marker_color=[colors[p] for p in names], showlegend=False,
-                             hovertemplate="%{x}: %{y}<extra>" + f.label + "</extra>"),
-                      row=i // ncols + 1, col=i % ncols + 1)
-    fig.update_layout(title="Policy comparison", height=300 * nrows)
+        fig.add({"type": "bar", "x": names, "y": values, "marker": {"color": [colors[p] for p in names]},
+                 "showlegend": False, "hovertemplate": "%{x}: %{y}<extra>" + f.label + "</extra>"}, i + 1)
     return fig
 
 
-def _cdf_figure(latencies: dict[str, dict[str, np.ndarray]], colors: dict[str, str]) -> go.Figure:
+def _cdf_figure(latencies: dict[str, dict[str, np.ndarray]], colors: dict[str, str]) -> _Plot:
     panels = (("ttft_s", "TTFT (s)"), ("mean_itl_s", "per-request mean ITL (s)"), ("e2e_s", "E2E latency (s)"))
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for _, t in panels])
+    fig = _subplots(1, len(panels), [t for _, t in panels], "Latency CDFs (finished requests)", 420)
     for policy, cols in latencies.items():
-        for j, (col, title) in enumerate(panels):
+        for j, (col, _) in enumerate(panels):
             x, y = cdf_points(cols[col])
-            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=policy, legendgroup=policy,
-                                     showlegend=j == 0, line_color=colors.get(policy)), row=1, col=j + 1)
-            fig.update_xaxes(title_text=title, row=1, col=j + 1)
-    fig.update_yaxes(title_text="fraction of requests", row=1, col=1)
-    fig.update_layout(title="Latency CDFs (finished requests)", height=420)
+            fig.add({"type": "scatter", "x": x, "y": y, "mode": "lines", "name": policy, "legendgroup": policy,
+                     "showlegend": j == 0, "line": {"color": colors.get(policy)}}, j + 1)
+    for j, (_, title) in enumerate(panels):
+        fig.axis("x", j + 1, title={"text": title})
+    fig.axis("y", 1, title={"text": "fraction of requests"})
     return fig
 
 
 def _timeseries_figure(series: dict[tuple[str, int], dict[str, np.ndarray]], policies: list[str],
-                       lines: tuple[tuple[str, str], ...], title: str, colors: dict[str, str]) -> go.Figure:
+                       lines: tuple[tuple[str, str], ...], title: str, colors: dict[str, str]) -> _Plot:
     """One panel per policy; each of `lines` (column, dash style) drawn per replica."""
-    fig = make_subplots(rows=len(policies), cols=1, shared_xaxes=True, subplot_titles=policies,
-                        vertical_spacing=min(0.08, 0.3 / max(1, len(policies))))
+    fig = _subplots(len(policies), 1, policies, title, max(320, 240 * len(policies)), shared_x=True,
+                    vertical_spacing=min(0.08, 0.3 / max(1, len(policies))))
     replicas = {p: sorted(r for q, r in series if q == p) for p in policies}
     for row, policy in enumerate(policies, start=1):
         for replica in replicas[policy]:
             data = series[(policy, replica)]
             suffix = f" r{replica}" if len(replicas[policy]) > 1 else ""
             for col, dash in lines:
-                fig.add_trace(go.Scatter(x=data["time_s"], y=data[col], mode="lines", name=f"{policy}{suffix} {col}",
-                                         line={"dash": dash, "color": colors.get(policy)}), row=row, col=1)
-    fig.update_xaxes(title_text="simulated time (s)", row=len(policies), col=1)
-    fig.update_layout(title=title, height=max(320, 240 * len(policies)))
+                fig.add({"type": "scatter", "x": data["time_s"], "y": data[col], "mode": "lines",
+                         "name": f"{policy}{suffix} {col}", "line": {"dash": dash, "color": colors.get(policy)}}, row)
+    fig.axis("x", len(policies), title={"text": "simulated time (s)"})
     return fig
+
+
+def _json(value) -> str:
+    """JSON for a <script> block: arrays as lists, and no '</' that could close the script."""
+    text = json.dumps(value, default=lambda a: a.tolist() if hasattr(a, "tolist") else str(a),
+                      separators=(",", ":"))
+    return text.replace("</", "<\\/")
+
+
+def _figure_html(fig: _Plot, div_id: str) -> str:
+    return (f'<div id="{div_id}" style="height:{fig.layout["height"]}px;width:100%"></div>\n'
+            f'<script>Plotly.newPlot("{div_id}",{_json(fig.data)},{_json(fig.layout)},{{"responsive":true}});</script>')
 
 
 def _summary_table_html(summaries: dict[str, dict]) -> str:
@@ -222,7 +270,8 @@ def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requ
             _timeseries_figure(series, policies, (("running", "solid"), ("waiting", "dot")),
                                "Running (solid) and waiting (dotted) requests over time", colors),
         ]
-    divs = [pio.to_html(fig, include_plotlyjs=i == 0, full_html=False) for i, fig in enumerate(figures)]
+    plotly_js = (files("plotly") / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+    divs = [f"<script>{plotly_js}</script>"] + [_figure_html(fig, f"kvsim-fig-{i}") for i, fig in enumerate(figures)]
     name = html.escape(scenario_name)
     page = (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>kvsim: {name}</title>'
             f"<style>{_STYLE}</style></head><body>\n<h1>kvsim report: {name}</h1>\n"

@@ -50,30 +50,40 @@ def load_calibration(path) -> Calibration:
     return Calibration(**{k: float(v) for k, v in data.items()})
 
 
+NEVER = 1 << 62  # a step index no run reaches
+
+
 def _line_sum(a: float, b: float, lo: int, hi: int) -> float:
     """sum of a + b*i for i in [lo, hi)."""
     n = hi - lo
     return a * n + b * ((lo + hi - 1) * n / 2) if n > 0 else 0.0
 
 
-def _sum_max_lines(a1: float, b1: float, a2: float, b2: float, k: int) -> float:
-    """sum over i in [0, k) of max(a1 + b1*i, a2 + b2*i): split where the lines cross."""
-    if k == 1:
-        return a1 if a1 >= a2 else a2
+def _top_lines(a1: float, b1: float, a2: float, b2: float) -> tuple[float, float, float, float, int]:
+    """max(a1 + b1*i, a2 + b2*i) over i >= 0 as (a, b, a_late, b_late, s): line (a, b) is on top
+    for i < s, line (a_late, b_late) from s on (s = NEVER: one line throughout)."""
     d0, d1 = a1 - a2, b1 - b2
     if d1 == 0:
-        return _line_sum(a1, b1, 0, k) if d0 >= 0 else _line_sum(a2, b2, 0, k)
+        return (a1, b1, a1, b1, NEVER) if d0 >= 0 else (a2, b2, a2, b2, NEVER)
     below, above = ((a2, b2), (a1, b1)) if d1 > 0 else ((a1, b1), (a2, b2))
     cross = -d0 / d1
-    if cross <= 0.0 or cross >= k:  # one line on top for the whole run (the usual case)
-        return _line_sum(*(above if cross <= 0.0 else below), 0, k)
-    s = math.ceil(cross)  # first index at or past the crossing
-    return _line_sum(*below, 0, s) + _line_sum(*above, s, k)
+    if cross <= 0.0:
+        return (*above, *above, NEVER)
+    if cross >= NEVER:
+        return (*below, *below, NEVER)
+    return (*below, *above, math.ceil(cross))  # `below` is on top until the lines cross
 
 
-def _run_time(fixed: float, c0: float, cs: float, m0: float, ms: float, k: int) -> float:
-    """k decode steps whose step i costs fixed + max(c0 + cs*i, m0 + ms*i)."""
-    return fixed * k + _sum_max_lines(c0, cs, m0, ms, k)
+def _run_time(fixed: float, a: float, b: float, a_late: float, b_late: float, s: int, k: int) -> float:
+    """k steps whose step i costs fixed + (a + b*i if i < s else a_late + b_late*i)."""
+    if k <= s:  # one regime for the whole run (the usual case)
+        return fixed * k + (a * k + b * ((k - 1) * k / 2))
+    return fixed * k + (_line_sum(a, b, 0, s) + _line_sum(a_late, b_late, s, k))
+
+
+def _sum_max_lines(a1: float, b1: float, a2: float, b2: float, k: int) -> float:
+    """sum over i in [0, k) of max(a1 + b1*i, a2 + b2*i)."""
+    return _run_time(0.0, *_top_lines(a1, b1, a2, b2), k)
 
 
 class StepModel:
@@ -140,8 +150,9 @@ class StepModel:
         return (self.overhead(seqs) + (compute if compute > memory else memory)
                 + self.allreduce_fixed_s + self.allreduce_s_per_token * tokens + swap)
 
-    def _decode_lines(self, n: int, x0: int) -> tuple[float, float, float, float, float]:
-        """(fixed, c0, c_slope, m0, m_slope) of a decode step i: fixed + max(c0 + cs*i, m0 + ms*i)."""
+    def _decode_lines(self, n: int, x0: int) -> tuple:
+        """(fixed, a, b, a_late, b_late, s): decode step i of n sequences holding x0 + i*n context
+        tokens costs fixed + max(compute, memory), which is a + b*i before step s, a_late + b_late*i after."""
         if n == self._last_lines[0] and x0 == self._last_lines[1]:  # a run is sized, then priced
             return self._last_lines[2]
         base = self._decode_base.get(n)
@@ -151,7 +162,7 @@ class StepModel:
         fixed, c_base, m_base = base
         c_slope = self.attn_s_per_pair + self.dequant_s_per_kv_token
         m_slope = self.kv_s_per_token
-        lines = (fixed, c_base + c_slope * x0, c_slope * n, m_base + m_slope * x0, m_slope * n)
+        lines = (fixed, *_top_lines(c_base + c_slope * x0, c_slope * n, m_base + m_slope * x0, m_slope * n))
         self._last_lines = (n, x0, lines)
         return lines
 
@@ -164,41 +175,62 @@ class StepModel:
 
     def decode_run(self, num_seqs: int, context_tokens: int, k: int) -> tuple[float, float]:
         """(seconds for the k steps, seconds for the first) of a run as in decode_run_time."""
-        lines = fixed, c0, _, m0, _ = self._decode_lines(num_seqs, context_tokens)
-        first = fixed + (c0 if c0 >= m0 else m0)
+        lines = self._decode_lines(num_seqs, context_tokens)
+        first = lines[0] + lines[1]
         return (first if k == 1 else _run_time(*lines, k)), first
 
-    def decode_steps_within(self, num_seqs: int, context_tokens: int, budget_s: float) -> int:
-        """The smallest k >= 1 with decode_run_time(num_seqs, context_tokens, k) >= budget_s.
+    def decode_run_within(self, num_seqs: int, context_tokens: int, max_steps: int,
+                          budget_s: float) -> tuple[int, float, float]:
+        """(k, seconds, seconds of the first step) of the run's first k <= max_steps steps that start
+        within budget_s: k = max_steps if those all end before budget_s, else the smallest k whose
+        steps reach it (decode_steps_within)."""
+        lines = self._decode_lines(num_seqs, context_tokens)
+        first = lines[0] + lines[1]
+        if max_steps == 1:
+            return 1, first, first
+        total = _run_time(*lines, max_steps)
+        if total < budget_s:
+            return max_steps, total, first
+        return (*_steps_within(lines, budget_s), first)
 
-        Solves the quadratic of the regime (compute- or memory-bound) the run starts in, checks
-        the answer against the closed form, and falls back to bisection when the run changes regime.
-        """
+    def decode_steps_within(self, num_seqs: int, context_tokens: int, budget_s: float) -> int:
+        """The smallest k >= 1 with decode_run_time(num_seqs, context_tokens, k) >= budget_s."""
         if num_seqs <= 0 or not math.isfinite(budget_s):
             raise ValueError(f"need num_seqs > 0 and a finite budget, got {num_seqs}, {budget_s}")
-        lines = fixed, c0, cs, m0, ms = self._decode_lines(num_seqs, context_tokens)
-        run = partial(_run_time, *lines)  # = decode_run_time
-        if fixed + max(c0, m0) >= budget_s:
-            return 1
-        a, b = (fixed + c0, cs) if c0 >= m0 else (fixed + m0, ms)  # sum_{i<k} (a + b i) >= budget
-        if b > 0:
-            k = math.ceil((-(a - b / 2) + math.sqrt((a - b / 2) ** 2 + 2 * b * budget_s)) / b)
+        return _steps_within(self._decode_lines(num_seqs, context_tokens), budget_s)[0]
+
+
+def _steps_within(lines: tuple, budget_s: float) -> tuple[int, float]:
+    """The smallest k >= 1 whose run of `lines` (as StepModel._decode_lines) takes >= budget_s, and
+    that run's seconds. Solves the quadratic of the regime the run starts in, checks the answer
+    against the closed form, and falls back to bisection when the run changes regime."""
+    fixed, a, b = lines[0], lines[1], lines[2]
+    a += fixed  # sum_{i<k} (a + b i) >= budget, in the first regime
+    if a >= budget_s:
+        return 1, a
+    run = partial(_run_time, *lines)
+    if b > 0:
+        k = math.ceil((-(a - b / 2) + math.sqrt((a - b / 2) ** 2 + 2 * b * budget_s)) / b)
+    else:
+        k = math.ceil(budget_s / a)
+    k = max(k, 1)
+    total = run(k)
+    if total >= budget_s:
+        if k == 1 or run(k - 1) < budget_s:
+            return k, total
+        if k == 2 or run(k - 2) < budget_s:
+            return k - 1, run(k - 1)
+    elif k > 1 and run(k - 1) >= budget_s and (k == 2 or run(k - 2) < budget_s):  # rounding
+        return k - 1, run(k - 1)
+    elif run(k + 1) >= budget_s:
+        return k + 1, run(k + 1)
+    lo, hi = 1, 2  # regime change inside the run: bisection over the closed form
+    while run(hi) < budget_s:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if run(mid) >= budget_s:
+            hi = mid
         else:
-            k = math.ceil(budget_s / a)
-        k = max(k, 1)
-        if run(k) >= budget_s and (k == 1 or run(k - 1) < budget_s):
-            return k
-        if k > 1 and run(k - 1) >= budget_s and (k == 2 or run(k - 2) < budget_s):
-            return k - 1
-        if run(k + 1) >= budget_s and run(k) < budget_s:
-            return k + 1
-        lo, hi = 1, 2  # regime change inside the run: bisection over the closed form
-        while run(hi) < budget_s:
-            lo, hi = hi, hi * 2
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if run(mid) >= budget_s:
-                hi = mid
-            else:
-                lo = mid
-        return hi
+            lo = mid
+    return hi, run(hi)

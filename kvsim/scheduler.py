@@ -142,7 +142,8 @@ class Scheduler:
 
     def _schedule_cohort(self, batch: Batch, budget: int) -> int:
         alloc, cohort = self.allocator, self.cohort
-        alloc.reserve(self._cohort_step_blocks)  # counted by _cohort_fits for this very step
+        if self._cohort_step_blocks:  # counted by _cohort_fits for this very step
+            alloc.reserve(self._cohort_step_blocks)
         batch.cohort_size = cohort.size
         batch.num_decode_seqs += cohort.size
         batch.decode_context_tokens += cohort.context + cohort.size
@@ -203,7 +204,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, batch: Batch) -> None:
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        batch.preempted.append(seq)
+        batch.preempted = [*batch.preempted, seq]
         blocks = self.allocator.blocks_for(seq.num_computed_tokens)  # the KV written so far, not a whole slab
         if self.preemption_mode == "swap" and self.num_swapped_blocks + blocks <= self.num_host_blocks:
             computed = seq.num_computed_tokens
@@ -274,7 +275,8 @@ class Scheduler:
             first = self._cohort_step_blocks  # reserved by schedule()
             k, need = cohort.affordable_steps(k, self.allocator.num_free_blocks + first)
             if k > 1:
-                self.allocator.reserve(need - first)
+                if need > first:
+                    self.allocator.reserve(need - first)
             else:
                 k = 1
         return k

@@ -58,7 +58,6 @@ class Sequence:
     reject_reason: str = ""
     run_order: int = 0  # when it last entered the running queue (vLLM's running order)
     cohort_clock: int = -1  # the decode cohort's clock when it joined; -1 outside the cohort
-    cohort_serial: int = 0
 
     @property
     def seq_id(self) -> int:

@@ -39,6 +39,7 @@ class Replica:
     backend: object
     idle: Optional[simpy.Event] = None
     cohort_last_token: float = 0.0  # when the scheduler's decode cohort last produced tokens
+    clock: float = 0.0  # when the engine last went idle (its steps may run ahead of env.now)
 
 
 def make_allocator(scenario, policy, num_blocks: int, max_model_len: int):
@@ -85,7 +86,7 @@ class Simulation:
                     for r in self.replicas)
         if stuck:
             raise RuntimeError(f"simulation ended with {stuck} requests unaccounted for")
-        return self.env.now
+        return max(self.env.now, *(rep.clock for rep in self.replicas))
 
     # ---- arrivals ------------------------------------------------------------------------
     def _arrivals(self, requests):
@@ -135,41 +136,46 @@ class Simulation:
         env, sched, backend, metrics = self.env, rep.scheduler, rep.backend, self.metrics
         alloc = sched.allocator
         fuse = getattr(backend, "fuses_decode_runs", False)
+        now = env.now  # this engine's clock: ahead of env.now while it needs no SimPy event (below)
         while True:
             if not sched.has_work:
+                rep.clock = now
                 rep.idle = env.event()
                 yield rep.idle
+                now = env.now
                 continue
             batch = sched.schedule()
             seqs, cohort_size = batch.seqs, batch.cohort_size
             if not seqs and not cohort_size:
                 raise RuntimeError("scheduler made no progress with work queued")
-            now = env.now
             for seq in batch.dissolved:
                 seq.last_token_time = rep.cohort_last_token
             for seq in seqs:
                 if seq.first_scheduled_time < 0:
                     seq.first_scheduled_time = now
-            k = 1
             if fuse and not seqs and not batch.preempted:  # cohort only: a decode run
-                budget = self.next_arrival_time - now  # steps that start before the next arrival
-                bound = 1 << 30 if budget == math.inf else (1 if budget <= 0 else backend.decode_steps_within(batch, budget))
-                if bound > 1:
-                    k = sched.extend_decode_run(batch, bound)
-                duration, first = backend.decode_run(batch, k)
+                # as many identical steps as start before the next arrival and end by the next finish
+                k, duration, first = backend.decode_run(batch, batch.min_output_left, self.next_arrival_time - now)
+                if k > 1:
+                    fits = sched.extend_decode_run(batch, k)  # reserves the blocks; fewer steps if they run out
+                    if fits < k:
+                        k, duration, first = backend.decode_run(batch, fits)
             else:
-                duration = first = backend.execute(batch)
-            yield env.timeout(duration)
+                k, duration = 1, backend.execute(batch)
+                first = duration
+            end = now + duration
+            # Only SimPy events due before the step ends (arrivals, other replicas' steps) can
+            # change what this engine sees next; while there are none, skip the timeout and go on.
+            if end >= env.peek():
+                yield env.timeout(end - env.now)
             self.num_steps += 1
             self.num_decode_steps += k
             emitted, finished = sched.postprocess(batch, k)
-            end = now + duration
             if emitted:
                 self._stamp_tokens(emitted, now + first, end)
-            if cohort_size:
-                metrics.record_itl(now + first - rep.cohort_last_token, cohort_size)
-                if k > 1:  # a run's steps differ by far less than a histogram bin: their mean
-                    metrics.record_itl((duration - first) / (k - 1), cohort_size * (k - 1))
+            if cohort_size:  # a run's later steps differ by far less than a histogram bin: their mean
+                metrics.record_run_itl(now + first - rep.cohort_last_token, cohort_size,
+                                       (duration - first) / (k - 1) if k > 1 else 0.0, cohort_size * (k - 1))
             rep.cohort_last_token = end
             if finished:
                 for seq in finished:
@@ -181,6 +187,7 @@ class Simulation:
             metrics.sample(end, rep.index, sched.num_running, len(sched.waiting), len(sched.swapped),
                            alloc.num_used_blocks, cached, alloc.num_free_blocks - cached,
                            alloc.reserved_unused_tokens, batch.num_tokens, alloc.external_fragmentation)
+            now = end
 
     def _stamp_tokens(self, emitted: list[Sequence], t_token: float, t_end: float) -> None:
         """Token times of the explicitly scheduled sequences (one token each, at t_token)."""

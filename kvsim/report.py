@@ -294,12 +294,12 @@ class ResultsWriter:
             parent.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(self.tmp_dir, ignore_errors=True)  # left by an earlier process with our pid
             self.tmp_dir.mkdir()
-            self._requests_file = open(self.tmp_dir / "requests.csv", "w", newline="", encoding="utf-8")
+            self.requests_file = open(self.tmp_dir / "requests.csv", "w", newline="", encoding="utf-8")  # Metrics writes rows
             self._timeseries_file = open(self.tmp_dir / "timeseries.csv", "w", newline="", encoding="utf-8")
         except OSError as exc:
             self.abort()
             raise KvsimError(f"{self.out_dir}: cannot create results folder ({exc.strerror})") from None
-        self.requests_csv = csv.writer(self._requests_file)
+        self.requests_csv = csv.writer(self.requests_file)
         self.requests_csv.writerow(REQUEST_COLUMNS)
         self._timeseries_csv = csv.writer(self._timeseries_file)
         self._timeseries_csv.writerow(TIMESERIES_COLUMNS)
@@ -315,7 +315,7 @@ class ResultsWriter:
         self._latencies[policy] = latencies
 
     def _close(self) -> None:
-        for f in (getattr(self, "_requests_file", None), getattr(self, "_timeseries_file", None)):
+        for f in (getattr(self, "requests_file", None), getattr(self, "_timeseries_file", None)):
             if f is not None and not f.closed:
                 f.close()
 

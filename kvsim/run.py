@@ -95,7 +95,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     try:
         for policy in chosen:
             metrics = Metrics(policy.name, scenario.slo, scenario.output.timeseries_interval_s,
-                              writer.requests_csv if writer else None)
+                              writer.requests_file if writer else None)
             tick = progress(policy.name, total) if progress else None
             t0 = time.perf_counter()
             summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick)

@@ -206,7 +206,7 @@ def test_summary_is_plain_json_and_extra_merges():
 
 def test_request_rows():
     buf = io.StringIO()
-    m = Metrics("paged", NO_SLO, 1.0, requests_csv=csv.writer(buf))
+    m = Metrics("paged", NO_SLO, 1.0, requests_file=buf)
     m.on_finish(make_seq(7, 1.0, 1.5, 3.5, 5, prompt=64, scheduled=1.25, cached=16, preempt=1))
     m.on_finish(make_seq(8, 2.0, 2.25, 2.25, 1))
     rej = make_seq(9, 3.0, -1.0, 3.0, 0, scheduled=-1.0)
@@ -221,6 +221,18 @@ def test_request_rows():
     assert b["mean_itl_s"] == "" and float(b["ttft_s"]) == 0.25
     assert c["reject_reason"] == "kv_capacity" and c["ttft_s"] == c["first_token_s"] == c["first_scheduled_s"] == ""
     assert float(c["finish_s"]) == 3.0
+
+
+def test_request_rows_quote_the_policy_and_keep_twelve_digits():
+    buf = io.StringIO()
+    m = Metrics('fp8, "tuned"', NO_SLO, 1.0, requests_file=buf)
+    arrival = 3599.123456789012
+    m.on_finish(make_seq(1, arrival, arrival + 0.0123456789, arrival + 7.5, 300))
+    (row,) = csv.DictReader(io.StringIO(buf.getvalue()), fieldnames=REQUEST_COLUMNS)
+    assert row["policy"] == 'fp8, "tuned"' and row["status"] == "finished"
+    assert row["arrival_s"] == "3599.12345679"  # 12 significant digits
+    assert float(row["ttft_s"]) == pytest.approx(0.0123456789, rel=1e-11)
+    assert float(row["mean_itl_s"]) == pytest.approx((7.5 - 0.0123456789) / 299, rel=1e-11)
 
 
 def test_bulk_itl_binning_equals_one_by_one():

@@ -177,7 +177,7 @@ class BlockManager:
     # ---- allocation ----------------------------------------------------------------------
     def _num_revived(self, blocks: Seq[int]) -> int:
         ref = self.ref_cnt
-        return [ref[b] for b in blocks].count(0) if blocks else 0
+        return list(map(ref.__getitem__, blocks)).count(0) if blocks else 0
 
     def _fits(self, need: int, computed_blocks: Seq[int]) -> bool:
         """Are `need` new blocks free, besides the cached hits that leave the free queue?"""

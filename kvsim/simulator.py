@@ -198,4 +198,5 @@ class Simulation:
             else:
                 gaps.append(t_token - seq.last_token_time)
             seq.last_token_time = t_end
-        self.metrics.record_itls(gaps)
+        if gaps:
+            self.metrics.record_itls(gaps)

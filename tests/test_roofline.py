@@ -104,6 +104,20 @@ def test_decode_steps_within_matches_brute_force(sm, n, per_seq, budget):
     assert k == brute or sm.decode_run_time(n, ctx, min(k, brute)) == pytest.approx(budget, rel=1e-12)
 
 
+@settings(max_examples=100, deadline=None)
+@given(sm=step_models(), n=st.integers(1, 512), per_seq=st.integers(1, 8000), max_steps=st.integers(1, 300),
+       budget=st.floats(1e-4, 2.0) | st.just(float("inf")))
+def test_decode_run_within_stops_at_the_budget_or_max_steps(sm, n, per_seq, max_steps, budget):
+    ctx = n * per_seq
+    k, total, first = sm.decode_run_within(n, ctx, max_steps, budget)
+    expect = max_steps if budget == float("inf") else min(max_steps, brute_steps_within(sm, n, ctx, budget))
+    # the two sums may round differently exactly at the boundary; never by more than that
+    assert k == expect or sm.decode_run_time(n, ctx, min(k, expect)) == pytest.approx(budget, rel=1e-12)
+    assert total == pytest.approx(brute_run(sm, n, ctx, k), rel=1e-10)
+    assert first == pytest.approx(sm.step_time(decode(n, ctx)), rel=1e-12)
+    assert k == max_steps or total >= budget  # stopped early only at the step that reaches the budget
+
+
 @settings(max_examples=200, deadline=None)
 @given(a1=st.floats(-10, 10), b1=st.floats(-1, 1), a2=st.floats(-10, 10), b2=st.floats(-1, 1),
        k=st.integers(0, 60))

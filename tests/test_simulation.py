@@ -125,6 +125,19 @@ def test_fused_decode_runs_match_step_by_step(monkeypatch, case):
         assert f["itl_s"]["mean"] == pytest.approx(s["itl_s"]["mean"], rel=1e-6)
 
 
+@pytest.mark.parametrize("case", ["tight memory, preemptions", "prefix groups, two replicas"])
+def test_engine_clock_running_ahead_of_simpy_changes_nothing(monkeypatch, case):
+    """Engines skip SimPy timeouts while no other event is due; yielding every step must agree exactly."""
+    import simpy
+
+    sc = make_scenario(**FUSION_CASES[case])
+    ahead, ahead_sum = per_request(monkeypatch, sc)
+    monkeypatch.setattr(simpy.Environment, "peek", lambda self: float("-inf"))  # every step yields
+    stepped, stepped_sum = per_request(monkeypatch, sc)
+    assert ahead == stepped and ahead
+    assert ahead_sum == stepped_sum
+
+
 # ---- policy effects ------------------------------------------------------------------------
 
 def test_paged_runs_more_sequences_than_contiguous_slabs():

@@ -231,10 +231,7 @@ class Metrics:
 
     def record_itl(self, gap_s: float, count: int = 1) -> None:
         """`count` inter-token gaps of `gap_s` seconds (buffered, binned in bulk)."""
-        self._itl_values.append(gap_s)
-        self._itl_counts.append(count)
-        if len(self._itl_values) >= ITL_BUFFER:
-            self._flush_itl()
+        self.record_run_itl(gap_s, count, 0.0, 0)
 
     def record_run_itl(self, first_gap_s: float, num_seqs: int, later_gap_s: float, later_count: int) -> None:
         """A decode run's gaps: num_seqs of first_gap_s (its first step), later_count of later_gap_s."""

@@ -17,9 +17,8 @@ import os
 import shutil
 from array import array
 from dataclasses import dataclass
-from pathlib import Path
-
 from importlib.resources import files
+from pathlib import Path
 
 import numpy as np
 from rich.table import Table
@@ -141,6 +140,11 @@ def cdf_points(values: np.ndarray, max_points: int = MAX_CDF_POINTS) -> tuple[np
 
 # ---- figures, as plotly.js data and layout
 
+def _suffix(cell: int) -> str:
+    """plotly's axis-name suffix of subplot `cell` (1-based): x, x2, x3, ..."""
+    return "" if cell == 1 else str(cell)
+
+
 @dataclass(slots=True)
 class _Plot:
     layout: dict
@@ -148,12 +152,11 @@ class _Plot:
 
     def add(self, trace: dict, cell: int = 1) -> None:
         """Add a trace to subplot `cell` (1-based, row by row)."""
-        if cell > 1:
-            trace["xaxis"], trace["yaxis"] = f"x{cell}", f"y{cell}"
+        trace["xaxis"], trace["yaxis"] = "x" + _suffix(cell), "y" + _suffix(cell)
         self.data.append(trace)
 
     def axis(self, kind: str, cell: int, **props) -> None:
-        self.layout[f"{kind}axis{cell if cell > 1 else ''}"].update(props)
+        self.layout[f"{kind}axis{_suffix(cell)}"].update(props)
 
 
 def _subplots(rows: int, cols: int, titles: list[str], title: str, height: int, shared_x: bool = False,
@@ -166,7 +169,7 @@ def _subplots(rows: int, cols: int, titles: list[str], title: str, height: int, 
     for i in range(rows * cols):
         r, c = divmod(i, cols)
         x0, y1 = c * (width + h_gap), 1 - r * (tall + v_gap)
-        n = "" if i == 0 else str(i + 1)
+        n = _suffix(i + 1)
         layout[f"xaxis{n}"] = {"domain": [x0, x0 + width], "anchor": f"y{n}"}
         layout[f"yaxis{n}"] = {"domain": [y1 - tall, y1], "anchor": f"x{n}"}
         if shared_x and i:

@@ -175,9 +175,8 @@ class StepModel:
 
     def decode_run(self, num_seqs: int, context_tokens: int, k: int) -> tuple[float, float]:
         """(seconds for the k steps, seconds for the first) of a run as in decode_run_time."""
-        lines = self._decode_lines(num_seqs, context_tokens)
-        first = lines[0] + lines[1]
-        return (first if k == 1 else _run_time(*lines, k)), first
+        _, total, first = self.decode_run_within(num_seqs, context_tokens, k, math.inf)
+        return total, first
 
     def decode_run_within(self, num_seqs: int, context_tokens: int, max_steps: int,
                           budget_s: float) -> tuple[int, float, float]:

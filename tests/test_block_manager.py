@@ -55,6 +55,34 @@ def test_double_free_and_unknown_block_raise():
         bm.deallocate(s)
 
 
+def test_a_sequence_of_another_allocator_or_a_replaced_table_raises():
+    mine, other = BlockManager(8, 4), BlockManager(8, 4)
+    s, t = seq_of(0, 8), seq_of(1, 8)
+    other.allocate(s, 8)  # ids 0, 1: in range for `mine` too
+    with pytest.raises(AllocationError, match="not allocated here"):
+        mine.deallocate(s)
+    mine.allocate(t, 8)
+    t.block_table = list(t.block_table)  # same ids, not the table `mine` gave it
+    with pytest.raises(AllocationError, match="not allocated here"):
+        mine.deallocate(t)
+    assert mine.num_free_blocks == 6 and other.num_free_blocks == 6
+
+
+def test_an_owned_table_edited_in_place_still_fails_the_reference_counts():
+    bm = BlockManager(8, 4)
+    prefix = list(range(8))
+    a, b = seq_of(0, 8, prefix), seq_of(1, 8, prefix)
+    bm.allocate(a, 8)
+    a.num_computed_tokens = 8
+    bm.allocate(b, 8)
+    b.num_computed_tokens = 8
+    b.block_table[1] = 7  # a free block at a shareable position
+    before = (list(bm.ref_cnt), bm.num_free_blocks)
+    with pytest.raises(AllocationError, match="which is free"):
+        bm.deallocate(b)
+    assert (list(bm.ref_cnt), bm.num_free_blocks) == before
+
+
 @pytest.mark.parametrize("bad_table, shares_prefix", [
     (lambda a, b: [b[0], -1], False),  # unknown ids
     (lambda a, b: [b[0], 99], False),

@@ -90,18 +90,14 @@ class BlockManager:
         self.num_free_blocks = num_blocks  # ref 0, cached content or not
         self.num_cached_blocks = 0  # ref 0 and still holding a hashed block (reusable)
         self._reserved = array("i")  # taken off the free queue for sequences that claim them later
-        self._table_slots = 0  # sum over sequences of len(block_table) * block_size (+ reserved)
-        self._computed_tokens = 0  # sum over sequences of the tokens their tables cover
+        # Slots held but not (yet) written: the tails of last blocks, and reserved blocks. Tables
+        # (and reservations) add their slots, written tokens take theirs off.
+        self.reserved_unused_tokens = 0
 
     # ---- queries -------------------------------------------------------------------------
     @property
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks
-
-    @property
-    def reserved_unused_tokens(self) -> int:
-        """Slots held by sequences but not (yet) written: the tails of last blocks."""
-        return self._table_slots - self._computed_tokens
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -214,8 +210,6 @@ class BlockManager:
             seq.block_table.extend(computed_blocks)
             seq.num_computed_tokens = hit_tokens
             seq.num_cached_tokens += hit_tokens
-            self._table_slots += hit_tokens
-            self._computed_tokens += hit_tokens
         self._grow(seq, num_new_tokens, need)
 
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
@@ -230,12 +224,11 @@ class BlockManager:
 
     def _grow(self, seq: Sequence, num_new_tokens: int, need: int) -> None:
         if not seq.block_table:
-            self._computed_tokens += seq.num_computed_tokens  # a swapped-in sequence brings its KV back
+            self.reserved_unused_tokens -= seq.num_computed_tokens  # a swapped-in sequence brings its KV back
         first_new_block = seq.num_computed_tokens // self.block_size
         if need:
             self._adopt(seq, self._pop_free(need))
-        self._table_slots += need * self.block_size
-        self._computed_tokens += num_new_tokens
+        self.reserved_unused_tokens += need * self.block_size - num_new_tokens
         if first_new_block < self._num_shareable(seq):
             self._register_full_blocks(seq, first_new_block, seq.num_computed_tokens + num_new_tokens)
 
@@ -257,7 +250,7 @@ class BlockManager:
             raise AllocationError(f"cannot reserve {n} blocks, {self.num_free_blocks} are free")
         if n:
             self._reserved.extend(self._pop_free(n))
-            self._table_slots += n * self.block_size
+            self.reserved_unused_tokens += n * self.block_size
 
     def claim(self, seq: Sequence) -> None:
         """Move reserved blocks into the sequence's table until it covers its computed tokens."""
@@ -275,7 +268,7 @@ class BlockManager:
 
     def note_written(self, num_tokens: int) -> None:
         """Account tokens written into slots the sequences already hold (the scheduler's fast path)."""
-        self._computed_tokens += num_tokens
+        self.reserved_unused_tokens -= num_tokens
 
     def deallocate(self, seq: Sequence) -> None:
         """Release the sequence's blocks; the ones holding cached content stay reusable until evicted."""
@@ -294,8 +287,7 @@ class BlockManager:
             self._free.append([freed, 0, True])
             self.num_cached_blocks += sum(1 for b in freed if self.block_hash[b] != NO_HASH)
         self.num_free_blocks += len(private) + len(freed)
-        self._table_slots -= len(table) * self.block_size
-        self._computed_tokens -= seq.num_computed_tokens
+        self.reserved_unused_tokens -= len(table) * self.block_size - seq.num_computed_tokens
         del self._tables[seq]
         seq.block_table = array("i")
         seq.num_computed_tokens = 0

@@ -33,16 +33,12 @@ class ContiguousAllocator:
         self.reserve_mode = reserve
         self.extents: list[tuple[int, int]] = [(0, num_blocks)]  # free (start, length), sorted by start
         self.num_free_blocks = num_blocks
-        self._computed_tokens = 0  # sum of num_computed_tokens over sequences holding a slab
+        self.reserved_unused_tokens = 0  # slab slots not (yet) written
 
     # ---- queries -------------------------------------------------------------------------
     @property
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks
-
-    @property
-    def reserved_unused_tokens(self) -> int:
-        return self.num_used_blocks * self.block_size - self._computed_tokens
 
     @property
     def largest_free_extent(self) -> int:
@@ -107,8 +103,8 @@ class ContiguousAllocator:
                 self.extents[i] = (start + n, length - n)
             self.num_free_blocks -= n
             seq.block_table = range(start, start + n)
-            self._computed_tokens += seq.num_computed_tokens  # swapped-in sequences keep their KV
-        self._computed_tokens += num_new_tokens
+            self.reserved_unused_tokens += n * self.block_size - seq.num_computed_tokens  # swapped-in KV is written
+        self.reserved_unused_tokens -= num_new_tokens
 
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
         return bool(seq.block_table) and self._fits(seq, num_new_tokens)
@@ -116,10 +112,10 @@ class ContiguousAllocator:
     def append(self, seq: Sequence, num_new_tokens: int = 1) -> None:
         if not self.can_append(seq, num_new_tokens):
             raise AllocationError(f"sequence {seq.seq_id}: outgrew its slab of {len(seq.block_table)} blocks")
-        self._computed_tokens += num_new_tokens
+        self.reserved_unused_tokens -= num_new_tokens
 
     def note_written(self, num_tokens: int) -> None:
-        self._computed_tokens += num_tokens
+        self.reserved_unused_tokens -= num_tokens
 
     def reserve(self, n: int) -> None:
         if n:
@@ -135,7 +131,7 @@ class ContiguousAllocator:
         start, n = table[0], len(table)
         if start < 0 or start + n > self.num_blocks or any(s < start + n and start < s + m for s, m in self.extents):
             raise AllocationError(f"sequence {seq.seq_id}: slab {start}+{n} is not allocated")
-        self._computed_tokens -= seq.num_computed_tokens
+        self.reserved_unused_tokens -= n * self.block_size - seq.num_computed_tokens
         self.num_free_blocks += n
         insort(self.extents, (start, n))
         self._coalesce()

@@ -129,7 +129,9 @@ class LogHistogram:
 class _ReplicaSeries:
     """Time-series state of one replica: the open bucket's last sample and the KV-usage integral."""
 
+    index: int = 0  # the replica's
     bucket: int = -1
+    bucket_end: float = -math.inf  # a little before the open bucket's end (see Metrics.sample)
     last: tuple = ()  # (t, running, waiting, swapped, used, cached, free, reserved_unused, ext_frag) of the open bucket
     batch_max: int = 0
     running: int = 0
@@ -258,18 +260,19 @@ class Metrics:
 
     # ---- time series (called every engine step: keep it cheap)
 
-    def sample(self, t: float, replica: int, running: int, waiting: int, swapped: int, blocks_used: int,
-               blocks_cached: int, blocks_free: int, reserved_unused_tokens: int, batch_tokens: int,
-               external_fragmentation: float = 0.0) -> None:
+    def series(self, replica: int) -> _ReplicaSeries:
+        """The replica's time series, which `sample` takes."""
         r = self._replicas.get(replica)
         if r is None:
-            r = self._replicas[replica] = _ReplicaSeries(first_t=t, last_t=t)
-        bucket = int(t // self.interval)
-        if bucket != r.bucket:
-            if r.last:
-                self._rows.append(self._row(replica, r))
-            r.bucket = bucket
-            r.batch_max = batch_tokens
+            r = self._replicas[replica] = _ReplicaSeries(replica)
+        return r
+
+    def sample(self, t: float, r: _ReplicaSeries, running: int, waiting: int, swapped: int, blocks_used: int,
+               blocks_cached: int, blocks_free: int, reserved_unused_tokens: int, batch_tokens: int,
+               external_fragmentation: float = 0.0) -> None:
+        """The replica's state after an engine step ending at t (`r`: `series(replica)`)."""
+        if t >= r.bucket_end:
+            self._next_bucket(r, t, batch_tokens)
         elif batch_tokens > r.batch_max:
             r.batch_max = batch_tokens
         r.used_seconds += r.last_used * (t - r.last_t)  # the previous sample's usage held until now
@@ -288,13 +291,30 @@ class Metrics:
         if self._waiting_now > self.peak_waiting:
             self.peak_waiting = self._waiting_now
 
-    def _row(self, replica: int, r: _ReplicaSeries) -> tuple:
+    def _next_bucket(self, r: _ReplicaSeries, t: float, batch_tokens: int) -> None:
+        """Close the open row if t is in a later bucket. `bucket_end` sits 1e-12 (relative) before
+        the true end, so float rounding never lets a later bucket through: t between the two lands
+        here and finds its bucket by floor division, as rows are keyed."""
+        bucket = int(t // self.interval)
+        if bucket == r.bucket:
+            if batch_tokens > r.batch_max:
+                r.batch_max = batch_tokens
+            return
+        if r.last:
+            self._rows.append(self._row(r))
+        else:
+            r.first_t = r.last_t = t
+        r.bucket = bucket
+        r.bucket_end = (bucket + 1) * self.interval * (1 - 1e-12)
+        r.batch_max = batch_tokens
+
+    def _row(self, r: _ReplicaSeries) -> tuple:
         t, *counts, frag = r.last
-        return (self.policy, replica, round(t, 6), *counts, round(frag, 6), r.batch_max)
+        return (self.policy, r.index, round(t, 6), *counts, round(frag, 6), r.batch_max)
 
     def timeseries_rows(self) -> list[tuple]:
         """Rows for timeseries.csv (columns `TIMESERIES_COLUMNS`), by time then replica."""
-        open_rows = [self._row(i, r) for i, r in self._replicas.items() if r.last]
+        open_rows = [self._row(r) for r in self._replicas.values() if r.last]
         return sorted(self._rows + open_rows, key=lambda row: (row[2], row[1]))
 
     def latencies(self) -> dict[str, np.ndarray]:
@@ -308,7 +328,7 @@ class Metrics:
     def _kv_summary(self, num_blocks: int, block_size: int, bytes_per_block: int) -> dict:
         """Peak is the largest one replica reached; the mean is time-weighted over each replica's
         samples (a value holds until the next sample) and averaged over replicas by time."""
-        reps = self._replicas.values()
+        reps = [r for r in self._replicas.values() if r.last]  # replicas that ran a step
         peak = max((r.peak_used for r in reps), default=0)
         span = sum(r.last_t - r.first_t for r in reps)
         used_seconds = sum(r.used_seconds for r in reps)

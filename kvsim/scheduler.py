@@ -50,6 +50,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
         self.num_preemptions = 0
+        self.num_running = 0  # running sequences, cohort members included
+        self.num_unfinished = 0  # sequences added and not yet finished: waiting, running or swapped
         self._order = 0
         self._cohort_step_blocks = 0
 
@@ -76,18 +78,16 @@ class Scheduler:
             return False
         seq.status = WAITING
         self.waiting.append(seq)
+        self.num_unfinished += 1
         return True
 
     @property
-    def num_running(self) -> int:
-        return len(self.running) + (self.cohort.size if self.cohort else 0)
-
-    @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.swapped or (self.cohort and self.cohort.size))
+        return self.num_unfinished > 0
 
     def _enter_running(self, seq: Sequence) -> None:
         seq.status = RUNNING
+        self.num_running += 1
         self._order += 1
         seq.run_order = self._order
         self.running.append(seq)
@@ -204,6 +204,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, batch: Batch) -> None:
         seq.num_preemptions += 1
         self.num_preemptions += 1
+        self.num_running -= 1
         batch.preempted = [*batch.preempted, seq]
         blocks = self.allocator.blocks_for(seq.num_computed_tokens)  # the KV written so far, not a whole slab
         if self.preemption_mode == "swap" and self.num_swapped_blocks + blocks <= self.num_host_blocks:
@@ -254,8 +255,11 @@ class Scheduler:
                     joined = True
         if joined or finished:
             self.running = [s for s in self.running if s.status is RUNNING and s.cohort_clock < 0]
-        for seq in finished:
-            self.allocator.deallocate(seq)
+        if finished:
+            self.num_running -= len(finished)
+            self.num_unfinished -= len(finished)
+            for seq in finished:
+                self.allocator.deallocate(seq)
         return emitted, finished
 
     # ---- runs of identical decode steps ----------------------------------------------------

@@ -28,8 +28,7 @@ AFFINITY_LOAD_FACTOR, AFFINITY_LOAD_SLACK = 2, 8
 
 
 def _load(rep) -> int:
-    s = rep.scheduler
-    return s.num_running + len(s.waiting) + len(s.swapped)
+    return rep.scheduler.num_unfinished
 
 
 @dataclass(slots=True)
@@ -82,8 +81,7 @@ class Simulation:
         for rep in self.replicas:
             self.env.process(self._engine_loop(rep))
         self.env.run()
-        stuck = sum(r.scheduler.num_running + len(r.scheduler.waiting) + len(r.scheduler.swapped)
-                    for r in self.replicas)
+        stuck = sum(r.scheduler.num_unfinished for r in self.replicas)
         if stuck:
             raise RuntimeError(f"simulation ended with {stuck} requests unaccounted for")
         return max(self.env.now, *(rep.clock for rep in self.replicas))
@@ -135,10 +133,11 @@ class Simulation:
     def _engine_loop(self, rep: Replica):
         env, sched, backend, metrics = self.env, rep.scheduler, rep.backend, self.metrics
         alloc = sched.allocator
+        series = metrics.series(rep.index)
         fuse = getattr(backend, "fuses_decode_runs", False)
         now = env.now  # this engine's clock: ahead of env.now while it needs no SimPy event (below)
         while True:
-            if not sched.has_work:
+            if not sched.num_unfinished:
                 rep.clock = now
                 rep.idle = env.event()
                 yield rep.idle
@@ -183,9 +182,9 @@ class Simulation:
                     backend.free(seq)
                     metrics.on_finish(seq)
                 self._ended(len(finished))
-            cached = alloc.num_cached_blocks
-            metrics.sample(end, rep.index, sched.num_running, len(sched.waiting), len(sched.swapped),
-                           alloc.num_used_blocks, cached, alloc.num_free_blocks - cached,
+            free, cached = alloc.num_free_blocks, alloc.num_cached_blocks
+            metrics.sample(end, series, sched.num_running, len(sched.waiting), len(sched.swapped),
+                           alloc.num_blocks - free, cached, free - cached,
                            alloc.reserved_unused_tokens, batch.num_tokens, alloc.external_fragmentation)
             now = end
 

@@ -28,7 +28,7 @@ def summarize(m, duration=10.0, num_blocks=100):
 
 
 def sample(m, t, replica=0, *, running=0, waiting=0, used=0, batch=0):
-    m.sample(t, replica, running=running, waiting=waiting, swapped=0, blocks_used=used, blocks_cached=1,
+    m.sample(t, m.series(replica), running=running, waiting=waiting, swapped=0, blocks_used=used, blocks_cached=1,
              blocks_free=100 - used, reserved_unused_tokens=0, batch_tokens=batch)
 
 
@@ -244,3 +244,20 @@ def test_bulk_itl_binning_equals_one_by_one():
     b.add_many(values)
     assert np.array_equal(a.counts, b.counts) and a.count == b.count
     assert a.min == b.min and a.max == b.max and abs(a.total - b.total) < 1e-9 * a.total
+
+
+def test_a_replica_that_never_ran_a_step_is_left_out():
+    m = Metrics("p", NO_SLO, 1.0)
+    m.series(1)  # the engine loop takes its series before its first step
+    sample(m, 0.0, 0, used=10)
+    kv = summarize(m, num_blocks=100)["kv"]
+    assert kv["mean_used_fraction"] == pytest.approx(0.1) and kv["peak_used_blocks"] == 10
+    assert [row[1] for row in m.timeseries_rows()] == [0]
+
+
+def test_rows_are_keyed_by_floor_division_at_bucket_edges():
+    m = Metrics("p", NO_SLO, 0.1)
+    assert 0.5 >= 5 * 0.1 and 0.5 // 0.1 == 4  # 0.5 is past the product but in bucket 4
+    for t in (0.41, 0.45, 0.5, 0.51, 0.75):
+        sample(m, t, used=int(t * 100))
+    assert [row[2] for row in m.timeseries_rows()] == [0.5, 0.51, 0.75]  # one row a bucket, its last sample

@@ -33,7 +33,7 @@ def run_policy(writer, policy, n, slowdown):
     m.on_reject(rej)
     for step in range(40):
         for replica in (0, 1):
-            m.sample(step * 0.1, replica, running=step % 5, waiting=step % 3, swapped=0, blocks_used=step,
+            m.sample(step * 0.1, m.series(replica), running=step % 5, waiting=step % 3, swapped=0, blocks_used=step,
                      blocks_cached=2, blocks_free=100 - step, reserved_unused_tokens=0, batch_tokens=64)
     writer.add_timeseries(policy, m.timeseries_rows())
     return m.summary(duration_s=4.0, num_blocks=100, block_size=16, bytes_per_block=4096)

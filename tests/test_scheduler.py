@@ -407,6 +407,8 @@ def drive(cfg: Config, requests, cohort=False, fuse=None, max_events=20000, stat
         assert batch.num_tokens == sum(batch.num_new_tokens) + batch.cohort_size <= sched.max_num_batched_tokens
         assert len(set(map(id, batch.seqs))) == len(batch.seqs)
         assert sched.num_running <= cfg.max_num_seqs
+        assert sched.num_running == len(sched.running) + (sched.cohort.size if sched.cohort else 0)
+        assert sched.num_unfinished == sched.num_running + len(sched.waiting) + len(sched.swapped)
         assert all(s.status is RUNNING for s in batch.seqs)
         assert all(s.status in (WAITING, SWAPPED) for s in batch.preempted)
         k = 1
@@ -431,6 +433,8 @@ def drive(cfg: Config, requests, cohort=False, fuse=None, max_events=20000, stat
             assert s.status is FINISHED and not s.block_table
             assert s.num_output_tokens == s.request.output_len
         assert sched.allocator.reserved_unused_tokens >= 0
+        assert sched.num_running == len(sched.running) + (sched.cohort.size if sched.cohort else 0)
+        assert sched.num_unfinished == sched.num_running + len(sched.waiting) + len(sched.swapped)
         if not cohort:
             for s in sched.running:
                 assert s.num_output_tokens < s.request.output_len

@@ -102,9 +102,15 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def peak_blocks(self, seq: Sequence) -> int:
+        """Blocks the sequence holds once it has all its tokens."""
+        req = seq.request
+        return -(-(req.prompt_len + req.output_len) // self.block_size)
+
     def num_blocks_needed(self, seq: Sequence, num_new_tokens: int, num_hit_blocks: int = 0) -> int:
-        total = self.blocks_for(seq.num_computed_tokens + num_new_tokens + num_hit_blocks * self.block_size)
-        return max(0, total - len(seq.block_table) - num_hit_blocks)
+        bs = self.block_size
+        need = -(-(seq.num_computed_tokens + num_new_tokens) // bs) - len(seq.block_table)  # hits are whole blocks
+        return need if need > 0 else 0
 
     def free_block_ids(self) -> list[int]:
         """The free queue in LRU order (head first), stale entries skipped. For checks, not hot paths."""

@@ -90,11 +90,11 @@ class DecodeCohort:
         blocks. With steps = a*bs + b that is a, plus one if q is 0 or q > bs - b (b > 0): every
         member's `a`, and one more for the members in a cyclic range of b residues.
         """
+        if steps == 1:  # the every-step case: members whose last block is full
+            return self.residues[-self.clock % self.block_size] if self.grows else 0
         if not self.grows or steps <= 0:
             return 0
         bs = self.block_size
-        if steps == 1:  # the every-step case: members whose last block is full
-            return self.residues[-self.clock % bs]
         a, b = divmod(steps, bs)
         total = a * self.size
         if b:

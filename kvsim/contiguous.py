@@ -59,6 +59,8 @@ class ContiguousAllocator:
         tokens = self.max_model_len if self.reserve_mode == "max_model_len" else req.prompt_len + req.output_len
         return self.blocks_for(tokens)
 
+    peak_blocks = slab_blocks  # a sequence holds its slab from admission to the end
+
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         base = seq.block_table[0] * self.block_size
         return list(range(base + start, base + end))

@@ -15,7 +15,6 @@ import io
 import math
 from array import array
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Optional
 
 import numpy as np
@@ -151,6 +150,8 @@ class Metrics:
         """`requests_file`: a text file (opened with newline="") that gets one requests.csv row per request."""
         self.policy = policy
         self.slo = slo
+        self._ttft_ms, self._itl_ms, self._e2e_ms = (math.inf if v is None else v
+                                                     for v in (slo.ttft_ms, slo.itl_ms, slo.e2e_ms))
         self.interval = timeseries_interval_s
         self.requests_file = requests_file
         self.requests_csv = csv.writer(requests_file) if requests_file is not None else None
@@ -162,8 +163,8 @@ class Metrics:
         self.e2e = array("d")
         self.tpot = array("d")  # per-request mean ITL, requests with >= 2 output tokens only
         self.itl = LogHistogram()
-        self._itl_values: list[float] = []  # (gap, count) records not yet binned
-        self._itl_counts: list[int] = []
+        self._itl_runs: list = []  # (gap, count, gap, count) records not yet binned, flat
+        self._itl_gaps: list[float] = []  # single gaps not yet binned
         self.num_finished = 0
         self.num_good = 0
         self.rejected_by_reason: dict[str, int] = {}
@@ -191,7 +192,8 @@ class Metrics:
         if tpot is not None:
             self.tpot.append(tpot)
         self.num_finished += 1
-        self.num_good += self.meets_slo(ttft, tpot, e2e)
+        if ttft * 1e3 <= self._ttft_ms and e2e * 1e3 <= self._e2e_ms and (tpot is None or tpot * 1e3 <= self._itl_ms):
+            self.num_good += 1  # meets every bound the SLO gives (an absent one is infinite); one token has no ITL to miss
         self.prompt_tokens += seq.request.prompt_len
         self.output_tokens += n_out
         self.prefix_hit_tokens += seq.num_cached_tokens
@@ -208,13 +210,6 @@ class Metrics:
         self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
         self.preemptions += seq.num_preemptions
         self._write_rejected_row(seq)
-
-    def meets_slo(self, ttft: float, tpot: Optional[float], e2e: float) -> bool:
-        """Every bound the SLO gives holds; a one-token request has no ITL to miss."""
-        slo = self.slo
-        return ((slo.ttft_ms is None or ttft * 1e3 <= slo.ttft_ms)
-                and (slo.itl_ms is None or tpot is None or tpot * 1e3 <= slo.itl_ms)
-                and (slo.e2e_ms is None or e2e * 1e3 <= slo.e2e_ms))
 
     def _write_rejected_row(self, seq: Sequence) -> None:
         if self.requests_csv is None:
@@ -237,26 +232,25 @@ class Metrics:
 
     def record_run_itl(self, first_gap_s: float, num_seqs: int, later_gap_s: float, later_count: int) -> None:
         """A decode run's gaps: num_seqs of first_gap_s (its first step), later_count of later_gap_s."""
-        values, counts = self._itl_values, self._itl_counts
-        values.append(first_gap_s)
-        counts.append(num_seqs)
-        if later_count:
-            values.append(later_gap_s)
-            counts.append(later_count)
-        if len(values) >= ITL_BUFFER:
+        runs = self._itl_runs
+        runs += (first_gap_s, num_seqs, later_gap_s, later_count)
+        if len(runs) >= ITL_BUFFER:
             self._flush_itl()
 
     def record_itls(self, gaps: list[float]) -> None:
         """One inter-token gap each."""
-        self._itl_values.extend(gaps)
-        self._itl_counts.extend(repeat(1, len(gaps)))
-        if len(self._itl_values) >= ITL_BUFFER:
+        self._itl_gaps += gaps
+        if len(self._itl_gaps) >= ITL_BUFFER:
             self._flush_itl()
 
     def _flush_itl(self) -> None:
-        self.itl.add_many(self._itl_values, self._itl_counts)
-        self._itl_values.clear()
-        self._itl_counts.clear()
+        if self._itl_runs:
+            runs = np.array(self._itl_runs, dtype=np.float64).reshape(-1, 2)  # (gap, count) rows
+            self.itl.add_many(runs[:, 0], runs[:, 1].astype(np.int64))
+            self._itl_runs.clear()
+        if self._itl_gaps:
+            self.itl.add_many(self._itl_gaps)
+            self._itl_gaps.clear()
 
     # ---- time series (called every engine step: keep it cheap)
 

@@ -62,10 +62,7 @@ class Scheduler:
         total = req.prompt_len + req.output_len
         if total > self.max_model_len:
             return f"prompt + output = {total} tokens exceeds max_model_len {self.max_model_len}"
-        if hasattr(alloc, "slab_blocks"):
-            need = alloc.slab_blocks(seq)
-        else:
-            need = alloc.blocks_for(total)
+        need = alloc.peak_blocks(seq)
         if need > alloc.num_blocks:
             return f"needs {need} KV blocks, the cache holds {alloc.num_blocks}"
         return ""
@@ -134,21 +131,22 @@ class Scheduler:
         alloc, cohort = self.allocator, self.cohort
         self._cohort_step_blocks = blocks = cohort.blocks_needed(1)
         tokens = cohort.size
-        for seq in self.running:
-            n = seq.num_tokens - seq.num_computed_tokens
-            tokens += n
-            blocks += alloc.num_blocks_needed(seq, n)
+        if self.running:
+            for seq in self.running:
+                n = seq.num_tokens - seq.num_computed_tokens
+                tokens += n
+                blocks += alloc.num_blocks_needed(seq, n)
         return tokens <= budget and blocks <= alloc.num_free_blocks
 
     def _schedule_cohort(self, batch: Batch, budget: int) -> int:
-        alloc, cohort = self.allocator, self.cohort
+        """The cohort first (the batch is empty), then the running sequences, whole."""
+        alloc, cohort, size = self.allocator, self.cohort, self.cohort.size
         if self._cohort_step_blocks:  # counted by _cohort_fits for this very step
             alloc.reserve(self._cohort_step_blocks)
-        batch.cohort_size = cohort.size
-        batch.num_decode_seqs += cohort.size
-        batch.decode_context_tokens += cohort.context + cohort.size
+        batch.cohort_size = batch.num_decode_seqs = size
+        batch.decode_context_tokens = cohort.context + size
         batch.min_output_left = cohort.steps_to_next_finish()
-        budget -= cohort.size
+        budget -= size
         for seq in self.running:
             n = seq.num_tokens - seq.num_computed_tokens
             alloc.append(seq, n)
@@ -237,23 +235,23 @@ class Scheduler:
                 seq.num_tokens += 1
                 emitted.append(seq)
                 if seq.num_output_tokens >= seq.request.output_len:
+                    seq.status = FINISHED
                     finished.append(seq)
-        for seq in finished:
-            seq.status = FINISHED
+        left_running = bool(finished)  # explicitly scheduled sequences that leave the running list
         cohort = self.cohort
-        joined = False
         if cohort is not None:
             if batch.cohort_size:
                 cohort.advance(num_steps)
                 done = cohort.pop_finished()
-                for seq in done:
-                    seq.status = FINISHED
-                finished.extend(done)
+                if done:
+                    for seq in done:
+                        seq.status = FINISHED
+                    finished += done
             for seq in emitted:  # the next step of each is a decode: into the cohort
                 if seq.status is RUNNING:
                     cohort.join(seq)
-                    joined = True
-        if joined or finished:
+                    left_running = True
+        if left_running:
             self.running = [s for s in self.running if s.status is RUNNING and s.cohort_clock < 0]
         if finished:
             self.num_running -= len(finished)

@@ -10,14 +10,14 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 from enum import Enum, auto
-from typing import Optional, Sequence as Seq
+from typing import NamedTuple, Optional, Sequence as Seq
 
 import numpy as np
 
 
-@dataclass(slots=True, frozen=True)
-class Request:
-    """One request of the workload.
+class Request(NamedTuple):
+    """One request of the workload (a named tuple: immutable, and built three times faster than a
+    frozen dataclass, which matters at a million requests).
 
     `token_ids` is the prompt content where it is known and may be shared with other requests
     (a group's system prompt, a trace's prefix hash ids); it covers the first `len(token_ids)`

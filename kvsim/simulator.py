@@ -37,7 +37,6 @@ class Replica:
     scheduler: Scheduler
     backend: object
     idle: Optional[simpy.Event] = None
-    cohort_last_token: float = 0.0  # when the scheduler's decode cohort last produced tokens
     clock: float = 0.0  # when the engine last went idle (its steps may run ahead of env.now)
 
 
@@ -136,6 +135,7 @@ class Simulation:
         series = metrics.series(rep.index)
         fuse = getattr(backend, "fuses_decode_runs", False)
         now = env.now  # this engine's clock: ahead of env.now while it needs no SimPy event (below)
+        cohort_last_token = 0.0  # when the scheduler's decode cohort last produced tokens
         while True:
             if not sched.num_unfinished:
                 rep.clock = now
@@ -148,7 +148,7 @@ class Simulation:
             if not seqs and not cohort_size:
                 raise RuntimeError("scheduler made no progress with work queued")
             for seq in batch.dissolved:
-                seq.last_token_time = rep.cohort_last_token
+                seq.last_token_time = cohort_last_token
             for seq in seqs:
                 if seq.first_scheduled_time < 0:
                     seq.first_scheduled_time = now
@@ -173,9 +173,9 @@ class Simulation:
             if emitted:
                 self._stamp_tokens(emitted, now + first, end)
             if cohort_size:  # a run's later steps differ by far less than a histogram bin: their mean
-                metrics.record_run_itl(now + first - rep.cohort_last_token, cohort_size,
+                metrics.record_run_itl(now + first - cohort_last_token, cohort_size,
                                        (duration - first) / (k - 1) if k > 1 else 0.0, cohort_size * (k - 1))
-            rep.cohort_last_token = end
+            cohort_last_token = end
             if finished:
                 for seq in finished:
                     seq.last_token_time = seq.finish_time = end

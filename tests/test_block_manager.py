@@ -24,6 +24,12 @@ def test_100_token_prompt_takes_7_blocks_of_16():
     assert bm.reserved_unused_tokens == 7 * 16 - 100
 
 
+def test_peak_blocks_cover_prompt_and_every_output_token():
+    bm = BlockManager(32, 16)
+    assert bm.peak_blocks(seq_of(0, 100, output_len=28)) == 8  # 128 tokens: exactly 8 blocks
+    assert bm.peak_blocks(seq_of(1, 100, output_len=29)) == 9
+
+
 def test_slot_mapping_follows_block_table():
     bm = BlockManager(8, 4)
     s = seq_of(0, 6)

@@ -8,7 +8,7 @@ the timestamps that metrics turn into TTFT, inter-token latency and end-to-end l
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum, auto
 from typing import NamedTuple, Optional, Sequence as Seq
 
@@ -40,24 +40,39 @@ class SequenceStatus(Enum):
     REJECTED = auto()
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class Sequence:
+    """One request's life in an engine; `Sequence(request)` starts it waiting, with nothing computed.
+    (__init__ is written out: a generated one with 16 defaults costs twice as much, per request.)"""
+
     request: Request
-    status: SequenceStatus = SequenceStatus.WAITING
-    num_computed_tokens: int = 0  # tokens whose KV is in the cache (prompt and output)
-    num_output_tokens: int = 0  # tokens generated so far
-    num_tokens: int = 0  # prompt + generated: what the KV cache must hold to compute the next token
-    block_table: Seq[int] = field(default_factory=lambda: array("i"))  # block ids, as the allocator keeps them
-    block_hashes: Optional[tuple] = None  # (chained hashes, token bytes) of the shareable full blocks, lazily
-    num_cached_tokens: int = 0  # prompt tokens served by prefix-cache hits, over all admissions
-    num_preemptions: int = 0
-    first_scheduled_time: float = -1.0
-    first_token_time: float = -1.0
-    last_token_time: float = -1.0
-    finish_time: float = -1.0
-    reject_reason: str = ""
-    run_order: int = 0  # when it last entered the running queue (vLLM's running order)
-    cohort_clock: int = -1  # the decode cohort's clock when it joined; -1 outside the cohort
+    status: SequenceStatus
+    num_computed_tokens: int  # tokens whose KV is in the cache (prompt and output)
+    num_output_tokens: int  # tokens generated so far
+    num_tokens: int  # prompt + generated: what the KV cache must hold to compute the next token
+    block_table: Seq[int]  # block ids, as the allocator keeps them
+    block_hashes: Optional[tuple]  # (chained hashes, token bytes) of the shareable full blocks, lazily
+    num_cached_tokens: int  # prompt tokens served by prefix-cache hits, over all admissions
+    num_preemptions: int
+    first_scheduled_time: float  # -1.0 until it happens, as the other times
+    first_token_time: float
+    last_token_time: float
+    finish_time: float
+    reject_reason: str
+    run_order: int  # when it last entered the running queue (vLLM's running order)
+    cohort_clock: int  # the decode cohort's clock when it joined; -1 outside the cohort
+
+    def __init__(self, request: Request):
+        self.request = request
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = self.num_output_tokens = self.num_cached_tokens = self.num_preemptions = 0
+        self.num_tokens = request.prompt_len
+        self.block_table = array("i")
+        self.block_hashes = None
+        self.first_scheduled_time = self.first_token_time = self.last_token_time = self.finish_time = -1.0
+        self.reject_reason = ""
+        self.run_order = 0
+        self.cohort_clock = -1
 
     @property
     def seq_id(self) -> int:
@@ -66,6 +81,3 @@ class Sequence:
     @property
     def prompt_len(self) -> int:
         return self.request.prompt_len
-
-    def __post_init__(self):
-        self.num_tokens = self.request.prompt_len + self.num_output_tokens

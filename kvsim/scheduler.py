@@ -131,11 +131,10 @@ class Scheduler:
         alloc, cohort = self.allocator, self.cohort
         self._cohort_step_blocks = blocks = cohort.blocks_needed(1)
         tokens = cohort.size
-        if self.running:
-            for seq in self.running:
-                n = seq.num_tokens - seq.num_computed_tokens
-                tokens += n
-                blocks += alloc.num_blocks_needed(seq, n)
+        for seq in self.running:
+            n = seq.num_tokens - seq.num_computed_tokens
+            tokens += n
+            blocks += alloc.num_blocks_needed(seq, n)
         return tokens <= budget and blocks <= alloc.num_free_blocks
 
     def _schedule_cohort(self, batch: Batch, budget: int) -> int:

@@ -128,7 +128,7 @@ class LogHistogram:
 class _ReplicaSeries:
     """Time-series state of one replica: the open bucket's last sample and the KV-usage integral."""
 
-    index: int = 0  # the replica's
+    index: int = 0  # which replica
     bucket: int = -1
     bucket_end: float = -math.inf  # a little before the open bucket's end (see Metrics.sample)
     last: tuple = ()  # (t, running, waiting, swapped, used, cached, free, reserved_unused, ext_frag) of the open bucket

@@ -146,9 +146,8 @@ class StepModel:
         kv_read = batch.prefill_context_tokens + batch.decode_context_tokens
         pairs = batch.prefill_attn_pairs + batch.decode_context_tokens
         compute = self.compute_time(tokens, seqs, pairs, kv_read)
-        memory = self.weights_s + (kv_read + tokens) * self.kv_s_per_token
-        return (self.overhead(seqs) + (compute if compute > memory else memory)
-                + self.allreduce_fixed_s + self.allreduce_s_per_token * tokens + swap)
+        memory = self.memory_time(tokens, kv_read)
+        return self.overhead(seqs) + (compute if compute > memory else memory) + self.allreduce_time(tokens) + swap
 
     def _decode_lines(self, n: int, x0: int) -> tuple:
         """(fixed, a, b, a_late, b_late, s): decode step i of n sequences holding x0 + i*n context

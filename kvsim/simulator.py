@@ -182,9 +182,9 @@ class Simulation:
                     backend.free(seq)
                     metrics.on_finish(seq)
                 self._ended(len(finished))
-            free, cached = alloc.num_free_blocks, alloc.num_cached_blocks
+            cached = alloc.num_cached_blocks
             metrics.sample(end, series, sched.num_running, len(sched.waiting), len(sched.swapped),
-                           alloc.num_blocks - free, cached, free - cached,
+                           alloc.num_used_blocks, cached, alloc.num_free_blocks - cached,
                            alloc.reserved_unused_tokens, batch.num_tokens, alloc.external_fragmentation)
             now = end
 

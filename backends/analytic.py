@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict
 
 from kvsim.batch import Batch
-from kvsim.roofline import Calibration, StepModel, load_calibration
+from kvsim.perf.roofline import Calibration, StepModel, load_calibration
 
 
 class AnalyticBackend:

@@ -30,8 +30,8 @@ def pick(summary: dict, path: tuple):
 
 
 def main() -> None:
-    from kvsim.config import load_scenario
     from kvsim.run import run_scenario
+    from kvsim.scenario.config import load_scenario
 
     scenario_path, measured_dir = Path(sys.argv[1]), Path(sys.argv[2])
     measured = json.loads((measured_dir / "summary.json").read_text())["policies"]

@@ -127,9 +127,9 @@ def floor_seconds(runner, spec, seqs, bandwidth: float) -> float:
 
 
 def analytic_blocks(spec) -> int:
-    from kvsim.catalog import GPUS
-    from kvsim.config import scenario_from_dict
-    from kvsim.memory import compute_capacity
+    from kvsim.perf.memory import compute_capacity
+    from kvsim.scenario.catalog import GPUS
+    from kvsim.scenario.config import scenario_from_dict
 
     sc = scenario_from_dict({"model": {"name": MODEL}, "policies": [{"name": "paged"}],
                              "engine": {"max_num_seqs": BATCH, "max_model_len": 4096},
@@ -141,7 +141,7 @@ def run_engine_section(out) -> dict:
     """Run the benchmark and write its markdown section to the text stream `out`; returns the numbers."""
     import torch
 
-    from kvsim.catalog import MODELS
+    from kvsim.scenario.catalog import MODELS
 
     spec = MODELS[MODEL]
     bw = copy_bandwidth(torch)
@@ -185,7 +185,7 @@ def run_engine_section(out) -> dict:
     w(f"- KV sizing: {prof.total / GiB:.1f} GiB x {prof.gpu_memory_utilization} - weights {prof.weights / GiB:.2f} - "
       f"activation peak {prof.activation_peak / GiB:.2f} - non-torch {prof.non_torch / GiB:.2f} - other "
       f"{prof.other_torch / GiB:.2f} GiB = {prof.num_blocks} blocks of {prof.bytes_per_block / 2**20:.1f} MiB "
-      f"(analytic kvsim.memory for H100-SXM: {analytic_blocks(spec)} blocks)\n")
+      f"(analytic kvsim.perf.memory for H100-SXM: {analytic_blocks(spec)} blocks)\n")
     return {"rows": rows, "copy_bandwidth": bw, "agreement": agree, "profile": prof}
 
 

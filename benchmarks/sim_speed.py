@@ -57,8 +57,8 @@ def run_cli(args: list[str]) -> tuple[float, float]:
 
 
 def azure(repeat: int) -> list[tuple]:
-    from kvsim.config import load_scenario
     from kvsim.run import run_scenario
+    from kvsim.scenario.config import load_scenario
 
     sc = load_scenario(ROOT / "scenarios/azure_conv.toml")
     sims, events = [], (0, 0)

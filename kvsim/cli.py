@@ -61,9 +61,9 @@ class _Progress:
 
 
 def cmd_run(args, console: Console) -> int:
-    from kvsim.config import load_scenario
-    from kvsim.report import comparison_table
+    from kvsim.results.report import comparison_table
     from kvsim.run import run_scenario
+    from kvsim.scenario.config import load_scenario
 
     scenario = load_scenario(args.scenario)
     if args.policy:
@@ -84,9 +84,9 @@ def cmd_run(args, console: Console) -> int:
 
 
 def cmd_memory(args, console: Console) -> int:
-    from kvsim.catalog import gpu_spec, model_spec
-    from kvsim.config import load_scenario
-    from kvsim.memory import render_memory
+    from kvsim.results.memory_report import render_memory
+    from kvsim.scenario.catalog import gpu_spec, model_spec
+    from kvsim.scenario.config import load_scenario
 
     scenario = load_scenario(args.scenario)
     for renderable in render_memory(scenario, model_spec(scenario), gpu_spec(scenario)):
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=160)  # pipes and logs: no truncated table
     try:
         if args.command == "schema":
-            from kvsim.config import json_schema
+            from kvsim.scenario.config import json_schema
             print(json_schema())
             return 0
         return {"run": cmd_run, "memory": cmd_memory}[args.command](args, console)

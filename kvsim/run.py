@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from backends import load_backend
-from kvsim.catalog import gpu_spec, model_spec
-from kvsim.memory import kv_capacity, max_model_len
-from kvsim.metrics import Metrics
-from kvsim.report import ResultsWriter
-from kvsim.simulator import Replica, Simulation, make_allocator, make_scheduler
-from kvsim.workload import expected_count, generate_requests
+from kvsim.engine.simulator import Replica, Simulation, make_allocator, make_scheduler
+from kvsim.perf.memory import kv_capacity, max_model_len
+from kvsim.results.metrics import Metrics
+from kvsim.results.writer import ResultsWriter
+from kvsim.scenario.catalog import gpu_spec, model_spec
+from kvsim.scenario.workload import expected_count, generate_requests
 
 GIB = 1 << 30
 

@@ -12,7 +12,7 @@ import copy  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from kvsim.config import scenario_from_dict  # noqa: E402
+from kvsim.scenario.config import scenario_from_dict  # noqa: E402
 from kvsim.sequence import Request, Sequence  # noqa: E402
 
 

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvsim import block_manager as bm_mod
-from kvsim.block_manager import AllocationError, BlockManager
+from kvsim.engine import block_manager as bm_mod
+from kvsim.engine.block_manager import AllocationError, BlockManager
 from kvsim.sequence import Request, Sequence
 
 

@@ -5,9 +5,9 @@ from dataclasses import replace
 
 import pytest
 
-from kvsim.catalog import GPUS, MODELS, gpu_spec, load_hf_config, model_spec
-from kvsim.config import load_scenario
 from kvsim.errors import KvsimError
+from kvsim.scenario.catalog import GPUS, MODELS, gpu_spec, load_hf_config, model_spec
+from kvsim.scenario.config import load_scenario
 
 # config.json files as published on the Hugging Face Hub (fields kvsim reads, plus a few it ignores).
 QWEN3_06B = {

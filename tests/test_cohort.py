@@ -3,8 +3,8 @@
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from kvsim.block_manager import BlockManager
-from kvsim.cohort import DecodeCohort
+from kvsim.engine.block_manager import BlockManager
+from kvsim.engine.cohort import DecodeCohort
 from kvsim.sequence import Request, Sequence
 
 

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvsim.block_manager import AllocationError
-from kvsim.contiguous import ContiguousAllocator
+from kvsim.engine.block_manager import AllocationError
+from kvsim.engine.contiguous import ContiguousAllocator
 
 from conftest import make_seq
 

@@ -5,11 +5,12 @@ from dataclasses import replace
 
 import pytest
 
-from kvsim.catalog import GPUS, MODELS
-from kvsim.config import scenario_from_dict
 from kvsim.errors import KvsimError
-from kvsim.memory import (GiB, activation_estimate, bytes_per_block, kv_bytes_per_token, kv_capacity,
-                          memory_table, prefill_flops, prefill_flops_saved, render_memory, table_lengths)
+from kvsim.perf.memory import (GiB, activation_estimate, bytes_per_block, kv_bytes_per_token, kv_capacity,
+                               prefill_flops, prefill_flops_saved)
+from kvsim.results.memory_report import memory_table, render_memory, table_lengths
+from kvsim.scenario.catalog import GPUS, MODELS
+from kvsim.scenario.config import scenario_from_dict
 
 LLAMA8, LLAMA70, QWEN06 = MODELS["Llama-3.1-8B"], MODELS["Llama-3.1-70B"], MODELS["Qwen3-0.6B"]
 H100 = GPUS["H100-SXM"]

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from kvsim.config import SloConfig
 from kvsim.errors import KvsimError
-from kvsim.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS, Metrics
-from kvsim.report import ResultsWriter, cdf_points, comparison_table, write_report_html
+from kvsim.results.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS, Metrics
+from kvsim.results.report import cdf_points, comparison_table, write_report_html
+from kvsim.results.writer import ResultsWriter
+from kvsim.scenario.config import SloConfig
 from kvsim.sequence import Request, Sequence
 
 POLICIES = ("paged-bf16", "contiguous_fp8")
@@ -181,7 +182,7 @@ def test_cdf_points_thinned_and_exact_at_the_ends():
 
 def test_in_memory_latencies_equal_the_csv_columns(tmp_path):
     """The report's CDFs come from Metrics.latencies(); they must be what requests.csv holds (to its 12 digits)."""
-    from kvsim.report import _read_latencies
+    from kvsim.results.report import _read_latencies
     writer = ResultsWriter(tmp_path / "res")
     with writer:
         metrics = {}

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.batch import Batch
-from kvsim.catalog import GPUS, MODELS
 from kvsim.errors import KvsimError
-from kvsim.roofline import Calibration, StepModel, _sum_max_lines, load_calibration
+from kvsim.perf.roofline import Calibration, StepModel, _sum_max_lines, load_calibration
+from kvsim.scenario.catalog import GPUS, MODELS
 
 LLAMA8, QWEN8, LLAMA70 = MODELS["Llama-3.1-8B"], MODELS["Qwen3-8B"], MODELS["Llama-3.1-70B"]
 H100, A100 = GPUS["H100-SXM"], GPUS["A100-80GB"]

@@ -23,9 +23,9 @@ try:
 except ImportError as exc:  # the kernel modules are written separately
     pytest.skip(f"triton engine not importable: {exc}", allow_module_level=True)
 
-from kvsim.catalog import ModelSpec, gpu_spec, model_spec  # noqa: E402
-from kvsim.config import scenario_from_dict  # noqa: E402
 from kvsim.errors import KvsimError  # noqa: E402
+from kvsim.scenario.catalog import ModelSpec, gpu_spec, model_spec  # noqa: E402
+from kvsim.scenario.config import scenario_from_dict  # noqa: E402
 from kvsim.sequence import Request, Sequence  # noqa: E402
 
 DEVICE = os.environ.get("KVSIM_TEST_DEVICE", "cpu")
@@ -184,7 +184,7 @@ def _scenario(**engine):
 
 def _backend(sc):
     from backends.triton_engine.backend import TritonBackend
-    from kvsim.memory import kv_capacity
+    from kvsim.perf.memory import kv_capacity
 
     model, gpu = model_spec(sc), gpu_spec(sc)
     return TritonBackend(sc, sc.policies[0], model, gpu, kv_capacity(sc, sc.policies[0], model, gpu))

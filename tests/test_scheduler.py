@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import HealthCheck, Phase, event, given, settings, strategies as st
 
-from kvsim.block_manager import BlockManager
-from kvsim.contiguous import ContiguousAllocator
-from kvsim.scheduler import Scheduler
+from kvsim.engine.block_manager import BlockManager
+from kvsim.engine.contiguous import ContiguousAllocator
+from kvsim.engine.scheduler import Scheduler
 from kvsim.sequence import Request, Sequence, SequenceStatus
 
 from conftest import make_seq

@@ -6,13 +6,13 @@ import json
 import pytest
 
 from backends.analytic import AnalyticBackend
-from kvsim.catalog import gpu_spec, model_spec
 from kvsim.cli import main
-from kvsim.config import scenario_from_dict
-from kvsim.memory import kv_capacity
-from kvsim.metrics import Metrics
+from kvsim.perf.memory import kv_capacity
+from kvsim.results.metrics import Metrics
 from kvsim.run import run_scenario
-from kvsim.workload import generate_requests
+from kvsim.scenario.catalog import gpu_spec, model_spec
+from kvsim.scenario.config import scenario_from_dict
+from kvsim.scenario.workload import generate_requests
 
 from conftest import make_scenario, scenario_dict
 

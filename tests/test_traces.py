@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvsim.config import scenario_from_dict
 from kvsim.errors import KvsimError
-from kvsim.traces import (MOONCAKE_BLOCK_SIZE, VOCAB_SIZE, block_token_ids, load_azure, load_csv,
-                          load_mooncake, load_trace)
+from kvsim.scenario.config import scenario_from_dict
+from kvsim.scenario.traces import (MOONCAKE_BLOCK_SIZE, VOCAB_SIZE, block_token_ids, load_azure, load_csv,
+                                   load_mooncake, load_trace)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MALFORMED = FIXTURES / "malformed"

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.config import scenario_from_dict
 from kvsim.errors import KvsimError
+from kvsim.scenario.config import scenario_from_dict
+from kvsim.scenario.workload import expected_count, generate_requests
 from kvsim.sequence import Request
-from kvsim.workload import expected_count, generate_requests
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -61,7 +61,7 @@ class TritonBackend:
         except KvsimError as exc:
             raise KvsimError(f"{scenario.source}: backend.name: {exc}") from None
         from backends.triton_engine.runner import ModelRunner, RunnerConfig
-        from kvsim.memory import max_model_len
+        from kvsim.perf.memory import max_model_len
 
         _release_previous()
         engine, self._torch = scenario.engine, torch

@@ -19,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-from kvsim.config import SloConfig
+from kvsim.scenario.config import SloConfig
 from kvsim.sequence import Sequence
 
 REQUEST_COLUMNS = (

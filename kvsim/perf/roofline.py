@@ -13,9 +13,9 @@ from functools import partial
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from kvsim.catalog import GpuSpec, ModelSpec
 from kvsim.errors import KvsimError, read_json_object
-from kvsim.memory import QUANTIZED_KV, bytes_per_block, kv_bytes_per_token, kv_elements_per_token
+from kvsim.perf.memory import QUANTIZED_KV, bytes_per_block, kv_bytes_per_token, kv_elements_per_token
+from kvsim.scenario.catalog import GpuSpec, ModelSpec
 
 _EFFICIENCIES = ("compute_efficiency", "attention_efficiency", "memory_efficiency")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 
 from kvsim.batch import Batch
-from kvsim.cohort import DecodeCohort
+from kvsim.engine.cohort import DecodeCohort
 from kvsim.sequence import Sequence, SequenceStatus
 
 RUNNING, WAITING, SWAPPED, FINISHED, REJECTED = (

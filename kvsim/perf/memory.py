@@ -1,5 +1,5 @@
 """KV-cache sizing: bytes per token and per block for each kv_cache_dtype, the per-GPU memory
-breakdown that yields the number of KV blocks, and the data behind `python -m kvsim memory`.
+breakdown that yields the number of KV blocks, and prefill FLOPs (what a prefix-cache hit saves).
 
 All figures are per GPU: weights and KV heads are sharded over tensor parallelism (KV heads are
 replicated once tp exceeds their number, as vLLM does).
@@ -10,14 +10,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvsim.catalog import GpuSpec, ModelSpec
 from kvsim.errors import KvsimError
+from kvsim.scenario.catalog import GpuSpec, ModelSpec
 
 GiB = 2**30
 KV_ELEM_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "int8": 1.0, "int4": 0.5}
 QUANTIZED_KV = frozenset({"fp8", "fp8_e4m3", "int8", "int4"})
 SCALE_BYTES = 4  # one float32 scale per token per KV head, for K and for V
-SEQ_LENS = (1024, 4096, 16384, 32768, 131072)  # lengths of the `kvsim memory` table
 
 
 def kv_elem_bytes(model: ModelSpec, kv_cache_dtype: str) -> float:
@@ -146,50 +145,6 @@ def kv_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec) -> KvCapacity:
     return cap
 
 
-@dataclass(slots=True, frozen=True)
-class MemoryRow:
-    """One sequence length under one policy: what a sequence reserves and how many fit."""
-
-    policy: str
-    allocator: str
-    kv_cache_dtype: str
-    seq_len: int
-    bytes_per_seq: int
-    num_seqs: int
-
-
-def table_lengths(max_len: int) -> list[int]:
-    return sorted({min(n, max_len) for n in SEQ_LENS})
-
-
-def reserved_tokens(policy, seq_len: int, block_size: int, max_len: int) -> int:
-    """KV slots a sequence of `seq_len` tokens holds: whole blocks when paged; a slab when contiguous."""
-    if policy.allocator == "paged":
-        return math.ceil(seq_len / block_size) * block_size
-    return max_len if policy.contiguous_reserve == "max_model_len" else seq_len
-
-
-def memory_table(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> list[MemoryRow]:
-    """Rows for every policy (crossed with `kv_dtypes` if given, else its own dtype) and table length."""
-    tp, max_len = scenario.hardware.tensor_parallel_size, max_model_len(scenario, model)
-    rows = []
-    for policy in scenario.policies:
-        for dtype in kv_dtypes or (policy.kv_cache_dtype,):
-            pol = replace_dtype(policy, dtype)
-            cap = compute_capacity(scenario, pol, model, gpu)
-            per_token = kv_bytes_per_token(model, dtype, tp)
-            for n in table_lengths(max_len):
-                slots = reserved_tokens(pol, n, cap.block_size, max_len)
-                rows.append(MemoryRow(policy.name, policy.allocator, dtype, n, math.ceil(slots * per_token),
-                                      cap.max_tokens // slots))
-    return rows
-
-
-def replace_dtype(policy, kv_cache_dtype: str):
-    return policy if policy.kv_cache_dtype == kv_cache_dtype else policy.model_copy(
-        update={"kv_cache_dtype": kv_cache_dtype})
-
-
 def prefill_flops(model: ModelSpec, num_tokens: int, context_tokens: int = 0) -> float:
     """FLOPs (all GPUs together) to prefill `num_tokens` after `context_tokens` already in the cache."""
     pairs = num_tokens * context_tokens + num_tokens * (num_tokens + 1) // 2
@@ -203,81 +158,3 @@ def prefill_flops_saved(model: ModelSpec, cached_tokens: int, total_prompt_token
         raise ValueError(f"cached_tokens {cached_tokens} not in [0, {total_prompt_tokens}]")
     rest = total_prompt_tokens - cached_tokens
     return prefill_flops(model, total_prompt_tokens) - prefill_flops(model, rest, cached_tokens)
-
-
-def typical_prompt_len(workload) -> int | None:
-    """A representative prompt length of a synthetic workload; None for trace lengths."""
-    d = workload.prompt_len
-    if d.dist == "fixed":
-        return d.value
-    if d.dist == "uniform":
-        return (d.min + d.max) // 2
-    return round(d.mean) if d.dist == "lognormal" else None
-
-
-def prefix_savings(scenario, model: ModelSpec) -> tuple[int, int, float, float] | None:
-    """(prefix_len, prompt_len, FLOPs saved per hit, FLOPs of the full prefill) for the scenario's
-    shared prefix, or None without one."""
-    prefix = scenario.workload.prefix
-    if prefix is None:
-        return None
-    total = max(prefix.prefix_len, typical_prompt_len(scenario.workload) or prefix.prefix_len)
-    return (prefix.prefix_len, total, prefill_flops_saved(model, prefix.prefix_len, total),
-            prefill_flops(model, total))
-
-
-def _gib(x: float) -> str:
-    return f"{x / GiB:,.2f} GiB"
-
-
-def _bytes(x: float) -> str:
-    return f"{x / 2**20:,.1f} MiB" if x < GiB else _gib(x)
-
-
-def render_memory(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> list:
-    """rich Tables for `kvsim memory`: the per-GPU breakdown per kv dtype, then bytes and fits per length."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    by_dtype: dict[str, list] = {}  # capacity depends on the dtype only
-    for p in scenario.policies:
-        for d in kv_dtypes or (p.kv_cache_dtype,):
-            by_dtype.setdefault(d, []).append(p)
-    tp = scenario.hardware.tensor_parallel_size
-    head = Table(title=f"KV capacity per GPU: {model.name} on {gpu.name}, tp={tp}")
-    head.add_column("")
-    caps, notes = [], []
-    for dtype, pols in by_dtype.items():
-        head.add_column(f"{dtype} ({', '.join(p.name for p in pols)})", justify="right")
-        pol = replace_dtype(pols[0], dtype)
-        caps.append(compute_capacity(scenario, pol, model, gpu))
-        try:
-            check_capacity(scenario, pol, model, gpu, caps[-1])
-        except KvsimError as exc:
-            notes.append(escape(str(exc)))
-    for i, (label, _) in enumerate(caps[0].rows()):
-        head.add_row(label, *(_gib(c.rows()[i][1]) for c in caps))
-    head.add_row("bytes per block", *(f"{c.bytes_per_block:,}" for c in caps))
-    head.add_row("blocks", *(f"{c.num_blocks:,}" for c in caps))
-    head.add_row("max tokens", *(f"{c.max_tokens:,}" for c in caps))
-    if notes:
-        head.caption = "\n".join(notes)
-
-    rows = memory_table(scenario, model, gpu, kv_dtypes)
-    lens = table_lengths(max_model_len(scenario, model))
-    seqs = Table(title="Bytes per sequence (sequences that fit)")
-    seqs.add_column("policy")
-    seqs.add_column("allocator")
-    seqs.add_column("kv dtype")
-    for n in lens:
-        seqs.add_column(f"{n:,} tok", justify="right")
-    for i in range(0, len(rows), len(lens)):
-        r = rows[i:i + len(lens)]
-        seqs.add_row(escape(r[0].policy), r[0].allocator, r[0].kv_cache_dtype,
-                     *(f"{_bytes(x.bytes_per_seq)} ({x.num_seqs:,})" for x in r))
-    saved = prefix_savings(scenario, model)
-    if saved:
-        p_len, total, flops, full = saved
-        seqs.caption = (f"FLOPs saved by caching the {p_len}-token shared prefix: {flops / 1e12:,.2f} TFLOP per hit "
-                        f"({flops / full:.0%} of a {total}-token prompt's prefill)")
-    return [head, seqs]

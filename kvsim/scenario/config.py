@@ -37,7 +37,7 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    """A preset name from kvsim.catalog, or a Hugging Face config.json."""
+    """A preset name from kvsim.scenario.catalog, or a Hugging Face config.json."""
 
     name: Optional[str] = None
     hf_config: Optional[str] = None

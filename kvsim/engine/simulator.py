@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 import simpy
 
-from kvsim.block_manager import BlockManager
-from kvsim.contiguous import ContiguousAllocator
-from kvsim.metrics import Metrics
-from kvsim.scheduler import Scheduler
+from kvsim.engine.block_manager import BlockManager
+from kvsim.engine.contiguous import ContiguousAllocator
+from kvsim.engine.scheduler import Scheduler
 from kvsim.sequence import Request, Sequence
+
+if TYPE_CHECKING:  # the engine only calls the Metrics it is given
+    from kvsim.results.metrics import Metrics
 
 
 # prefix_affinity (cache-aware routing, as SGLang's router): follow the longest cached prefix

@@ -14,7 +14,7 @@ from __future__ import annotations
 from bisect import insort
 from typing import Sequence as Seq
 
-from kvsim.block_manager import AllocationError
+from kvsim.engine.block_manager import AllocationError
 from kvsim.sequence import Sequence
 
 

@@ -34,9 +34,9 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from kvsim.config import ArrivalConfig, LengthDist, PrefixConfig
+from kvsim.scenario.config import ArrivalConfig, LengthDist, PrefixConfig
+from kvsim.scenario.traces import VOCAB_SIZE, Trace, load_trace
 from kvsim.sequence import Request
-from kvsim.traces import VOCAB_SIZE, Trace, load_trace
 
 CHUNK = 65536
 _GROUP_CONTENT_KEY = 4  # spawn-key branch for group prefix tokens, beside the 4 spawned streams

@@ -4,6 +4,28 @@ Read a request's path in this order: scenario.config (scenario TOML) -> scenario
 (requests) -> engine.simulator (SimPy arrival + engine processes) -> engine.scheduler (vLLM V1
 semantics) -> engine.block_manager / engine.contiguous (allocators) -> backends.analytic (with
 perf.roofline) or backends.triton_engine (step time) -> results.metrics -> results.writer/report.
+
+The library API below is what the command line and the dashboard call; each function imports its
+machinery when first called, so `import kvsim` stays cheap.
 """
 
+from __future__ import annotations
+
 __version__ = "0.1.0"
+
+
+def load_scenario(path, overrides=()):
+    """A validated `Scenario` from a TOML file, with `--set`-style `dotted.key=value` overrides."""
+    from kvsim.scenario.config import load_scenario as load
+
+    return load(path, overrides)
+
+
+def run(scenario, *, out_dir=None, policies=None, progress=None):
+    """Simulate the scenario's policies (or the named ones); a `ScenarioResult` whose `summaries`
+    hold each policy's summary.json figures. Writes a results folder only when `out_dir` is given."""
+    from kvsim.run import run_scenario
+
+    if not hasattr(scenario, "policies"):
+        scenario = load_scenario(scenario)
+    return run_scenario(scenario, out_dir, policies, progress, write=out_dir is not None)

@@ -1,6 +1,8 @@
-"""The command line: `python -m kvsim [run] SCENARIO.toml`, `memory SCENARIO.toml`, `schema`.
+"""The command line: `python -m kvsim [run] SCENARIO.toml`, `memory`, `schema`, and the commands that
+the planning and calibration packages register (`plan`, `sweep`, `profile`, `calibrate`, `validate`).
 
-Bad input ends with one line on stderr naming the file, key or line, and exit code 2.
+Each command is a subparser with a `handler(args, console) -> exit code`. Bad input ends with one
+line on stderr naming the file, key or line, and exit code 2.
 """
 
 from __future__ import annotations
@@ -8,36 +10,44 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from importlib import import_module
 from pathlib import Path
 
 from rich.console import Console
 
 from kvsim.errors import KvsimError
+from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
 
-COMMANDS = ("run", "memory", "schema")
+# Packages above `run` that add commands of their own: each has `add_commands(subparsers)`.
+COMMAND_MODULES = ("kvsim.plan.cli", "kvsim.calibrate.cli")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvsim", description="Replay LLM request arrivals against KV-cache policies.")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="simulate a scenario's policies and write a results folder")
-    run.add_argument("scenario", type=Path)
+    add_scenario_arguments(run)
     run.add_argument("--out", type=Path, help="results folder (default: <output.dir>/<scenario name>)")
     run.add_argument("--policy", action="append", help="run only this policy (repeatable)")
     run.add_argument("--quiet", action="store_true", help="no table, no progress bar")
+    run.set_defaults(handler=cmd_run)
     mem = sub.add_parser("memory", help="print the KV capacity breakdown and KV memory growth table")
-    mem.add_argument("scenario", type=Path)
-    sub.add_parser("schema", help="print the scenario JSON schema")
+    add_scenario_arguments(mem)
+    mem.set_defaults(handler=cmd_memory)
+    schema = sub.add_parser("schema", help="print the scenario JSON schema")
+    schema.set_defaults(handler=cmd_schema)
+    for name in COMMAND_MODULES:
+        import_module(name).add_commands(sub)
     return p
 
 
-class _Progress:
+class Progress:
     """A progress bar that appears only once a run has taken more than a second."""
 
     def __init__(self, console: Console, enabled: bool):
         self.console, self.enabled, self.bar = console, enabled, None
 
-    def __call__(self, policy: str, total):
+    def __call__(self, label: str, total):
         start, task, done = time.perf_counter(), None, 0
 
         def tick(n: int) -> None:
@@ -46,11 +56,11 @@ class _Progress:
             if not self.enabled or (task is None and time.perf_counter() - start < 1.0):
                 return
             if self.bar is None:
-                from rich.progress import Progress
-                self.bar = Progress(console=self.console, transient=True)
+                from rich.progress import Progress as Bar
+                self.bar = Bar(console=self.console, transient=True)
                 self.bar.start()
             if task is None:
-                task = self.bar.add_task(f"simulating {policy}", total=total, completed=done)
+                task = self.bar.add_task(f"simulating {label}", total=total, completed=done)
             else:
                 self.bar.update(task, completed=done)
         return tick
@@ -63,14 +73,13 @@ class _Progress:
 def cmd_run(args, console: Console) -> int:
     from kvsim.results.report import comparison_table
     from kvsim.run import run_scenario
-    from kvsim.scenario.config import load_scenario
 
-    scenario = load_scenario(args.scenario)
+    scenario = scenario_from_args(args)
     if args.policy:
         unknown = set(args.policy) - {p.name for p in scenario.policies}
         if unknown:
             raise KvsimError(f"--policy: no policy named {', '.join(sorted(unknown))} in {scenario.source}")
-    progress = _Progress(console, not args.quiet and console.is_terminal)
+    progress = Progress(console, not args.quiet and console.is_terminal)
     try:
         result = run_scenario(scenario, args.out, args.policy, progress)
     finally:
@@ -86,26 +95,29 @@ def cmd_run(args, console: Console) -> int:
 def cmd_memory(args, console: Console) -> int:
     from kvsim.results.memory_report import render_memory
     from kvsim.scenario.catalog import gpu_spec, model_spec
-    from kvsim.scenario.config import load_scenario
 
-    scenario = load_scenario(args.scenario)
+    scenario = scenario_from_args(args)
     for renderable in render_memory(scenario, model_spec(scenario), gpu_spec(scenario)):
         console.print(renderable)
     return 0
 
 
+def cmd_schema(args, console: Console) -> int:
+    from kvsim.scenario.config import json_schema
+    print(json_schema())
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+    parser = _parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if argv and argv[0] not in commands and not argv[0].startswith("-"):
         argv.insert(0, "run")
-    args = _parser().parse_args(argv)
+    args = parser.parse_args(argv)
     console = Console() if sys.stdout.isatty() else Console(width=160)  # pipes and logs: no truncated table
     try:
-        if args.command == "schema":
-            from kvsim.scenario.config import json_schema
-            print(json_schema())
-            return 0
-        return {"run": cmd_run, "memory": cmd_memory}[args.command](args, console)
+        return args.handler(args, console)
     except KvsimError as exc:
         print(f"kvsim: error: {exc}", file=sys.stderr)
         return 2

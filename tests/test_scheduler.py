@@ -487,3 +487,36 @@ def test_random_mixes_recompute(data):
 @given(st.data())
 def test_random_mixes_swap(data):
     _check_mix(data, "swap")
+
+
+# ---- what holds admission back -----------------------------------------------------------
+
+def test_admission_limit_names_max_num_seqs():
+    sched = sched_of(max_num_seqs=1)
+    sched.add(make_seq(0, 10, 5))
+    sched.add(make_seq(1, 10, 5))
+    sched.schedule()
+    assert sched.admission_limit == "max_num_seqs" and len(sched.waiting) == 1
+
+
+def test_admission_limit_names_the_kv_cache():
+    sched = sched_of(num_blocks=4, block_size=4)  # 16 slots: one 12-token prompt fits, not two
+    sched.add(make_seq(0, 12, 2))
+    sched.add(make_seq(1, 12, 2))
+    sched.schedule()
+    assert sched.admission_limit == "kv_cache" and len(sched.waiting) == 1
+
+
+def test_admission_limit_names_the_token_budget_without_chunking():
+    sched = sched_of(budget=20, chunked=False, max_model_len=20)
+    sched.add(make_seq(0, 15, 2))
+    sched.add(make_seq(1, 15, 2))
+    sched.schedule()  # the second whole prompt does not fit what is left of 20 tokens
+    assert sched.admission_limit == "token_budget" and len(sched.waiting) == 1
+
+
+def test_admission_limit_is_empty_when_nothing_waits():
+    sched = sched_of()
+    sched.add(make_seq(0, 10, 5))
+    sched.schedule()
+    assert sched.admission_limit == "" and not sched.waiting

@@ -28,6 +28,8 @@ from kvsim.sequence import Sequence, SequenceStatus
 RUNNING, WAITING, SWAPPED, FINISHED, REJECTED = (
     SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.SWAPPED,
     SequenceStatus.FINISHED, SequenceStatus.REJECTED)
+# What can hold a waiting sequence back (Scheduler.admission_limit).
+KV_CACHE, MAX_NUM_SEQS, TOKEN_BUDGET = "kv_cache", "max_num_seqs", "token_budget"
 
 
 class Scheduler:
@@ -54,6 +56,9 @@ class Scheduler:
         self.num_unfinished = 0  # sequences added and not yet finished: waiting, running or swapped
         self._order = 0
         self._cohort_step_blocks = 0
+        # Why the last schedule() left sequences waiting: KV_CACHE, MAX_NUM_SEQS or TOKEN_BUDGET
+        # ("" when none waits). The metrics add up how long each limit held admission back.
+        self.admission_limit = ""
 
     # ---- admission -----------------------------------------------------------------------
     def reject_reason(self, seq: Sequence) -> str:
@@ -102,11 +107,15 @@ class Scheduler:
                 budget = self._schedule_running(batch, budget)
         else:
             budget = self._schedule_running(batch, budget)
+        limit = ""
         if not batch.preempted:
             if self.swapped:
                 budget = self._schedule_swapped(batch, budget)
             if self.waiting and not self.swapped:
-                self._schedule_waiting(batch, budget)
+                limit = self._schedule_waiting(batch, budget)
+        if self.waiting and not limit:
+            limit = KV_CACHE  # a preemption this step, or swapped sequences waiting for blocks
+        self.admission_limit = limit
         return batch
 
     def _schedule_running(self, batch: Batch, budget: int) -> int:
@@ -179,24 +188,29 @@ class Scheduler:
             budget -= num_new
         return budget
 
-    def _schedule_waiting(self, batch: Batch, budget: int) -> int:
+    def _schedule_waiting(self, batch: Batch, budget: int) -> str:
+        """Admit waiting sequences in order; returns what stopped admission ("" if none is left)."""
         alloc = self.allocator
-        while self.waiting and budget > 0 and self.num_running < self.max_num_seqs:
+        while self.waiting:
+            if budget <= 0:
+                return TOKEN_BUDGET
+            if self.num_running >= self.max_num_seqs:
+                return MAX_NUM_SEQS
             seq = self.waiting[0]
             hits = alloc.get_computed_blocks(seq) if seq.num_computed_tokens == 0 else []
             num_new = seq.num_tokens - seq.num_computed_tokens - len(hits) * alloc.block_size
             if num_new > budget:
                 if not self.enable_chunked_prefill:
-                    break
+                    return TOKEN_BUDGET
                 num_new = budget
             if not alloc.can_allocate(seq, num_new, hits):
-                break
+                return KV_CACHE
             self.waiting.popleft()
             alloc.allocate(seq, num_new, hits)
             self._enter_running(seq)
             batch.add(seq, num_new)
             budget -= num_new
-        return budget
+        return ""
 
     def _preempt(self, seq: Sequence, batch: Batch) -> None:
         seq.num_preemptions += 1

@@ -165,6 +165,8 @@ class Simulation:
                 k, duration = 1, backend.execute(batch)
                 first = duration
             end = now + duration
+            if sched.waiting:
+                metrics.held_back(sched.admission_limit, duration)
             # Only SimPy events due before the step ends (arrivals, other replicas' steps) can
             # change what this engine sees next; while there are none, skip the timeout and go on.
             if end >= env.peek():

@@ -178,6 +178,9 @@ class Metrics:
         self._waiting_now = 0
         self.peak_running = 0
         self.peak_waiting = 0
+        # Replica-seconds that waiting requests were held back, by the limit that held them
+        # (Scheduler.admission_limit: kv_cache, max_num_seqs, token_budget).
+        self.admission_blocked_s: dict[str, float] = {}
 
     # ---- requests
 
@@ -251,6 +254,11 @@ class Metrics:
         if self._itl_gaps:
             self.itl.add_many(self._itl_gaps)
             self._itl_gaps.clear()
+
+    def held_back(self, limit: str, seconds: float) -> None:
+        """Waiting requests were held back by `limit` for an engine event of `seconds`."""
+        blocked = self.admission_blocked_s
+        blocked[limit] = blocked.get(limit, 0.0) + seconds
 
     # ---- time series (called every engine step: keep it cheap)
 
@@ -357,6 +365,7 @@ class Metrics:
             "slo_attainment": self.num_good / received if received else None,
             "peak_running": self.peak_running,
             "peak_waiting": self.peak_waiting,
+            "admission_blocked_s": dict(sorted(self.admission_blocked_s.items())),
             "kv": self._kv_summary(num_blocks, block_size, bytes_per_block),
             "preemptions": self.preemptions,
             "prefix_hit_rate": self.prefix_hit_tokens / self.prompt_tokens if self.prompt_tokens else None,

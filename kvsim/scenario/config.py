@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Iterable, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from kvsim.errors import KvsimError, read_text
+from kvsim.scenario.overrides import apply_overrides
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -268,16 +269,23 @@ def scenario_from_dict(data: dict, source: str = "<scenario>", base_dir: Path = 
     return sc
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario TOML file."""
-    path = Path(path)
-    text = read_text(path, "scenario file")
+def scenario_from_toml(text: str, source: str, base_dir: Path, overrides: Iterable[str] = (),
+                       default_name: Optional[str] = None) -> Scenario:
+    """Validate scenario TOML text; `overrides` are `--set dotted.key=value` strings applied first."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise KvsimError(f"{path}: invalid TOML: {exc}") from None
-    data.setdefault("name", path.stem)
-    return scenario_from_dict(data, str(path), path.resolve().parent)
+        raise KvsimError(f"{source}: invalid TOML: {exc}") from None
+    if default_name is not None:
+        data.setdefault("name", default_name)
+    return scenario_from_dict(apply_overrides(data, overrides), source, base_dir)
+
+
+def load_scenario(path: str | Path, overrides: Iterable[str] = ()) -> Scenario:
+    """Read and validate a scenario TOML file, with `--set` overrides applied before validation."""
+    path = Path(path)
+    text = read_text(path, "scenario file")
+    return scenario_from_toml(text, str(path), path.resolve().parent, overrides, default_name=path.stem)
 
 
 def json_schema() -> str:

@@ -16,6 +16,7 @@ from backends import load_backend
 from kvsim.engine.simulator import Replica, Simulation, make_allocator, make_scheduler
 from kvsim.perf.memory import kv_capacity, max_model_len
 from kvsim.results.metrics import Metrics
+from kvsim.results.verdict import judge
 from kvsim.results.writer import ResultsWriter
 from kvsim.scenario.catalog import gpu_spec, model_spec
 from kvsim.scenario.workload import expected_count, generate_requests
@@ -72,10 +73,14 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
         "enable_chunked_prefill": policy.enable_chunked_prefill,
         "enable_prefix_caching": scenario.prefix_caching(policy),
         "max_model_len": mml,
+        "max_num_seqs": scenario.engine.max_num_seqs,  # per replica
+        "max_num_batched_tokens": policy.max_num_batched_tokens or scenario.engine.max_num_batched_tokens,
+        "num_replicas": scenario.hardware.num_replicas,
     }
     summary = metrics.summary(duration_s=end, num_blocks=replicas[0].backend.num_blocks * len(replicas),
                               block_size=scenario.engine.block_size, bytes_per_block=capacity.bytes_per_block,
                               extra=extra)
+    summary["verdict"] = judge(summary).as_dict()
     return summary, sim
 
 
@@ -108,7 +113,9 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
         if writer:
             meta = {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": scenario.hardware.tensor_parallel_size,
                     "num_replicas": scenario.hardware.num_replicas, "backend": scenario.backend.name,
-                    "seed": scenario.workload.seed, "description": scenario.description}
+                    "seed": scenario.workload.seed, "description": scenario.description,
+                    "arrival": scenario.workload.arrival.model_dump(), "slo": scenario.slo.model_dump(),
+                    "policy_order": [p.name for p in scenario.policies]}
             writer.commit(scenario.name or "scenario", result.summaries, meta, report_html=scenario.output.report_html)
     except BaseException:
         if writer:

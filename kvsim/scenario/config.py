@@ -173,11 +173,22 @@ class WorkloadConfig(_Section):
 
 
 class SloConfig(_Section):
-    """A request meets the SLO when every given bound holds (milliseconds)."""
+    """Latency bounds (milliseconds; leave one out for no bound) and the percentile they are judged at.
+
+    Per request: `ttft_ms` (time to first token), `tpot_ms` (time per output token: the request's
+    mean gap between tokens after the first) and `e2e_ms`. A request is *good* when it meets every
+    per-request bound; goodput and `slo_attainment` count good requests. Per token: `itl_ms` bounds
+    every inter-token gap of every request (token-level ITL), so it is judged only at the percentile.
+    The scenario *meets its SLO* when, at `percentile`, every given figure is within its bound and
+    at least that share of requests was served; rejected requests count as infinitely late
+    (kvsim.results.verdict).
+    """
 
     ttft_ms: Optional[PosFloat] = 2000.0
-    itl_ms: Optional[PosFloat] = 100.0  # mean inter-token latency of the request (TPOT)
+    tpot_ms: Optional[PosFloat] = 100.0  # per request: mean gap between its output tokens
+    itl_ms: Optional[PosFloat] = None  # per token: every inter-token gap, judged at `percentile`
     e2e_ms: Optional[PosFloat] = None
+    percentile: Annotated[float, Field(gt=0, le=100)] = 99.0
 
 
 class OutputConfig(_Section):

@@ -38,6 +38,16 @@ class ScenarioResult:
     summaries: dict[str, dict]
     runs: list[PolicyRun] = field(default_factory=list)
     capacity: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)  # summary.json's "meta": model, GPU, layout, arrivals, SLO
+
+
+def run_meta(scenario, model, gpu) -> dict:
+    """What ran, for summary.json and the report's opening lines."""
+    hw = scenario.hardware
+    return {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": hw.tensor_parallel_size,
+            "num_replicas": hw.num_replicas, "backend": scenario.backend.name, "seed": scenario.workload.seed,
+            "description": scenario.description, "arrival": scenario.workload.arrival.model_dump(),
+            "slo": scenario.slo.model_dump(), "policy_order": [p.name for p in scenario.policies]}
 
 
 def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
@@ -96,7 +106,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     if out_dir is None:
         out_dir = Path(scenario.output.dir) / (scenario.name or "scenario")
     writer = ResultsWriter(out_dir) if write else None
-    result = ScenarioResult(out_dir if write else None, {})
+    result = ScenarioResult(out_dir if write else None, {}, meta=run_meta(scenario, model, gpu))
     try:
         for policy in chosen:
             metrics = Metrics(policy.name, scenario.slo, scenario.output.timeseries_interval_s,
@@ -111,12 +121,8 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
                 writer.add_timeseries(policy.name, metrics.timeseries_rows())
                 writer.add_latencies(policy.name, metrics.latencies())
         if writer:
-            meta = {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": scenario.hardware.tensor_parallel_size,
-                    "num_replicas": scenario.hardware.num_replicas, "backend": scenario.backend.name,
-                    "seed": scenario.workload.seed, "description": scenario.description,
-                    "arrival": scenario.workload.arrival.model_dump(), "slo": scenario.slo.model_dump(),
-                    "policy_order": [p.name for p in scenario.policies]}
-            writer.commit(scenario.name or "scenario", result.summaries, meta, report_html=scenario.output.report_html)
+            writer.commit(scenario.name or "scenario", result.summaries, result.meta,
+                          report_html=scenario.output.report_html)
     except BaseException:
         if writer:
             writer.abort()

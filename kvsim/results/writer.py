@@ -67,7 +67,7 @@ class ResultsWriter:
             if report_html:
                 write_report_html(self.tmp_dir / "report.html", scenario_name, summaries,
                                   self.tmp_dir / "requests.csv", self.tmp_dir / "timeseries.csv",
-                                  self._latencies if set(self._latencies) == set(summaries) else None)
+                                  self._latencies if set(self._latencies) == set(summaries) else None, meta=meta)
             self._swap_in()
         except BaseException:
             self.abort()

@@ -342,12 +342,6 @@ def _summary_table_html(summaries: dict[str, dict]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _verdict_html(summaries: dict[str, dict], meta: dict | None) -> str:
-    lines = verdict_lines(summaries, meta)
-    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
-    return f'<ul class="verdict">{items}</ul>'
-
-
 _STYLE = """body{font-family:system-ui,sans-serif;margin:24px;color:#222}
 ul.verdict{font-size:15px;line-height:1.5;list-style:none;padding-left:0}
 table{border-collapse:collapse;font-size:13px;margin-bottom:24px}
@@ -383,11 +377,18 @@ def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requ
             _timeseries_figure(series, policies, (("running", "solid"), ("waiting", "dot")),
                                "Running (solid) and waiting (dotted) requests over time", colors),
         ]
+    page = figures_page(f"kvsim report: {scenario_name}", verdict_lines(summaries, meta), figures,
+                        _summary_table_html(summaries))
+    Path(path).write_text(page, encoding="utf-8")
+
+
+def figures_page(title: str, lines: list[str], figures: list[_Plot], table_html: str = "") -> str:
+    """A self-contained HTML page: a title, lines of text, an HTML table and plotly figures (plotly.js inlined once)."""
     plotly_js = (files("plotly") / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
     divs = [f"<script>{plotly_js}</script>"] + [_figure_html(fig, f"kvsim-fig-{i}") for i, fig in enumerate(figures)]
-    name = html.escape(scenario_name)
-    page = (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>kvsim: {name}</title>'
-            f"<style>{_STYLE}</style></head><body>\n<h1>kvsim report: {name}</h1>\n"
-            f"{_verdict_html(summaries, meta)}\n"
-            f"{_summary_table_html(summaries)}\n" + "\n".join(divs) + "\n</body></html>\n")
-    Path(path).write_text(page, encoding="utf-8")
+    name = html.escape(title)
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{name}</title>'
+            f"<style>{_STYLE}</style></head><body>\n<h1>{name}</h1>\n"
+            f'<ul class="verdict">{items}</ul>\n'
+            f"{table_html}\n" + "\n".join(divs) + "\n</body></html>\n")

@@ -2,7 +2,8 @@
 
 `ResultsWriter` fills the temporary folder (requests.csv is streamed there while the simulation
 runs) and renames it into place on `commit`, so a crash or Ctrl-C never leaves a half-written
-results folder.
+results folder. `ResultsWriter(out_dir, streams=False).commit_files({...})` writes other outputs
+(plan and sweep tables) the same way.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from kvsim.results.report import write_report_html
 class ResultsWriter:
     """Writes a run's results into a temporary sibling of `out_dir`, renamed into place on commit."""
 
-    def __init__(self, out_dir: Path):
+    def __init__(self, out_dir: Path, streams: bool = True):
+        """`streams`: open requests.csv and timeseries.csv for a run (False: `commit_files` only)."""
         self.out_dir = Path(out_dir)
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise KvsimError(f"{self.out_dir}: results path exists and is not a folder")
@@ -33,15 +35,17 @@ class ResultsWriter:
             parent.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(self.tmp_dir, ignore_errors=True)  # left by an earlier process with our pid
             self.tmp_dir.mkdir()
-            self.requests_file = open(self.tmp_dir / "requests.csv", "w", newline="", encoding="utf-8")  # Metrics writes rows
-            self._timeseries_file = open(self.tmp_dir / "timeseries.csv", "w", newline="", encoding="utf-8")
+            if streams:
+                self.requests_file = open(self.tmp_dir / "requests.csv", "w", newline="", encoding="utf-8")  # Metrics writes rows
+                self._timeseries_file = open(self.tmp_dir / "timeseries.csv", "w", newline="", encoding="utf-8")
         except OSError as exc:
             self.abort()
             raise KvsimError(f"{self.out_dir}: cannot create results folder ({exc.strerror})") from None
-        self.requests_csv = csv.writer(self.requests_file)
-        self.requests_csv.writerow(REQUEST_COLUMNS)
-        self._timeseries_csv = csv.writer(self._timeseries_file)
-        self._timeseries_csv.writerow(TIMESERIES_COLUMNS)
+        if streams:
+            self.requests_csv = csv.writer(self.requests_file)
+            self.requests_csv.writerow(REQUEST_COLUMNS)
+            self._timeseries_csv = csv.writer(self._timeseries_file)
+            self._timeseries_csv.writerow(TIMESERIES_COLUMNS)
         self._latencies: dict[str, dict[str, np.ndarray]] = {}
         self.committed = False
 
@@ -68,6 +72,19 @@ class ResultsWriter:
                 write_report_html(self.tmp_dir / "report.html", scenario_name, summaries,
                                   self.tmp_dir / "requests.csv", self.tmp_dir / "timeseries.csv",
                                   self._latencies if set(self._latencies) == set(summaries) else None, meta=meta)
+            self._swap_in()
+        except BaseException:
+            self.abort()
+            raise
+        self.committed = True
+        return self.out_dir
+
+    def commit_files(self, files: dict[str, str]) -> Path:
+        """Write each named text file, then swap the folder in for `out_dir` (as `commit`)."""
+        try:
+            self._close()
+            for name, text in files.items():
+                (self.tmp_dir / name).write_text(text, encoding="utf-8")
             self._swap_in()
         except BaseException:
             self.abort()

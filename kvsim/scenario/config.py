@@ -191,6 +191,15 @@ class SloConfig(_Section):
     percentile: Annotated[float, Field(gt=0, le=100)] = 99.0
 
 
+class CostConfig(_Section):
+    """GPU hourly prices (US$ per GPU per hour, by GPU preset name) for `kvsim plan --target-rate`;
+    they replace the presets' prices (kvsim.scenario.catalog.GPU_PRICES)."""
+
+    gpu_hour_usd: dict[str, PosFloat] = {}
+    source: str = ""  # where the prices come from
+    date: str = ""  # when they were read
+
+
 class OutputConfig(_Section):
     dir: str = "results"
     timeseries_interval_s: PosFloat = 0.25
@@ -214,6 +223,7 @@ class Scenario(_Section):
     policies: Annotated[list[PolicyConfig], Field(min_length=1)]
     workload: WorkloadConfig
     slo: SloConfig = SloConfig()
+    cost: Optional[CostConfig] = None
     output: OutputConfig = OutputConfig()
     backend: BackendConfig = BackendConfig()
     # Set by load_scenario, not by the file: where relative paths start, and the file for errors.

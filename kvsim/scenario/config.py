@@ -123,9 +123,10 @@ class LengthDist(_Section):
 
 
 class ArrivalConfig(_Section):
-    """Poisson or gamma (bursty: cv > 1) arrivals at `rate` requests/s, or the trace's own times."""
+    """Poisson, gamma (bursty: cv > 1) or deterministic (evenly spaced) arrivals at `rate`
+    requests/s, or the trace's own times."""
 
-    process: Literal["poisson", "gamma", "trace"] = "poisson"
+    process: Literal["poisson", "gamma", "deterministic", "trace"] = "poisson"
     rate: Optional[PosFloat] = None
     cv: PosFloat = 1.0
     time_scale: PosFloat = 1.0  # trace replay: multiply inter-arrival gaps by this (0.5 = twice the load)

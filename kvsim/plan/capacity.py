@@ -47,6 +47,18 @@ def interval(knees: list[float], resolution: float) -> tuple[float, float, float
     return mean, max(0.0, mean - half), mean + half
 
 
+def check_search_args(seeds: int, resolution: float, num_requests: Optional[int]) -> None:
+    """One line for search settings that cannot work."""
+    from kvsim.errors import KvsimError
+
+    if not (isinstance(seeds, int) and seeds >= 1):
+        raise KvsimError(f"seeds must be a positive integer, got {seeds!r}")
+    if not 0 < resolution < 0.5:
+        raise KvsimError(f"resolution must be in (0, 0.5), got {resolution!r}")
+    if num_requests is not None and not (isinstance(num_requests, int) and num_requests >= 1):
+        raise KvsimError(f"requests per point must be a positive integer, got {num_requests!r}")
+
+
 def default_requests(scenario) -> int:
     count = expected_count(scenario)
     return DEFAULT_REQUESTS if count is None else max(1, min(count, DEFAULT_REQUESTS))
@@ -77,8 +89,24 @@ class PolicyCapacity:
         return out
 
 
+class Frames:
+    """`to_frame()` (a row per answer, `rows()`) and `points_frame()` (a row per simulated point) as pandas DataFrames."""
+
+    __slots__ = ()
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows())
+
+    def points_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.points)
+
+
 @dataclass(slots=True)
-class PlanResult:
+class PlanResult(Frames):
     """`kvsim.plan`'s answer: one `PolicyCapacity` per policy and every point simulated."""
 
     scenario: str
@@ -86,17 +114,8 @@ class PlanResult:
     policies: list[PolicyCapacity]
     points: list[dict] = field(default_factory=list)  # policy, seed, rate, phase + point figures
 
-    def to_frame(self):
-        """pandas DataFrame: a row per policy (PolicyCapacity.row)."""
-        import pandas as pd
-
-        return pd.DataFrame([p.row() for p in self.policies])
-
-    def points_frame(self):
-        """pandas DataFrame: a row per simulated point (for latency-vs-rate curves)."""
-        import pandas as pd
-
-        return pd.DataFrame(self.points)
+    def rows(self) -> list[dict]:
+        return [p.row() for p in self.policies]
 
     def to_dict(self) -> dict:
         return {"scenario": self.scenario, "meta": self.meta,
@@ -193,10 +212,11 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
     from kvsim.results.verdict import STABILITY_TOLERANCE
     from kvsim.scenario.catalog import gpu_spec, model_spec
 
+    check_search_args(seeds, resolution, num_requests)
     chosen = [p.name for p in scenario.policies if policies is None or p.name in policies]
-    r0 = base_rate(scenario)
-    trace_rate = r0 if scenario.workload.arrival.process == "trace" else None
     n = num_requests or default_requests(scenario)
+    r0 = base_rate(scenario, n)  # a trace: the mean rate of the rows each point replays
+    trace_rate = r0 if scenario.workload.arrival.process == "trace" else None
     seed_list = [scenario.workload.seed + i for i in range(seeds)]
     tick = Ticker(progress, len(chosen) * seeds * (expected_points(resolution) + 1))
     own = executor is None

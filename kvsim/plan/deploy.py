@@ -32,7 +32,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.plan.capacity import PolicyCapacity, Ticker, capacity_search, default_requests, mean_figures, point_row
+from kvsim.plan.capacity import (Frames, PolicyCapacity, Ticker, capacity_search, check_search_args, default_requests,
+                                 mean_figures, point_row)
 from kvsim.plan.executors import make_executor, run_all
 from kvsim.plan.points import at_load, base_rate, evaluate_point
 from kvsim.plan.search import expected_points
@@ -79,7 +80,7 @@ class Deployment:
 
 
 @dataclass(slots=True)
-class DeployResult:
+class DeployResult(Frames):
     """`kvsim.deploy`'s answer: passing deployments cheapest first, then the layouts that failed."""
 
     target_rate: float
@@ -88,15 +89,8 @@ class DeployResult:
     skipped: list[dict] = field(default_factory=list)  # {gpu, tensor_parallel_size, reason}
     points: list[dict] = field(default_factory=list)
 
-    def to_frame(self):
-        import pandas as pd
-
-        return pd.DataFrame([d.row() for d in self.deployments])
-
-    def points_frame(self):
-        import pandas as pd
-
-        return pd.DataFrame(self.points)
+    def rows(self) -> list[dict]:
+        return [d.row() for d in self.deployments]
 
     def to_dict(self) -> dict:
         return {"target_rate": self.target_rate, "meta": self.meta,
@@ -156,6 +150,7 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
     """The cheapest layouts meeting the SLO at `target_rate`; see the module docstring."""
     if not target_rate > 0:
         raise KvsimError(f"--target-rate must be positive, got {target_rate}")
+    check_search_args(seeds, resolution, num_requests)
     policy = policy or scenario.policies[0].name
     if policy not in [p.name for p in scenario.policies]:
         raise KvsimError(f"--policy: no policy named {policy} in {scenario.source}")
@@ -165,7 +160,7 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
         raise KvsimError(f"--gpu: unknown GPU {', '.join(unknown)} (presets: {', '.join(GPUS)})")
     gpus = [known[g.lower()] for g in gpus] if gpus else list(GPUS)
     n_req = num_requests or default_requests(scenario)
-    trace_rate = base_rate(scenario) if scenario.workload.arrival.process == "trace" else None
+    trace_rate = base_rate(scenario, n_req) if scenario.workload.arrival.process == "trace" else None
     seed_list = [scenario.workload.seed + i for i in range(seeds)]
     ok, skipped = layouts(scenario, policy, gpus, tensor_parallel)
     tick = Ticker(progress, len(ok) * (expected_points(SCOUT_RESOLUTION) + 2 * seeds)

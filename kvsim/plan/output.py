@@ -58,13 +58,9 @@ def write_outputs(out_dir: Path, files: dict[str, str]) -> Path:
 
 def write_plan(out_dir: Path, result) -> Path:
     """plan.json (the whole answer), plan.csv (a row per policy or deployment), points.csv."""
-    if hasattr(result, "deployments"):
-        rows = [d.row() for d in result.deployments]
-    else:
-        rows = [p.row() for p in result.policies]
     doc = result.to_dict()
     points = doc.pop("points")
-    return write_outputs(out_dir, {"plan.json": json_text(doc), "plan.csv": csv_text(rows),
+    return write_outputs(out_dir, {"plan.json": json_text(doc), "plan.csv": csv_text(result.rows()),
                                    "points.csv": csv_text(points)})
 
 

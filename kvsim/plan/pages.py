@@ -27,7 +27,7 @@ def sweep_page(result) -> str:
     panels = [(f"{k}_at_pct", f"{LABELS[k]} {q} (ms)", slo.get(k)) for k in bounded]
     panels += [("goodput_rps", "goodput (req/s)", None), ("throughput_rps", "throughput (req/s)", None)]
     xk = x_key(result)
-    others = [k for k in result.keys if k != xk]
+    others = [k for k in result.keys if k != xk and len({repr(r[k]) for r in result.rows}) > 1]
     colors = policy_colors(result.meta.get("policy_order") or sorted({r["policy"] for r in result.rows}))
     cols = 2
     rows = -(-len(panels) // cols)

@@ -26,16 +26,17 @@ FIGURES = (
 )
 
 
-def base_rate(scenario) -> float:
+def base_rate(scenario, num_requests: Optional[int] = None) -> float:
     """The scenario's own arrival rate (requests/s): the configured rate, or a trace's mean rate
-    over the requests it replays (at its own time_scale)."""
+    over the first `num_requests` rows (default: the requests it replays) at its own time_scale."""
     arrival = scenario.workload.arrival
     if arrival.process != "trace":
         return arrival.rate
     from kvsim.scenario.traces import load_trace
 
     trace = load_trace(scenario)
-    n = len(trace) if scenario.workload.num_requests is None else min(len(trace), scenario.workload.num_requests)
+    n = num_requests or scenario.workload.num_requests or len(trace)
+    n = min(len(trace), n)
     times = trace.arrival_s[:n] * arrival.time_scale
     span = float(times[-1] - times[0]) if n > 1 else 0.0
     return (n - 1) / span if span > 0 else 1.0

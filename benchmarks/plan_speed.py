@@ -99,6 +99,59 @@ def deploy_rows(kinds: list[str], target: float) -> list[str]:
     return rows
 
 
+class TimedInline(InlineExecutor):
+    """Runs tasks inline and records each one's CPU seconds with its chain: (policy, seed) while
+    searching, one chain per task after (the checks at the max rate, which wait for every search)."""
+
+    def __init__(self):
+        self.tasks = []  # (phase, chain, cpu seconds)
+
+    def submit(self, fn, *args):
+        t0 = time.process_time()
+        fut = super().submit(fn, *args)
+        self.tasks.append((args[1], args[3], time.process_time() - t0))
+        return fut
+
+
+def makespan(tasks, workers: int) -> float:
+    """Wall time of the plan's task graph on `workers` cores, from measured task costs: each
+    (policy, seed) search is a chain (a rate depends on the last one's answer) run greedily as
+    workers free up; the checks at the max rate (the last task of each chain) start once every
+    search is done and are list-scheduled too."""
+    import heapq
+
+    chains: dict = {}
+    for policy, seed, cost in tasks:
+        chains.setdefault((policy, seed), []).append(cost)
+    searches = [c[:-1] for c in chains.values()]
+    checks = sorted((c[-1] for c in chains.values()), reverse=True)
+    free = [0.0] * workers  # when each worker is next free
+    ready = [(0.0, i, 0) for i in range(len(searches))]  # (ready at, chain, position)
+    heapq.heapify(ready)
+    end = 0.0
+    while ready:
+        at, i, pos = heapq.heappop(ready)
+        w = min(range(workers), key=lambda k: free[k])
+        start = max(at, free[w])
+        free[w] = start + searches[i][pos]
+        end = max(end, free[w])
+        if pos + 1 < len(searches[i]):
+            heapq.heappush(ready, (free[w], i, pos + 1))
+    free = [end] * workers
+    for cost in checks:
+        w = min(range(workers), key=lambda k: free[k])
+        free[w] += cost
+    return max(free)
+
+
+def scaling_rows(cores: list[int]) -> list[str]:
+    sc = load_scenario(CHAT)
+    ex = TimedInline()
+    plan(sc, seeds=3, resolution=0.02, executor=ex)
+    total = sum(t[2] for t in ex.tasks)
+    return [f"| {w} | {makespan(ex.tasks, w):.1f} | {total / makespan(ex.tasks, w):.1f}× |" for w in cores]
+
+
 def requests_rows(counts: list[int], kind: str) -> list[str]:
     sc = load_scenario(CHAT)
     rows = []
@@ -117,7 +170,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", default=str(os.cpu_count()), help="comma-separated worker counts")
     ap.add_argument("--ray", action="store_true", help="also on a local Ray instance (all cores)")
-    ap.add_argument("--only", choices=("plan", "deploy", "requests"))
+    ap.add_argument("--only", choices=("plan", "deploy", "requests", "scaling"))
     ap.add_argument("--target", type=float, default=20.0)
     args = ap.parse_args()
     kinds = args.workers.split(",") + (["ray"] if args.ray else [])
@@ -129,6 +182,10 @@ def main() -> None:
             print("\n".join(plan_rows(kinds)), flush=True)
         if args.only in (None, "deploy"):
             print("\n".join(deploy_rows(kinds, args.target)), flush=True)
+    if args.only in (None, "scaling"):
+        print("\n| cores | chat plan wall s (task graph replayed with measured CPU s per point) | speed-up |")
+        print("| --- | --- | --- |")
+        print("\n".join(scaling_rows([1, 2, 4, 8, 16, 32])), flush=True)
     if args.only in (None, "requests"):
         print("\n| requests a point | contiguous max req/s (95% CI) | paged | paged-fp8 | wall s |")
         print("| --- | --- | --- | --- | --- |")

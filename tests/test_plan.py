@@ -177,3 +177,21 @@ def test_plan_cli_writes_its_files_and_bad_input_is_one_line(tmp_path, capsys):
     assert main(["sweep", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("kvsim: error:") for line in err)
+
+
+@pytest.mark.parametrize("calibration, prompt, tpot_ms, bound", [
+    # 8 ms of GEMMs a token: a step of n decoders takes ~8n ms
+    ({"compute_efficiency": 0.002, "attention_efficiency": 0.002}, 64, 100, "compute"),
+    # 67 GB/s: the weights take 0.24 s a step, each 4k-token context ~8 ms more (no token budget to speak of)
+    ({"memory_efficiency": 0.02}, 4000, 600, "bandwidth"),
+])
+def test_plan_names_compute_or_bandwidth_when_step_time_binds(tmp_path, calibration, prompt, tpot_ms, bound):
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"step_overhead_s": 0.0, "per_seq_overhead_s": 0.0, **calibration}))
+    sc = make_scenario(engine={"max_model_len": 8192, "max_num_seqs": 1024, "max_num_batched_tokens": 65536},
+                       workload={"seed": 0, "num_requests": 150, "arrival": {"process": "deterministic", "rate": 1.0},
+                                 "prompt_len": {"dist": "fixed", "value": prompt},
+                                 "output_len": {"dist": "fixed", "value": 16}},
+                       slo={"ttft_ms": None, "tpot_ms": tpot_ms, "percentile": 99}, backend={"calibration": str(cal)})
+    (answer,) = plan(sc, seeds=1, resolution=0.1, executor=InlineExecutor()).policies
+    assert answer.binding == bound, answer.binding_detail

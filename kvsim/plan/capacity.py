@@ -7,12 +7,17 @@ knees k_1..k_n give the answer: `max_rate` is their mean and the interval is
 mean ± t(0.975, n-1) · s / sqrt(n), widened by the search resolution (± res · mean).
 Then every seed is simulated once more at `max_rate` (the SLO figures at that rate), and the
 binding constraint at the knee is the one named most often by the seeds' first unsustainable
-rate. Headroom is max_rate / r0 - 1 for the scenario's own rate r0.
+rate. Headroom is max_rate / r0 - 1 for the scenario's own rate r0. When nothing held admission
+back there (the engine's step time binds), the first seed's first unsustainable rate is simulated
+once more with twice the GPU's FLOP/s and once with twice its HBM bandwidth: the one that helps
+the SLO more names the bound, `compute` or `bandwidth`.
 
 Requests per point: the scenario's own count, capped at `DEFAULT_REQUESTS` (3000). A short
-window hides overload (the queue needs time to grow past the 5% backlog bound, and the first
-requests find an empty engine): on chat.toml 1000 requests put the knee 12% high and 2000 3%,
-against 4000; 3000 is within ~1-2% at a third of the cost (benchmarks/results/plan_speed.md).
+window hides overload (the first requests find an empty engine, and a queue needs time to grow
+before the TTFT tail or the backlog shows it), so a knee found on N requests is high by roughly
+c / N: on chat.toml, against 6000 requests, 1000 put it 14-16% high, 2000 5%, 3000 3%, 4000 2%
+(benchmarks/results/plan_speed.md). 3000 keeps the chat plan near 17 CPU-seconds; `--requests`
+trades time for that bias.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from kvsim.plan.executors import make_executor, run_all
-from kvsim.plan.points import FIGURES, base_rate, evaluate_point, mean_or_none
+from kvsim.plan.points import FIGURES, base_rate, check_fits, evaluate_point, mean_or_none
 from kvsim.plan.search import Search, expected_points, run_searches
 from kvsim.scenario.workload import expected_count
 
@@ -80,6 +85,7 @@ class PolicyCapacity:
     binding: Optional[str]  # at the knee: kv_cache, max_num_seqs, token_budget, step_time
     binding_detail: Optional[str]
     at_max_rate: dict  # mean over seeds of the point figures at max_rate, plus "sustainable_share"
+    first_unsustainable_rate: Optional[float] = None  # mean over seeds (None: censored)
 
     def row(self) -> dict:
         """A flat row: the answer and the SLO figures at max_rate."""
@@ -154,9 +160,11 @@ def summarize(label: str, searches: list[Search], at_max: list[dict], r0: float,
     mean, low, high = interval(knees, resolution)
     binding, detail = knee_binding(searches)
     at_r0 = [rec for s in searches for rate, rec in s.tried if rate == s.start]
+    his = [s.hi for s in searches if s.hi is not None]
     return PolicyCapacity(label, mean, low, high, knees, any(s.censored for s in searches), r0,
                           mean / r0 - 1.0 if r0 else math.inf, all(r["sustainable"] for r in at_r0),
-                          binding, detail, mean_figures(at_max) if at_max else {})
+                          binding, detail, mean_figures(at_max) if at_max else {},
+                          float(np.mean(his)) if len(his) == len(searches) else None)
 
 
 class Ticker:
@@ -205,6 +213,46 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
     return answers, rows
 
 
+def _margin(record: dict) -> float:
+    m = record["slo_margin"]
+    return (1.0 if record["sustainable"] else 0.0) + (-1e9 if m is None else m)
+
+
+def name_step_time(executor, scenario, answers: list[PolicyCapacity], seed: int, num_requests: int, trace_rate,
+                   tick) -> list[dict]:
+    """Compute or bandwidth, for each answer whose knee is bound by step time (module docstring)."""
+    from kvsim.scenario.catalog import gpu_spec
+
+    gpu = gpu_spec(scenario)
+    faster = {"compute": {"bf16_tflops": 2 * gpu.bf16_tflops, "fp8_tflops": 2 * gpu.fp8_tflops,
+                          "fp32_tflops": 2 * gpu.fp32_tflops},
+              "bandwidth": {"hbm_bandwidth_gbps": 2 * gpu.hbm_bandwidth_gbps}}
+    todo = [a for a in answers if a.binding == "step_time" and a.first_unsustainable_rate]
+    tasks = [(scenario, a.policy, a.first_unsustainable_rate, seed, num_requests, trace_rate, {"hardware": hw})
+             for a in todo for hw in faster.values()]
+    records = run_all(executor, evaluate_point, tasks, lambda i, r: tick())
+    rows = []
+    for i, a in enumerate(todo):
+        by_kind = dict(zip(faster, records[2 * i:2 * i + 2]))
+        for kind, rec in by_kind.items():
+            rows.append(point_row(a.policy, seed, a.first_unsustainable_rate, f"twice_{kind}", rec))
+        gain = {k: _margin(r) for k, r in by_kind.items()}
+        if gain["compute"] == gain["bandwidth"]:
+            continue
+        kind = max(gain, key=gain.get)
+        a.binding = kind
+        a.binding_detail = (f"{'compute' if kind == 'compute' else 'HBM bandwidth'}: nothing held admission back, and at "
+                            f"{a.first_unsustainable_rate:.3g} req/s twice the "
+                            f"{'FLOP/s' if kind == 'compute' else 'bandwidth'} helps the SLO most "
+                            f"(margin {_text(by_kind['compute'])} with 2x FLOP/s, {_text(by_kind['bandwidth'])} with 2x bandwidth)")
+    return rows
+
+
+def _text(record: dict) -> str:
+    m = record["slo_margin"]
+    return "unbounded" if m is None else f"{m:+.0%}"
+
+
 def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, resolution: float = 0.02,
          num_requests: Optional[int] = None, workers: Optional[int] = None, ray: Optional[str] = None,
          executor=None, progress: Optional[Callable[[int, int], None]] = None) -> PlanResult:
@@ -214,6 +262,7 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
 
     check_search_args(seeds, resolution, num_requests)
     chosen = [p.name for p in scenario.policies if policies is None or p.name in policies]
+    check_fits(scenario, chosen)
     n = num_requests or default_requests(scenario)
     r0 = base_rate(scenario, n)  # a trace: the mean rate of the rows each point replays
     trace_rate = r0 if scenario.workload.arrival.process == "trace" else None
@@ -224,6 +273,7 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
     try:
         answers, rows = capacity_search(executor, scenario, chosen, seed_list, resolution, tick, start=r0,
                                         num_requests=lambda label: n, trace_rate=trace_rate)
+        rows += name_step_time(executor, scenario, answers, seed_list[0], n, trace_rate, tick)
     finally:
         if own:
             executor.close()

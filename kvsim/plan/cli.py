@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from kvsim.errors import KvsimError
@@ -13,9 +14,9 @@ def _positive(kind):
         try:
             value = kind(text)
         except ValueError:
-            raise __import__("argparse").ArgumentTypeError(f"not a number: {text!r}") from None
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
         if not value > 0:
-            raise __import__("argparse").ArgumentTypeError(f"must be positive, got {text}")
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
         return value
     return parse
 

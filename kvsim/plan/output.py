@@ -96,9 +96,10 @@ def _slo_columns(slo: dict) -> list[tuple[str, str]]:
 def plan_table(result) -> Table:
     slo_cols = _slo_columns(result.meta["slo"])
     table = Table(title="kvsim plan: maximum sustainable rate per policy")
-    for i, label in enumerate(["policy", "max req/s", "95% CI", "headroom", "at scenario rate",
-                               *(c[1] for c in slo_cols), "binds at the knee"]):
-        table.add_column(label, justify="left" if i in (0, 4 + len(slo_cols) + 1) else "right", no_wrap=i == 0)
+    labels = ["policy", "max req/s", "95% CI", "headroom", "at scenario rate", *(c[1] for c in slo_cols),
+              "binds at the knee"]
+    for i, label in enumerate(labels):
+        table.add_column(label, justify="left" if i in (0, 4, len(labels) - 1) else "right", no_wrap=i == 0)
     for p in result.policies:
         more = ">" if p.censored else ""
         table.add_row(p.policy, more + _num(p.max_rate), f"{_num(p.ci_low)}–{_num(p.ci_high)}", _num(p.headroom, pct=True),

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 from kvsim.errors import KvsimError, read_text
 from kvsim.plan.executors import make_executor, run_all
-from kvsim.plan.points import FIGURES, simulate
+from kvsim.plan.points import FIGURES, check_fits, simulate
 from kvsim.scenario.config import scenario_from_dict
 from kvsim.scenario.overrides import apply_overrides, parse_override, parse_value
 
@@ -120,6 +120,8 @@ def sweep(scenario, points: list[list[str]] | dict, *, keys: Optional[list[str]]
             parse_override(o)  # a malformed 'key=value' is one line, before anything runs
     keys = keys or list(dict.fromkeys(o.partition("=")[0].strip() for p in points for o in p))
     scenarios = [point_scenario(scenario, p) for p in points]  # every point validated before any runs
+    for sc in scenarios:
+        check_fits(sc)
     own = executor is None
     executor = executor or make_executor(workers, ray)
     done = [0]

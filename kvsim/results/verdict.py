@@ -10,12 +10,14 @@
   `STABILITY_TOLERANCE` (5%) of the requests received were still waiting to be scheduled for the
   first time. A queue that grows over the arrival window leaves far more than that.
 - **sustainable** (what `kvsim plan` searches for): meets the SLO and stable.
-- **binding constraint**: what held the engine back. Waiting requests are held back by one limit at
-  a time (`Scheduler.admission_limit`) and the summary adds up for how long (`admission_blocked_s`,
+- **binding constraint**: what held the engine back. When the figure with the least margin is a
+  pace of decoding (TPOT or token ITL) and the engine kept up, admission limits only delay first
+  tokens: preemptions mean the KV cache binds, else the engine's own step time (`step_time`:
+  compute or HBM bandwidth). Otherwise waiting requests are held back by one limit at a time
+  (`Scheduler.admission_limit`) and the summary adds up for how long (`admission_blocked_s`,
   replica-seconds): when some limit held requests back for at least 1% of the replica time, the one
   that held them longest binds (`kv_cache`, `max_num_seqs` or `token_budget`); else preemptions
-  mean the KV cache binds; else nothing held admission back and latency is the engine's own step
-  time (`step_time`: compute or HBM bandwidth).
+  mean the KV cache binds; else it is the step time.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ BINDING_NAMES = {
     "max_num_seqs": "max_num_seqs",
     "token_budget": "token budget (max_num_batched_tokens)",
     "step_time": "step time (compute/bandwidth)",
+    "compute": "compute (step time)",  # named by kvsim plan's what-if at the knee
+    "bandwidth": "HBM bandwidth (step time)",
 }
 
 
@@ -130,8 +134,9 @@ def checks(summary: dict) -> tuple[Check, ...]:
     return tuple(out)
 
 
-def binding_constraint(summary: dict) -> tuple[str, str]:
-    """(name, one-line evidence) of the limit that held the engine back; see the module docstring."""
+def binding_constraint(summary: dict, pace: bool = False) -> tuple[str, str]:
+    """(name, one-line evidence) of the limit that held the engine back; `pace`: the tightest SLO
+    figure is a decoding pace (TPOT, ITL) and the engine kept up. See the module docstring."""
     replicas = summary.get("num_replicas") or 1
     span = (summary.get("duration_s") or 0.0) * replicas
     blocked = summary.get("admission_blocked_s") or {}
@@ -145,7 +150,11 @@ def binding_constraint(summary: dict) -> tuple[str, str]:
     if preemptions:
         context.append(f"{preemptions} preemptions")
     shares = {k: v / span for k, v in blocked.items() if span > 0}
-    if shares and max(shares.values()) >= BLOCKED_SHARE:
+    if pace and preemptions:
+        name, held = "kv_cache", "preempted running requests, slowing their decoding"
+    elif pace:
+        name, held = "step_time", "decoding is too slow: the engine's step time"
+    elif shares and max(shares.values()) >= BLOCKED_SHARE:
         name = max(sorted(shares), key=shares.get)
         held = f"held waiting requests back {shares[name]:.0%} of the time"
     elif preemptions:
@@ -164,5 +173,6 @@ def judge(summary: dict, stability_tolerance: float = STABILITY_TOLERANCE) -> Ve
     enough_served = served is not None and served >= q / 100.0 - 1e-12
     backlog = (summary.get("arrivals") or {}).get("backlog_fraction")
     stable = backlog is None or backlog <= stability_tolerance
-    name, detail = binding_constraint(summary)
+    worst = min(cks, key=lambda c: -float("inf") if c.margin is None else c.margin, default=None)
+    name, detail = binding_constraint(summary, stable and worst is not None and worst.key in ("tpot_ms", "itl_ms"))
     return Verdict(all(c.met for c in cks) and enough_served, stable, q, cks, served, backlog, name, detail)

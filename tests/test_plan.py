@@ -152,7 +152,8 @@ def test_sweep_csv_is_the_same_inline_on_a_pool_and_on_ray():
         assert csv_text(*_rows(sweep(sc, GRID, executor=pool))) == text
     finally:
         pool.close()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(num_cpus=2, object_store_memory=200 << 20, include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False)
     try:
         assert csv_text(*_rows(sweep(sc, GRID, ray="local"))) == text
     finally:
@@ -195,3 +196,17 @@ def test_plan_names_compute_or_bandwidth_when_step_time_binds(tmp_path, calibrat
                        slo={"ttft_ms": None, "tpot_ms": tpot_ms, "percentile": 99}, backend={"calibration": str(cal)})
     (answer,) = plan(sc, seeds=1, resolution=0.1, executor=InlineExecutor()).policies
     assert answer.binding == bound, answer.binding_detail
+
+
+def test_points_from_csv(tmp_path):
+    from kvsim.errors import KvsimError
+    from kvsim.plan.sweep import points_from_csv
+
+    f = tmp_path / "p.csv"
+    f.write_text("workload.arrival.rate,policies.*.kv_cache_dtype\n4,fp8\n\n8,auto\n")
+    assert points_from_csv(f) == (["workload.arrival.rate", "policies.*.kv_cache_dtype"],
+                                  [["workload.arrival.rate=4", "policies.*.kv_cache_dtype=fp8"],
+                                   ["workload.arrival.rate=8", "policies.*.kv_cache_dtype=auto"]])
+    f.write_text("a,b\n1,2\n3\n")
+    with pytest.raises(KvsimError, match=r"p\.csv:3: 1 values for 2 keys"):
+        points_from_csv(f)

@@ -179,7 +179,8 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
         per_hour = target_rate * 3600
         d.usd_per_m_input = d.usd_per_hour / (per_hour * prompt) * 1e6 if prompt else math.inf
         d.usd_per_m_output = d.usd_per_hour / (per_hour * output) * 1e6 if output else math.inf
-    deployments.sort(key=lambda d: (not d.meets_target, d.usd_per_hour, d.num_gpus, d.gpu, d.tensor_parallel_size))
+    deployments.sort(key=lambda d: (not d.meets_target, d.usd_per_hour, -(d.max_rate or 0.0), d.num_gpus, d.gpu,
+                                    d.tensor_parallel_size))
     meta = {"model": model_spec(scenario).name, "policy": policy, "slo": scenario.slo.model_dump(),
             "seeds": seed_list, "num_requests": n_req, "resolution": resolution, "gpus": gpus,
             "tensor_parallel": list(tensor_parallel), "mean_prompt_tokens": prompt, "mean_output_tokens": output,

@@ -133,7 +133,8 @@ def deploy_table(result) -> Table:
     for d in result.deployments:
         ci = "–" if d.ci_low is None else f"{_num(d.ci_low)}–{_num(d.ci_high)}"
         table.add_row(d.gpu, f"{d.tensor_parallel_size} × {d.num_replicas}", str(d.num_gpus), "✓" if d.meets_target else "✗",
-                      _num(d.max_rate) if d.max_rate is not None else f"≈{_num(d.replica_max_rate * d.num_replicas)}",
+                      _num(d.max_rate) if d.max_rate is not None else
+                      (f"≥{result.target_rate:g}" if d.meets_target else f"<{result.target_rate:g}"),
                       ci, _num(d.usd_per_hour), _num(d.usd_per_m_input, 3), _num(d.usd_per_m_output, 3),
                       _num(d.headroom, pct=True), d.binding or "–")
     return table

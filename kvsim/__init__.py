@@ -24,12 +24,13 @@ def load_scenario(path, overrides=()):
     return load(path, overrides)
 
 
-def run(scenario, *, out_dir=None, policies=None, progress=None):
+def run(scenario, *, out_dir=None, policies=None, progress=None, force=False):
     """Simulate the scenario's policies (or the named ones); a `ScenarioResult` whose `summaries`
-    hold each policy's summary.json figures. Writes a results folder only when `out_dir` is given."""
+    hold each policy's summary.json figures. Writes a results folder only when `out_dir` is given
+    (replacing only an earlier results folder, unless `force`)."""
     from kvsim.run import run_scenario
 
-    return run_scenario(_scenario(scenario), out_dir, policies, progress, write=out_dir is not None)
+    return run_scenario(_scenario(scenario), out_dir, policies, progress, write=out_dir is not None, force=force)
 
 
 def _scenario(scenario, overrides=()):

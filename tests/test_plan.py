@@ -15,11 +15,11 @@ from kvsim.plan.output import csv_text
 from kvsim.plan.sweep import grid_points, split_values, sweep
 
 STEP_S, OUTPUT_LEN, TTFT_BOUND_S, N = 0.01, 10, 0.05, 200
-FAST = {"hbm_bandwidth_gbps": 1e9, "bf16_tflops": 1e9, "fp8_tflops": 1e9, "fp32_tflops": 1e9}
+FAST = {"hbm_bandwidth_gbps": 1e6, "bf16_tflops": 1e6, "fp8_tflops": 1e6, "fp32_tflops": 1e6}  # the schema's caps
 
 
 def serial_scenario(tmp_path, **over):
-    """One request at a time (max_num_seqs 1), every step STEP_S (compute and memory ~1e-8 s), fixed
+    """One request at a time (max_num_seqs 1), every step STEP_S (plus ~2e-5 s to read the weights), fixed
     lengths, evenly spaced arrivals: a request costs OUTPUT_LEN steps (its prefill emits the first token)."""
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"step_overhead_s": STEP_S, "per_seq_overhead_s": 0.0, "allreduce_latency_s": 0.0}))
@@ -55,7 +55,7 @@ def test_plan_finds_the_closed_form_knee_within_its_resolution(tmp_path):
     assert answer.sustainable_at_scenario_rate and answer.headroom == pytest.approx(answer.max_rate / 4.0 - 1)
     # every rate tried below the knee passed and every one above failed
     for p in result.points:
-        if p["phase"] == "search" and abs(p["rate"] / knee - 1) > 1e-3:
+        if p["phase"] == "search" and abs(p["rate"] / knee - 1) > 5e-3:  # the weights' 0.2% aside
             assert p["sustainable"] == (p["rate"] < knee), p
     assert answer.binding == "max_num_seqs"
 
@@ -174,10 +174,17 @@ def test_plan_cli_writes_its_files_and_bad_input_is_one_line(tmp_path, capsys):
     assert doc["policies"][0]["policy"] == "paged" and doc["policies"][0]["max_rate"] > 0
     assert (out / "plan.csv").read_text().startswith("policy,max_rate,ci_low,ci_high")
     assert "max req/s" in capsys.readouterr().out
+    assert main(["plan", str(path), "--seeds", "1", "--resolution", "0.2", "--workers", "1", "--out", str(out)]) == 0
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep")
     assert main(["plan", str(path), "--set", "engine.bogus=1"]) == 2
     assert main(["sweep", str(path)]) == 2
+    assert main(["plan", str(path), "--out", str(foreign)]) == 2  # refused before anything runs
+    assert main(["sweep", str(path), "--set", "workload.num_requests=10", "--out", str(foreign)]) == 2
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("kvsim: error:") for line in err)
+    assert len(err) == 4 and all(line.startswith("kvsim: error:") for line in err)
 
 
 @pytest.mark.parametrize("calibration, prompt, tpot_ms, bound", [

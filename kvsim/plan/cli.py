@@ -26,6 +26,8 @@ def _executor_arguments(p) -> None:
     p.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster: 'auto', or an address "
                                                     "(needs pip install 'kvsim[cluster]')")
     p.add_argument("--quiet", action="store_true", help="no tables, no progress bar")
+    p.add_argument("--force", action="store_true", help="let --out replace a folder kvsim did not write "
+                                                        "(never one holding the scenario's inputs)")
 
 
 def add_commands(sub) -> None:
@@ -95,6 +97,8 @@ def cmd_plan(args, console) -> int:
     unknown = set(args.policy or ()) - names
     if unknown:
         raise KvsimError(f"--policy: no policy named {', '.join(sorted(unknown))} in {scenario.source}")
+    if args.out is not None:
+        output.check_out(args.out, scenario, args.force)
     bar = Bar(console, "planning", not args.quiet and console.is_terminal)
     common = dict(seeds=args.seeds, resolution=args.resolution, num_requests=args.requests, workers=args.workers,
                   ray=args.ray, progress=bar)
@@ -120,7 +124,7 @@ def cmd_plan(args, console) -> int:
             _print_lines(console, output.plan_lines(result))
             console.print(output.plan_table(result))
     if args.out is not None:
-        written = output.write_plan(args.out, result)
+        written = output.write_plan(args.out, result, scenario, args.force)
         if not args.quiet:
             console.print(f"results: {written}")
     return 0
@@ -145,13 +149,14 @@ def cmd_sweep(args, console) -> int:
     else:
         raise KvsimError("sweep: give --set key=v1,v2,... (repeatable) or --from points.csv")
     out = args.out or Path(scenario.output.dir) / f"{scenario.name or 'scenario'}-sweep"
+    output.check_out(out, scenario, args.force)
     bar = Bar(console, f"sweeping {len(points)} points", not args.quiet and console.is_terminal)
     try:
         result = sweep(scenario, points, keys=keys, workers=args.workers, ray=args.ray, progress=bar)
     finally:
         bar.close()
     written = output.write_outputs(out, {"sweep.csv": output.csv_text(result.rows, result.columns),
-                                         "sweep.html": sweep_page(result)})
+                                         "sweep.html": sweep_page(result)}, scenario, args.force)
     if not args.quiet:
         console.print(result.to_frame()[["point", *keys, "policy", "sustainable", "ttft_ms_at_pct",
                                          "tpot_ms_at_pct", "goodput_rps", "binding"]].to_string(index=False),

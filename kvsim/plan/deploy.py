@@ -37,7 +37,7 @@ from kvsim.plan.capacity import (Frames, PolicyCapacity, Ticker, capacity_search
 from kvsim.plan.executors import make_executor, run_all
 from kvsim.plan.points import at_load, base_rate, evaluate_point
 from kvsim.plan.search import expected_points
-from kvsim.scenario.catalog import GPUS, GpuSpec, gpu_price, gpu_spec, model_spec
+from kvsim.scenario.catalog import GPUS, GpuSpec, gpu_price, gpu_spec, model_spec, tp_problem
 
 TP_DEGREES = (1, 2, 4, 8)
 MAX_REPLICAS = 64
@@ -111,19 +111,18 @@ def layouts(scenario, policy: str, gpus, tps) -> tuple[list[tuple[str, int]], li
     from kvsim.perf.memory import kv_capacity
 
     ok, skipped = [], []
+    base = model_spec(scenario.model_copy(update={"hardware": scenario.hardware.model_copy(
+        update={"tensor_parallel_size": 1})}))
     for gpu in gpus:
         for tp in tps:
-            sc = at_load(scenario, base_rate(scenario), policies=[policy],
-                         overrides={"hardware": _hardware(scenario, gpu, tp, 1)})
-            model = model_spec(sc)
-            reason = ""
-            if model.num_attention_heads % tp:
-                reason = f"{model.num_attention_heads} attention heads do not split over TP {tp}"
-            elif gpu_price(scenario, gpu) is None:
+            reason = tp_problem(base, tp)
+            if not reason and gpu_price(scenario, gpu) is None:
                 reason = "no price (set cost.gpu_hour_usd)"
-            else:
+            if not reason:
+                sc = at_load(scenario, base_rate(scenario), policies=[policy],
+                             overrides={"hardware": _hardware(scenario, gpu, tp, 1)})
                 try:
-                    kv_capacity(sc, sc.policies[0], model, gpu_spec(sc))
+                    kv_capacity(sc, sc.policies[0], model_spec(sc), gpu_spec(sc))
                 except KvsimError as exc:
                     reason = str(exc).split(": ", 1)[-1]
             if reason:

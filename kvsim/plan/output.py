@@ -49,19 +49,31 @@ def json_text(doc: dict) -> str:
     return json.dumps(_json_safe(doc), indent=2, sort_keys=True) + "\n"
 
 
-def write_outputs(out_dir: Path, files: dict[str, str]) -> Path:
-    """The files into `out_dir`, all or nothing (kvsim.results.writer.ResultsWriter)."""
-    writer = ResultsWriter(out_dir, streams=False)
+def write_outputs(out_dir: Path, files: dict[str, str], scenario=None, force: bool = False) -> Path:
+    """The files into `out_dir`, all or nothing, replacing only an earlier kvsim folder unless
+    `force` (never one holding the scenario's inputs): kvsim.results.writer.ResultsWriter."""
+    from kvsim.run import input_paths
+
+    inputs = input_paths(scenario) if scenario is not None else ()
+    writer = ResultsWriter(out_dir, force=force, inputs=inputs, streams=False)
     with writer:
         return writer.commit_files(files)
 
 
-def write_plan(out_dir: Path, result) -> Path:
+def check_out(out_dir: Path, scenario, force: bool = False) -> None:
+    """Refuse now, before any simulation, a folder that `write_outputs` would refuse at the end."""
+    from kvsim.results.writer import check_target
+    from kvsim.run import input_paths
+
+    check_target(Path(out_dir).expanduser().resolve(), force, input_paths(scenario))
+
+
+def write_plan(out_dir: Path, result, scenario=None, force: bool = False) -> Path:
     """plan.json (the whole answer), plan.csv (a row per policy or deployment), points.csv."""
     doc = result.to_dict()
     points = doc.pop("points")
     return write_outputs(out_dir, {"plan.json": json_text(doc), "plan.csv": csv_text(result.rows()),
-                                   "points.csv": csv_text(points)})
+                                   "points.csv": csv_text(points)}, scenario, force)
 
 
 # ---- terminal

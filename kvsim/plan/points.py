@@ -98,13 +98,11 @@ def point_record(summary: dict) -> dict:
 
 def check_fits(scenario, policies: Optional[list[str]] = None) -> None:
     """Raise KvsimError (one line) now if a policy's KV cache cannot hold the model, not in a worker."""
-    from kvsim.perf.memory import kv_capacity
+    from kvsim.perf.memory import check_fits as fits
     from kvsim.scenario.catalog import gpu_spec, model_spec
 
-    model, gpu = model_spec(scenario), gpu_spec(scenario)
-    for policy in scenario.policies:
-        if policies is None or policy.name in policies:
-            kv_capacity(scenario, policy, model, gpu)
+    fits(scenario, model_spec(scenario), gpu_spec(scenario),
+         [p for p in scenario.policies if policies is None or p.name in policies])
 
 
 def simulate(scenario) -> dict[str, dict]:

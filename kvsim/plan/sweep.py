@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from kvsim.errors import KvsimError, read_text
+from kvsim.errors import KvsimError
 from kvsim.plan.executors import make_executor, run_all
 from kvsim.plan.points import FIGURES, check_fits, simulate
 from kvsim.scenario.config import scenario_from_dict
+from kvsim.scenario.files import read_text
 from kvsim.scenario.overrides import apply_overrides, parse_override, parse_value
 
 RATE_KEY = "workload.arrival.rate"

@@ -80,7 +80,7 @@ def prefix_savings(scenario, model: ModelSpec) -> tuple[int, int, float, float] 
 
 
 def _gib(x: float) -> str:
-    return f"{x / GiB:,.2f} GiB"
+    return f"{x / GiB:,.2f} GiB" if x >= 0 else f"none ({-x / GiB:,.2f} GiB short)"
 
 
 def _bytes(x: float) -> str:

@@ -151,9 +151,9 @@ def binding_constraint(summary: dict, pace: bool = False) -> tuple[str, str]:
         context.append(f"{preemptions} preemptions")
     shares = {k: v / span for k, v in blocked.items() if span > 0}
     if pace and preemptions:
-        name, held = "kv_cache", "preempted running requests, slowing their decoding"
+        name, held = "kv_cache", "preemptions slow the decoding pace, the tightest figure"
     elif pace:
-        name, held = "step_time", "decoding is too slow: the engine's step time"
+        name, held = "step_time", "the decoding pace, the tightest figure, is the engine's step time"
     elif shares and max(shares.values()) >= BLOCKED_SHARE:
         name = max(sorted(shares), key=shares.get)
         held = f"held waiting requests back {shares[name]:.0%} of the time"

@@ -217,3 +217,14 @@ def test_points_from_csv(tmp_path):
     f.write_text("a,b\n1,2\n3\n")
     with pytest.raises(KvsimError, match=r"p\.csv:3: 1 values for 2 keys"):
         points_from_csv(f)
+
+
+def test_an_slo_no_single_request_meets_gives_zero_and_says_so():
+    from kvsim.plan.output import plan_lines
+
+    sc = make_scenario(slo={"ttft_ms": 1, "tpot_ms": None})  # no prefill takes 1 ms
+    result = plan(sc, seeds=1, resolution=0.1, executor=InlineExecutor())
+    (answer,) = result.policies
+    assert answer.max_rate == 0 and answer.headroom == -1 and not answer.sustainable_at_scenario_rate
+    assert min(p["rate"] for p in result.points) == pytest.approx(10.0 / 64)  # six halvings, then it stops
+    assert any("not sustainable at any rate tried, down to 0.156 req/s" in line for line in plan_lines(result))

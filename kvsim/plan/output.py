@@ -94,6 +94,11 @@ def plan_lines(result) -> list[str]:
              f"{len(m['seeds'])} seeds × {m['num_requests']} requests a point, ±{m['resolution']:.0%} rate resolution; "
              f"{len(result.points)} points simulated"]
     best = max(result.policies, key=lambda p: p.max_rate, default=None)
+    for p in result.policies:
+        if p.max_rate == 0:
+            lowest = min(pt["rate"] for pt in result.points if pt["policy"] == p.policy)
+            lines.append(f"{p.policy}: not sustainable at any rate tried, down to {lowest:.3g} req/s "
+                         f"(requests alone miss the SLO; at the lowest rate: {p.binding_detail})")
     if best is not None and best.max_rate > 0:
         lines.append(f"most: {best.policy} sustains {best.max_rate:.3g} req/s (95% CI {best.ci_low:.3g}–{best.ci_high:.3g}), "
                      f"{best.headroom:+.0%} against the scenario's rate; binds at the knee: {best.binding_detail}")

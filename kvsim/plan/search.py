@@ -1,7 +1,8 @@
 """The rate search: bracket, then bisect on a log scale, one search per (policy or layout, seed).
 
-A search starts at the scenario's own rate r0. While every rate tried is sustainable it doubles,
-while none is it halves (at most `MAX_DOUBLINGS` times each way); once a sustainable rate `lo`
+A search starts at the scenario's own rate r0. While every rate tried is sustainable it doubles
+(at most `MAX_DOUBLINGS` times), while none is it halves (at most `MAX_HALVINGS` times: a knee 64x
+below r0 is reported as 0, "not sustainable at any rate tried"); once a sustainable rate `lo`
 and an unsustainable one `hi` bracket the knee it tries sqrt(lo * hi) until hi / lo <=
 (1 + res) / (1 - res). The knee is then sqrt(lo * hi): every rate in the bracket lies within
 ±res of it. Which rate comes next depends only on the search's own results, so many searches
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 MAX_DOUBLINGS = 12
+MAX_HALVINGS = 6
 
 
 @dataclass(slots=True)
@@ -36,7 +38,7 @@ class Search:
         if hi is None:
             return lo * 2 if lo * 2 <= self.start * 2 ** MAX_DOUBLINGS else None
         if lo is None:
-            return hi / 2 if hi / 2 >= self.start / 2 ** MAX_DOUBLINGS else None
+            return hi / 2 if hi / 2 >= self.start / 2 ** MAX_HALVINGS else None
         if hi / lo <= (1 + self.resolution) / (1 - self.resolution):
             return None
         return math.sqrt(lo * hi)

@@ -125,7 +125,7 @@ class PlanResult(Frames):
 
     def to_dict(self) -> dict:
         return {"scenario": self.scenario, "meta": self.meta,
-                "policies": [{**asdict(p)} for p in self.policies], "points": self.points}
+                "policies": [asdict(p) for p in self.policies], "points": self.points}
 
 
 def _public(record: dict) -> dict:

@@ -84,7 +84,7 @@ class Browser:
     def __init__(self, exe: str, width: int = 1400, height: int = 1000, timeout: float = 30.0):
         from websockets.sync.client import connect
 
-        self.profile = tempfile.TemporaryDirectory(prefix="kvsim-chromium-")
+        self.profile = tempfile.TemporaryDirectory(prefix="kvsim-chromium-", ignore_cleanup_errors=True)
         self.proc = subprocess.Popen([exe, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile.name}",
                                       "--remote-debugging-port=0", f"--window-size={width},{height}", "about:blank"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -152,6 +152,11 @@ class Browser:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        for _ in range(50):  # Chromium's helper processes may still be writing to the profile
+            shutil.rmtree(self.profile.name, ignore_errors=True)
+            if not Path(self.profile.name).exists():
+                break
+            time.sleep(0.1)
         self.profile.cleanup()
 
     def __enter__(self) -> "Browser":
@@ -167,8 +172,9 @@ DRAWN = """(() => {
   const charts = document.querySelectorAll('[data-testid="stPlotlyChart"]');
   return document.querySelector('h1') !== null && charts.length > 0
     && Array.from(charts).every(c => c.querySelector('.main-svg') !== null)
-    && document.querySelector('[data-testid="stStatusWidget"]') === null;
-})()"""  # heading and every figure drawn, the script run over
+    && document.querySelector('[data-testid="stStatusWidget"]') === null
+    && document.querySelector('[data-stale="true"]') === null;
+})()"""  # heading and every figure drawn, nothing left over from the previous script run
 HEADINGS = "Array.from(document.querySelectorAll('h1')).map(h => h.innerText.trim())"
 
 

@@ -45,7 +45,7 @@ def run_to_memory(toml_text: str, source: str, base_dir: Path, progress=None) ->
     return RunResult(toml_text, result.summaries, files, figures, time.perf_counter() - t0)
 
 
-@st.cache_data(max_entries=32, show_spinner="Simulating the preview…")
+@st.cache_data(max_entries=16, show_spinner="Simulating the preview…")  # a report.html is ~5 MB (plotly.js)
 def preview(toml_text: str, source: str, base_dir: str, inputs_digest: str) -> RunResult:
     """The cached run of a preview scenario (`inputs_digest` keys the uploaded files it reads)."""
     return run_to_memory(toml_text, source, Path(base_dir))

@@ -172,7 +172,7 @@ def sidebar() -> None:
         base = choose_base(bar)
         form = _Form(base)
         _model_and_hardware(form, bar.expander("Model and hardware", expanded=True))
-        chosen = _policies(form, bar.expander("Policies", expanded=True))
+        chosen = _policies(form, bar.expander("Policies"))
         _engine = bar.expander("Engine limits")
         for key in ENGINE:
             form.widget(_engine, key)

@@ -130,60 +130,71 @@ def _guess_format(name: str, head: bytes) -> str:
     return "csv" if head.lstrip().lower().startswith(b"arrival_s") else "azure"
 
 
-def choose_base(container) -> Base:
-    """The source widgets (shipped or uploaded scenario, trace, config.json) and the validated start."""
+def _scenario_file(container) -> tuple[str, str, Path, str]:
+    """(text, name in errors, folder its paths start from, default scenario name) of the chosen file."""
     shipped = shipped_scenarios()
     modes = (["shipped scenario"] if shipped else []) + ["uploaded TOML"]
-    mode = container.radio("Start from", modes, horizontal=True, key="kvsim.source")
-    if mode == "shipped scenario":
+    if container.radio("Start from", modes, horizontal=True, key="kvsim.source") == "shipped scenario":
         name = container.selectbox("Scenario", shipped, key="kvsim.shipped",
                                    index=shipped.index(DEFAULT_SCENARIO) if DEFAULT_SCENARIO in shipped else 0,
                                    help=f"A scenario file from {SCENARIO_DIR}")
-        path = SCENARIO_DIR / f"{name}.toml"
-        text, source, base_dir, default_name = path.read_text(), f"scenarios/{name}.toml", SCENARIO_DIR, name
-    toml_up = container.file_uploader("Scenario TOML", type=["toml"], key="kvsim.upload_toml",
-                                      max_upload_size=1, help="A scenario file as `python -m kvsim` reads it "
-                                      f"(at most {MAX_TOML_BYTES >> 10} KiB); relative paths in it name files "
-                                      "uploaded beside it.") if mode == "uploaded TOML" else None
-    extra = container.expander("Upload a trace or a model config", expanded=bool(
+        return (SCENARIO_DIR / f"{name}.toml").read_text(), f"scenarios/{name}.toml", SCENARIO_DIR, name
+    upload = container.file_uploader("Scenario TOML", type=["toml"], key="kvsim.upload_toml", max_upload_size=1,
+                                     help="A scenario file as `python -m kvsim` reads it (at most "
+                                          f"{MAX_TOML_BYTES >> 10} KiB); relative paths in it name files "
+                                          "uploaded beside it.")
+    if upload is None:
+        raise KvsimError("upload a scenario TOML file, or start from a shipped scenario")
+    text = _text(upload, _read_upload(upload, "scenario file", MAX_TOML_BYTES), "scenario file")
+    return text, upload.name, upload_dir(), Path(upload.name).stem
+
+
+def _extra_uploads(container):
+    """(trace upload, its format, config.json upload), each None when not given."""
+    box = container.expander("Upload a trace or a model config", expanded=bool(
         st.session_state.get("kvsim.upload_trace") or st.session_state.get("kvsim.upload_hf")))
-    trace_up = extra.file_uploader("Trace (optional)", type=["csv", "jsonl"], key="kvsim.upload_trace",
-                                       max_upload_size=MAX_TRACE_BYTES >> 20,
-                                       help="Azure LLM 2023 CSV, Mooncake JSONL, or a CSV with the header "
-                                            "arrival_s,prompt_tokens,output_tokens: replaces the workload's "
-                                            "arrivals and lengths")
-    trace_fmt = None
-    if trace_up is not None:
-        guess = _guess_format(trace_up.name, trace_up.getvalue()[:64])
-        trace_fmt = extra.selectbox("Trace format", TRACE_FORMATS, key="kvsim.trace_format",
-                                    index=TRACE_FORMATS.index(guess))
-    hf_up = extra.file_uploader("Hugging Face config.json (optional)", type=["json"], key="kvsim.upload_hf",
-                                    max_upload_size=1, help="A model's config.json: replaces the model preset")
-    digest = hashlib.sha256()
-    if mode == "uploaded TOML":
-        if toml_up is None:
-            raise KvsimError("upload a scenario TOML file, or start from a shipped scenario")
-        data = _read_upload(toml_up, "scenario file", MAX_TOML_BYTES)
-        text, source, base_dir = _text(toml_up, data, "scenario file"), toml_up.name, upload_dir()
-        default_name = Path(toml_up.name).stem
-    digest.update(source.encode() + b"\0" + text.encode())
-    scenario_from_toml(text, source, base_dir, default_name=default_name)  # one-line error if it is not valid
-    data = _absolute_paths(tomllib.loads(text), base_dir)
-    data.setdefault("name", default_name)
+    trace = box.file_uploader("Trace (optional)", type=["csv", "jsonl"], key="kvsim.upload_trace",
+                              max_upload_size=MAX_TRACE_BYTES >> 20,
+                              help="Azure LLM 2023 CSV, Mooncake JSONL, or a CSV with the header "
+                                   "arrival_s,prompt_tokens,output_tokens: replaces the workload's arrivals and "
+                                   "lengths")
+    fmt = None
+    if trace is not None:
+        guess = _guess_format(trace.name, trace.getvalue()[:64])
+        fmt = box.selectbox("Trace format", TRACE_FORMATS, key="kvsim.trace_format", index=TRACE_FORMATS.index(guess))
+    hf = box.file_uploader("Hugging Face config.json (optional)", type=["json"], key="kvsim.upload_hf",
+                           max_upload_size=1, help="A model's config.json: replaces the model preset")
+    return trace, fmt, hf
+
+
+def _upload_overrides(data: dict, trace, fmt, hf, digest) -> list[str]:
+    """Save the uploads and say what they change as `--set` overrides (their contents join `digest`)."""
     overrides = []
-    if trace_up is not None:
-        path, raw = save_upload(trace_up, "trace", MAX_TRACE_BYTES)
-        digest.update(b"trace\0" + trace_fmt.encode() + hashlib.sha256(raw).digest())
-        overrides += [f"workload.trace={toml_value({'format': trace_fmt, 'path': str(path)})}",
+    if trace is not None:
+        path, raw = save_upload(trace, "trace", MAX_TRACE_BYTES)
+        digest.update(b"trace\0" + fmt.encode() + hashlib.sha256(raw).digest())
+        overrides += [f"workload.trace={toml_value({'format': fmt, 'path': str(path)})}",
                       'workload.arrival.process="trace"', 'workload.prompt_len={ dist = "trace" }',
                       'workload.output_len={ dist = "trace" }']
-    if hf_up is not None:
-        model_name = Path(hf_up.name).stem if hf_up.name != "config.json" else "uploaded-model"
-        path, raw = save_upload(hf_up, "model config", MAX_CONFIG_BYTES, name="config.json", folder=model_name)
+    if hf is not None:
+        folder = Path(hf.name).stem if hf.name != "config.json" else "uploaded-model"  # names the model
+        path, raw = save_upload(hf, "model config", MAX_CONFIG_BYTES, name="config.json", folder=folder)
         load_hf_config(path)  # one-line error naming the key
         digest.update(b"hf\0" + hashlib.sha256(raw).digest())
         dtype = data.get("model", {}).get("dtype", "bfloat16")
         overrides.append(f"model={toml_value({'hf_config': str(path), 'dtype': dtype})}")
+    return overrides
+
+
+def choose_base(container) -> Base:
+    """The source widgets (shipped or uploaded scenario, trace, config.json) and the validated start."""
+    text, source, base_dir, default_name = _scenario_file(container)
+    trace, fmt, hf = _extra_uploads(container)
+    scenario_from_toml(text, source, base_dir, default_name=default_name)  # one-line error if it is not valid
+    data = _absolute_paths(tomllib.loads(text), base_dir)
+    data.setdefault("name", default_name)
+    digest = hashlib.sha256(f"{source}\0{text}".encode())
+    overrides = _upload_overrides(data, trace, fmt, hf, digest)
     data = apply_overrides(data, overrides)
     scenario = scenario_from_dict(data, source, base_dir)
     return Base(data, scenario, source, base_dir, tuple(overrides), digest.hexdigest()[:16], upload_dir())

@@ -32,8 +32,8 @@ def breakdown_figure(cap: dict, gpu: str) -> dict:
     data = [{"type": "bar", "orientation": "h", "name": label, "y": [gpu], "x": [value / GIB],
              "hovertemplate": f"{label}: %{{x:.2f}} GiB<extra></extra>"} for label, value in parts]
     return {"data": data, "layout": {"barmode": "stack", "height": 260, "title": {"text": "Memory per GPU (GiB)"},
-                                     "xaxis": {"title": {"text": "GiB"}}, "margin": {"l": 90},
-                                     "legend": {"orientation": "h", "y": -0.45}}}
+                                     "margin": {"l": 90},
+                                     "legend": {"orientation": "h", "y": -0.3, "traceorder": "normal"}}}
 
 
 def bytes_per_token_figure(rows: list[dict], in_use: set) -> dict:

@@ -71,6 +71,12 @@ def _unwrap(annotation) -> tuple[object, bool, list]:
             return annotation, optional, metadata
 
 
+def scalar_fields(section: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of a schema section that one widget can set (not sub-tables or lists)."""
+    return tuple(name for name, info in section.model_fields.items()
+                 if _section(info.annotation) is None and get_origin(_unwrap(info.annotation)[0]) is not list)
+
+
 def _section(annotation) -> type[BaseModel] | None:
     inner, _, _ = _unwrap(annotation)
     if get_origin(inner) is list:

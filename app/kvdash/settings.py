@@ -31,8 +31,8 @@ WORKLOAD = ("workload.num_requests", "workload.duration_s", "workload.seed")
 ARRIVAL = {"poisson": ("rate",), "gamma": ("rate", "cv"), "trace": ("time_scale",)}  # by arrival.process
 LENGTHS = {"fixed": ("value",), "uniform": ("min", "max"), "lognormal": ("mean", "sigma", "min", "max"),
            "trace": ()}  # by prompt_len.dist / output_len.dist
-PREFIX = tuple(PrefixConfig.model_fields)
-SLO = tuple(SloConfig.model_fields)  # every bound the schema has, whatever it names them
+PREFIX = fields.scalar_fields(PrefixConfig)
+SLO = fields.scalar_fields(SloConfig)  # every bound the schema has, whatever it names them
 STEPS = {"hardware.gpu_memory_utilization": 0.01, "workload.arrival.rate": 0.5, "workload.arrival.cv": 0.25,
          "workload.arrival.time_scale": 0.1, "workload.duration_s": 60.0, "workload.prefix.fraction": 0.05,
          "slo": 10.0}  # number-input steps, by key or section
@@ -69,6 +69,8 @@ class Current:
             lines.append("# with: " + " ".join(f"--set '{o}'" for o in changes).replace(up, ""))
         if self.unset:
             lines.append("# keys left unset: " + ", ".join(self.unset))
+        if len(self.policies) < len(self.base.scenario.policies):
+            lines.append("# policies kept: " + ", ".join(self.policies))
         lines.append("# run: python -m kvsim THIS_FILE.toml")
         return "\n".join(lines) + "\n" + text
 

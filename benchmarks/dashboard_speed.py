@@ -18,6 +18,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +30,20 @@ from tests.browser import DRAWN, FIRST_FIGURE, Browser, find_chromium, streamlit
 FIRST_DATA = ("JSON.stringify(document.querySelector('[data-testid=\"stPlotlyChart\"] .js-plotly-plot')"
               ".data.map(t => t.y))")
 PAGES = (("What-if", ""), ("Memory", "memory"))
+BASELINE = """import plotly.graph_objects as go
+import streamlit as st
+st.title("Baseline")
+st.plotly_chart(go.Figure({"data": [{"type": "bar", "x": ["a", "b"], "y": [1, 2]}]}), theme=None)
+"""  # the least a Streamlit page with one plotly figure costs in this browser
+
+
+def baseline(exe: str, repeat: int) -> list[float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "baseline.py"
+        script.write_text(BASELINE)
+        with streamlit_app(script) as url, Browser(exe, width=1400, height=2000) as browser:
+            browser.open(url, DRAWN, timeout=120)
+            return [browser.open(url, FIRST_FIGURE, timeout=60) for _ in range(repeat)]
 
 
 def set_number(browser: Browser, label: str, text: str) -> None:
@@ -106,6 +121,8 @@ def main() -> None:
             runs = [refresh_seconds(browser, "gpu_memory_utilization", f"{0.89 - 0.01 * i:.2f}")
                     for i in range(args.repeat)]  # the second round revisits the first round's values
             rows.append((f"What-if: widget change, {label}", [a for a, _ in runs], [b for _, b in runs]))
+    base = baseline(exe, args.repeat)
+    rows.append(("baseline: a page with one plotly figure and nothing else, warm", base, base))
     print("In headless Chromium (software rendering):\n")
     print("| step | first figure, s (median) | all figures drawn, s (median) | runs |")
     print("| --- | ---: | ---: | ---: |")

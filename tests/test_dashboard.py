@@ -6,6 +6,7 @@ import base64
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,8 @@ def test_whatif_preview_and_full_run_are_the_clis(tmp_path):
     assert result.files["requests.csv"] == (tmp_path / "full/out/requests.csv").read_bytes()
     assert {d.label for d in at.get("download_button")} == {"scenario TOML", "summary.json", "requests.csv",
                                                             "report.html"}
+    root = Path(at.session_state["kvsim.upload_dir"]).parent  # everything the dashboard writes is under it
+    assert root.parent == Path(tempfile.gettempdir()) and not list(root.glob("run-*"))  # runs cleaned up
 
 
 def test_memory_page_is_kvsim_memory(tmp_path):

@@ -19,6 +19,7 @@ import kvsim
 from kvdash.source import temp_dir
 from kvsim.results.report import report_figures
 from kvsim.scenario.config import scenario_from_toml
+from kvsim.scenario.workload import expected_count
 
 PREVIEW_REQUESTS = 500
 DOWNLOADS = (("summary.json", "application/json"), ("requests.csv", "text/csv"), ("report.html", "text/html"))
@@ -49,6 +50,12 @@ def run_to_memory(toml_text: str, source: str, base_dir: Path, progress=None) ->
 def preview(toml_text: str, source: str, base_dir: str, inputs_digest: str) -> RunResult:
     """The cached run of a preview scenario (`inputs_digest` keys the uploaded files it reads)."""
     return run_to_memory(toml_text, source, Path(base_dir))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def request_count(toml_text: str, source: str, base_dir: str, inputs_digest: str) -> int | None:
+    """How many requests the scenario runs (None: unknown until run); cached, as a trace is read for it."""
+    return expected_count(scenario_from_toml(toml_text, source, Path(base_dir)))
 
 
 class StreamlitProgress:

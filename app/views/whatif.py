@@ -10,7 +10,6 @@ import streamlit as st
 
 from kvdash import errors, runs, settings
 from kvsim.results.report import FIGURES
-from kvsim.scenario.workload import expected_count
 
 st.title("What-if")
 cur = settings.current()
@@ -30,7 +29,7 @@ with errors.caught(st):
     scenario, base = cur.scenario, cur.base
     st.caption(scenario.description or scenario.name or base.source)
     full_toml = cur.toml()
-    total = expected_count(scenario)
+    total = runs.request_count(full_toml, base.source, str(base.base_dir), base.digest)
     is_preview = total is None or total > runs.PREVIEW_REQUESTS
     result = runs.last_full_run(full_toml, base.digest)
     top = st.columns([3, 1], vertical_alignment="center")

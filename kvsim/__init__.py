@@ -37,24 +37,29 @@ def load_scenario(path, overrides=()):
     return load(path, overrides)
 
 
-def run(scenario, *, out_dir=None, policies=None, progress=None):
+def run(scenario, *, out_dir=None, policies=None, progress=None, force=False):
     """Simulate the scenario's policies (or the named ones); a `ScenarioResult` whose `summaries`
-    hold each policy's summary.json figures. Writes a results folder only when `out_dir` is given."""
+    hold each policy's summary.json figures. Writes a results folder only when `out_dir` is given
+    (replacing only an earlier results folder, unless `force`)."""
     from kvsim.run import run_scenario
 
     if not hasattr(scenario, "policies"):
         scenario = load_scenario(scenario)
-    return run_scenario(scenario, out_dir, policies, progress, write=out_dir is not None)
+    return run_scenario(scenario, out_dir, policies, progress, write=out_dir is not None, force=force)
 
 
 def memory(scenario, *, kv_dtypes=None, seq_lens=None):
     """The figures of `kvsim memory` as plain records (a dict of lists of dicts: bytes, counts, FLOPs):
     `capacity` (per-GPU breakdown per kv dtype in use, or each of `kv_dtypes`), `bytes_per_token` (every
     kv dtype), `sequences` (bytes per sequence and sequences that fit, per policy and length in
-    `seq_lens`, default the table's) and `prefix` (FLOPs a shared-prefix hit saves, or None)."""
+    `seq_lens`, default the table's) and `prefix` (FLOPs a shared-prefix hit saves, or None). A model
+    that does not fit raises the one-line error `kvsim memory` and `kvsim.run` give."""
+    from kvsim.perf.memory import check_fits
     from kvsim.results.memory_report import memory_records
     from kvsim.scenario.catalog import gpu_spec, model_spec
 
     if not hasattr(scenario, "policies"):
         scenario = load_scenario(scenario)
-    return memory_records(scenario, model_spec(scenario), gpu_spec(scenario), kv_dtypes, seq_lens)
+    model, gpu = model_spec(scenario), gpu_spec(scenario)
+    check_fits(scenario, model, gpu, scenario.policies)  # the same rules as `run` and `kvsim memory`
+    return memory_records(scenario, model, gpu, kv_dtypes, seq_lens)

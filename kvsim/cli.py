@@ -8,7 +8,10 @@ line on stderr naming the file, key or line, and exit code 2.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
 import time
 from importlib import import_module
 from pathlib import Path
@@ -28,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="simulate a scenario's policies and write a results folder")
     add_scenario_arguments(run)
     run.add_argument("--out", type=Path, help="results folder (default: <output.dir>/<scenario name>)")
+    run.add_argument("--force", action="store_true",
+                     help="replace the results folder even if kvsim did not write it (its contents are deleted)")
     run.add_argument("--policy", action="append", help="run only this policy (repeatable)")
     run.add_argument("--quiet", action="store_true", help="no table, no progress bar")
     run.set_defaults(handler=cmd_run)
@@ -35,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     add_scenario_arguments(mem)
     mem.set_defaults(handler=cmd_memory)
     schema = sub.add_parser("schema", help="print the scenario JSON schema")
+    schema.add_argument("--markdown", action="store_true",
+                        help="a Markdown table of every key (docs/scenario-reference.md) instead")
     schema.set_defaults(handler=cmd_schema)
     dash = sub.add_parser("dashboard", help="start the what-if sizing dashboard (Streamlit, app/Home.py)")
     dash.add_argument("--server.port", dest="port", type=int, metavar="PORT",
@@ -87,7 +94,7 @@ def cmd_run(args, console: Console) -> int:
             raise KvsimError(f"--policy: no policy named {', '.join(sorted(unknown))} in {scenario.source}")
     progress = Progress(console, not args.quiet and console.is_terminal)
     try:
-        result = run_scenario(scenario, args.out, args.policy, progress)
+        result = run_scenario(scenario, args.out, args.policy, progress, force=args.force)
     finally:
         progress.close()
     if not args.quiet:
@@ -99,18 +106,25 @@ def cmd_run(args, console: Console) -> int:
 
 
 def cmd_memory(args, console: Console) -> int:
+    from kvsim.perf.memory import check_fits
     from kvsim.results.memory_report import render_memory
     from kvsim.scenario.catalog import gpu_spec, model_spec
 
     scenario = scenario_from_args(args)
-    for renderable in render_memory(scenario, model_spec(scenario), gpu_spec(scenario)):
+    model, gpu = model_spec(scenario), gpu_spec(scenario)
+    check_fits(scenario, model, gpu, scenario.policies)  # the same rules as `run`
+    for renderable in render_memory(scenario, model, gpu):
         console.print(renderable)
     return 0
 
 
 def cmd_schema(args, console: Console) -> int:
-    from kvsim.scenario.config import json_schema
-    print(json_schema())
+    if args.markdown:
+        from kvsim.scenario.reference import schema_markdown
+        print(schema_markdown(), end="")
+    else:
+        from kvsim.scenario.config import json_schema
+        print(json_schema())
     return 0
 
 
@@ -134,6 +148,31 @@ def cmd_dashboard(args, console: Console) -> int:
     return 0  # not reached
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP: unwinds like Ctrl-C, so the results writer removes its temporary folder."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum, frame):
+    for sig in _SIGNALS:  # a second signal must not interrupt the clean-up of the first
+        signal.signal(sig, signal.SIG_IGN)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated(signum)
+
+
+_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def _one_line(text: str, limit: int = 2000) -> str:
+    """A message as one printable line (names from files may hold newlines or escapes)."""
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
@@ -142,11 +181,22 @@ def main(argv=None) -> int:
         argv.insert(0, "run")
     args = parser.parse_args(argv)
     console = Console() if sys.stdout.isatty() else Console(width=160)  # pipes and logs: no truncated table
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, _on_signal) for sig in _SIGNALS} if in_main else {}
     try:
         return args.handler(args, console)
     except KvsimError as exc:
-        print(f"kvsim: error: {exc}", file=sys.stderr)
+        print(f"kvsim: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)
         return 130
+    except Terminated as exc:
+        print(f"kvsim: terminated ({signal.Signals(exc.signum).name})", file=sys.stderr)
+        return 128 + exc.signum
+    except BrokenPipeError:  # `kvsim schema | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

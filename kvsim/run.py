@@ -14,13 +14,24 @@ from typing import Callable, Optional
 
 from backends import load_backend
 from kvsim.engine.simulator import Replica, Simulation, make_allocator, make_scheduler
-from kvsim.perf.memory import kv_capacity, max_model_len
+from kvsim.perf.memory import check_fits, kv_capacity, max_model_len
 from kvsim.results.metrics import Metrics
 from kvsim.results.writer import ResultsWriter
 from kvsim.scenario.catalog import gpu_spec, model_spec
+from kvsim.scenario.config import results_dir
 from kvsim.scenario.workload import expected_count, generate_requests
 
 GIB = 1 << 30
+
+
+def input_paths(scenario) -> list[Path]:
+    """The files a run reads: a results folder that holds one of them is never replaced."""
+    paths = [Path(scenario.source)]
+    for rel in (scenario.model.hf_config, scenario.backend.calibration,
+                scenario.workload.trace.path if scenario.workload.trace else None):
+        if rel:
+            paths.append(scenario.resolve(rel))
+    return paths
 
 
 @dataclass(slots=True)
@@ -55,7 +66,7 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
         replicas.append(Replica(i, scheduler, backend))
     sim = Simulation(replicas, metrics, scenario.hardware.router, on_progress)
     try:
-        end = sim.run(generate_requests(scenario))
+        end = sim.run(generate_requests(scenario, mml))
         described = replicas[0].backend.describe()
     finally:
         for rep in replicas:  # a GPU backend holds most of the device: let the next policy have it
@@ -81,16 +92,18 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
 
 def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[list[str]] = None,
                  progress: Optional[Callable[[str, Optional[int]], Callable[[int], None]]] = None,
-                 write: bool = True) -> ScenarioResult:
-    """Simulate the scenario's policies (or the named ones) and write the results folder."""
+                 write: bool = True, force: bool = False) -> ScenarioResult:
+    """Simulate the scenario's policies (or the named ones) and write the results folder.
+
+    The folder (default `<output.dir>/<name>`) may be new, empty, or an earlier kvsim results folder;
+    `force` replaces any other folder (never one that holds the working directory or an input)."""
     model, gpu = model_spec(scenario), gpu_spec(scenario)
     chosen = [p for p in scenario.policies if policies is None or p.name in policies]
-    for p in chosen:  # size every policy first: a model that does not fit fails before any output
-        kv_capacity(scenario, p, model, gpu)
+    check_fits(scenario, model, gpu, chosen)  # a model that does not fit fails before any output
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
     if out_dir is None:
-        out_dir = Path(scenario.output.dir) / (scenario.name or "scenario")
-    writer = ResultsWriter(out_dir) if write else None
+        out_dir = results_dir(scenario)
+    writer = ResultsWriter(out_dir, force=force, inputs=input_paths(scenario)) if write else None
     result = ScenarioResult(out_dir if write else None, {})
     try:
         for policy in chosen:

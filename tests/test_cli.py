@@ -159,8 +159,8 @@ def test_good_run_writes_the_results_folder(tmp_path, capsys):
     out_dir = tmp_path / "out" / "res"
     code, out, err = run_cli(capsys, scenario, "--out", out_dir)
     assert code == 0, err
-    assert sorted(p.name for p in out_dir.iterdir()) == ["report.html", "requests.csv", "summary.json",
-                                                         "timeseries.csv"]
+    assert sorted(p.name for p in out_dir.iterdir()) == [".kvsim-results.json", "report.html", "requests.csv",
+                                                         "summary.json", "timeseries.csv"]
     assert [p.name for p in out_dir.parent.iterdir()] == ["res"]  # no temp folder left beside it
     assert "paged" in out and "contiguous" in out  # the comparison table
     summary = json.loads((out_dir / "summary.json").read_text())

@@ -206,7 +206,8 @@ output_len = { dist = "fixed", value = 10 }
      "bad.toml: engine.max_model_lenn: unknown key"),
     ("bad.toml", GOOD_TOML.replace(b"rate = 5.0", b"rate = -5.0"), "bad.toml: workload.arrival.rate:"),
     ("bad.toml", b"[model\nname = 1", "bad.toml: invalid TOML:"),
-    ("bad.toml", b"\xff\xfe" + GOOD_TOML, "bad.toml: scenario file is not UTF-8 text"),
+    ("bad.toml", b"\xff\xfe" + GOOD_TOML, "bad.toml:1: scenario file is not UTF-8 text"),
+    ("bad.toml", GOOD_TOML.replace(b'"mine"', b'"mi\x00ne"'), "bad.toml:1: NUL byte: scenario file is not a text file"),
     ("big.toml", GOOD_TOML + b"#" * (300 << 10), "big.toml: scenario file is 307,"),
 ])
 def test_bad_scenario_upload_is_one_error_line(name, data, message):
@@ -228,10 +229,11 @@ def test_bad_model_config_and_settings_are_one_error_line():
     assert one_error(at) == "scenarios/chat.toml: policies[0]: prefix caching needs the paged allocator"
     widget(at, "selectbox", "policies.0.enable_prefix_caching").set_value(None)
     widget(at, "selectbox", "model.name").set_value("Llama-3.1-70B").run()
-    assert "raise hardware.tensor_parallel_size" in one_error(at)
-    at.switch_page("views/memory.py").run()  # the memory page shows why instead, as `kvsim memory` does
-    assert_clean(at)
-    assert "does not fit" in at.warning[0].value
+    message = one_error(at)
+    assert message.startswith("scenarios/chat.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at tp=1) "
+                              "does not fit on H100-SXM")
+    at.switch_page("views/memory.py").run()  # the same line as `kvsim memory` and `kvsim run` print
+    assert one_error(at) == message
 
 
 def test_uploaded_scenario_trace_and_config_run_as_the_cli(tmp_path):
@@ -257,16 +259,18 @@ def test_uploaded_scenario_trace_and_config_run_as_the_cli(tmp_path):
 
 def test_help_is_the_fields_description_default_and_bounds(monkeypatch):
     info = EngineConfig.model_fields["max_num_seqs"]
-    monkeypatch.setattr(info, "description", None)
-    assert fields.help_text("engine.max_num_seqs") == ("Default: 256; range > 0.  \n"
+    assert info.description
+    assert fields.help_text("engine.max_num_seqs") == (f"{info.description}  \n"
+                                                       "Default: 256; range ≥ 1, ≤ 1,048,576.  \n"
                                                        "Scenario key `engine.max_num_seqs`.")
-    monkeypatch.setattr(info, "description", "Most sequences in one engine step (vLLM --max-num-seqs).")
-    assert fields.help_text("engine.max_num_seqs").startswith("Most sequences in one engine step (vLLM "
-                                                              "--max-num-seqs).  \nDefault: 256; range > 0.")
-    assert fields.help_text("policies.3.kv_cache_dtype").startswith(
-        'Default: "auto"; one of "auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "int8", "int4".')
-    assert "Default: unset (leave empty); range > 0." in fields.help_text("engine.max_model_len")
-    assert "range > 0, ≤ 1" in fields.help_text("hardware.gpu_memory_utilization")
+    monkeypatch.setattr(info, "description", None)  # a field without a description still explains itself
+    assert fields.help_text("engine.max_num_seqs") == ("Default: 256; range ≥ 1, ≤ 1,048,576.  \n"
+                                                       "Scenario key `engine.max_num_seqs`.")
+    assert fields.help_text("policies.3.kv_cache_dtype").endswith(
+        '  \nDefault: "auto"; one of "auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "int8", "int4".  \n'
+        "Scenario key `policies.<name>.kv_cache_dtype`.")
+    assert "Default: unset (leave empty); range ≥ 1, ≤ 16,777,216." in fields.help_text("engine.max_model_len")
+    assert "Default: 0.9; range > 0, ≤ 1." in fields.help_text("hardware.gpu_memory_utilization")
     at = open_app()  # every settings widget explains itself
     for kind in ("number_input", "selectbox", "checkbox", "multiselect", "file_uploader", "radio"):
         for w in getattr(at.sidebar, kind):

@@ -51,8 +51,12 @@ def write_run(out_dir, **commit_kw):
 def test_commit_writes_all_files_and_summary_round_trips(tmp_path):
     out = tmp_path / "res"
     summaries = write_run(out)
-    assert sorted(p.name for p in out.iterdir()) == ["report.html", "requests.csv", "summary.json", "timeseries.csv"]
+    assert sorted(p.name for p in out.iterdir()) == [".kvsim-results.json", "report.html", "requests.csv",
+                                                     "summary.json", "timeseries.csv"]
     assert [p.name for p in tmp_path.iterdir()] == ["res"]  # no temp folder left behind
+    marker = json.loads((out / ".kvsim-results.json").read_text())
+    assert marker == {"format": "kvsim-results", "version": 1,
+                      "files": ["report.html", "requests.csv", "summary.json", "timeseries.csv"]}
     doc = json.loads((out / "summary.json").read_text())
     assert doc == {"scenario": "demo<scenario>", "meta": {"seed": 1, "backend": "analytic"},
                    "policies": json.loads(json.dumps(summaries))}
@@ -108,13 +112,23 @@ def test_failed_commit_keeps_previous_results(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["res"]
 
 
-def test_existing_out_dir_is_replaced(tmp_path):
+def test_only_a_kvsim_results_folder_is_replaced(tmp_path):
     out = tmp_path / "res"
     out.mkdir()
-    (out / "stale.txt").write_text("old run")
-    write_run(out)
-    assert not (out / "stale.txt").exists()
-    assert (out / "summary.json").exists()
+    (out / "notes.txt").write_text("someone's work")
+    with pytest.raises(KvsimError, match="res: folder exists and is not a kvsim results folder: pass --force"):
+        write_run(out)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    (out / "notes.txt").unlink()
+    write_run(out)  # an empty folder may be used
+    write_run(out)  # and an earlier results folder replaced
+    (out / "notes.txt").write_text("added later")
+    with pytest.raises(KvsimError, match=r"res: results folder also holds files kvsim did not write \(notes.txt\)"):
+        write_run(out)
+    assert (out / "notes.txt").exists() and (out / "summary.json").exists()
+    with ResultsWriter(out, force=True) as writer:
+        writer.commit("forced", {}, {})
+    assert not (out / "notes.txt").exists() and json.loads((out / "summary.json").read_text())["scenario"] == "forced"
     assert [p.name for p in tmp_path.iterdir()] == ["res"]
 
 

@@ -176,7 +176,7 @@ def test_expected_count_synthetic():
 
 
 def test_errors_raised_before_iteration():
-    with pytest.raises(KvsimError, match="^scn.toml: workload.seed: Input should be greater than or equal to 0"):
+    with pytest.raises(KvsimError, match="^scn.toml: workload.seed: must be at least 0, got -1"):
         generate_requests(scenario(seed=-1, num_requests=3))  # rejected when the scenario is validated
     with pytest.raises(KvsimError, match="^scn.toml: workload.trace.path: file not found: .*absent.csv$"):
         generate_requests(scenario(arrival={"process": "trace"}, trace={"format": "csv", "path": "absent.csv"}))

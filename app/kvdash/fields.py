@@ -105,6 +105,7 @@ def field(key: str) -> Field:
 
 
 _SIGNS = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤"}
+JS_MAX_INT = 2**53 - 1  # the browser's largest exact integer: a number input cannot offer more
 
 
 def _fmt(value) -> str:
@@ -116,7 +117,7 @@ def _fmt(value) -> str:
         return f'"{value}"'
     if isinstance(value, BaseModel):
         return "a table"
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    return f"{value:g}" if isinstance(value, float) else f"{value:,}"
 
 
 def help_text(key: str) -> str:
@@ -164,8 +165,9 @@ def widget(container, key: str, value, *, widget_key: str, label: str | None = N
         return container.checkbox(label, value=bool(value), key=widget_key, help=helptext)
     if f.kind in (int, float):
         cast = f.kind
-        lo, hi = f.minimum(), f.maximum()
-        kwargs = {"min_value": None if lo is None else cast(lo), "max_value": None if hi is None else cast(hi)}
+        lo, hi = (None if b is None or (cast is int and abs(b) > JS_MAX_INT) else cast(b)  # the schema checks it
+                  for b in (f.minimum(), f.maximum()))
+        kwargs = {"min_value": lo, "max_value": hi}
         if cast is int:
             kwargs["step"] = step or 1
         else:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +19,9 @@ import streamlit as st
 import kvsim
 from kvsim.errors import KvsimError
 from kvsim.scenario.catalog import load_hf_config
-from kvsim.scenario.config import Scenario, scenario_from_dict, scenario_from_toml
+from kvsim.scenario.config import Scenario, name_from_stem, scenario_from_dict, scenario_from_toml
+from kvsim.scenario.files import check_values, parse_toml, read_text
 from kvsim.scenario.overrides import apply_overrides
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 SCENARIO_DIR = Path(kvsim.__file__).resolve().parent.parent / "scenarios"
 DEFAULT_SCENARIO = "chat"
@@ -80,13 +75,6 @@ def _read_upload(upload, what: str, limit: int) -> bytes:
     return data
 
 
-def _text(upload, data: bytes, what: str) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise KvsimError(f"{upload.name}: {what} is not UTF-8 text ({exc.reason})") from None
-
-
 def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", Path(name).name).lstrip(".") or "upload"
 
@@ -138,15 +126,17 @@ def _scenario_file(container) -> tuple[str, str, Path, str]:
         name = container.selectbox("Scenario", shipped, key="kvsim.shipped",
                                    index=shipped.index(DEFAULT_SCENARIO) if DEFAULT_SCENARIO in shipped else 0,
                                    help=f"A scenario file from {SCENARIO_DIR}")
-        return (SCENARIO_DIR / f"{name}.toml").read_text(), f"scenarios/{name}.toml", SCENARIO_DIR, name
+        path = SCENARIO_DIR / f"{name}.toml"
+        return read_text(path, "scenario file"), f"scenarios/{name}.toml", SCENARIO_DIR, name_from_stem(name)
     upload = container.file_uploader("Scenario TOML", type=["toml"], key="kvsim.upload_toml", max_upload_size=1,
                                      help="A scenario file as `python -m kvsim` reads it (at most "
                                           f"{MAX_TOML_BYTES >> 10} KiB); relative paths in it name files "
                                           "uploaded beside it.")
     if upload is None:
         raise KvsimError("upload a scenario TOML file, or start from a shipped scenario")
-    text = _text(upload, _read_upload(upload, "scenario file", MAX_TOML_BYTES), "scenario file")
-    return text, upload.name, upload_dir(), Path(upload.name).stem
+    path, _ = save_upload(upload, "scenario file", MAX_TOML_BYTES)
+    text = read_text(path, "scenario file", limit=MAX_TOML_BYTES)  # the CLI's reader: UTF-8, no NUL bytes
+    return text, upload.name, upload_dir(), name_from_stem(Path(upload.name).stem)
 
 
 def _extra_uploads(container):
@@ -191,10 +181,11 @@ def choose_base(container) -> Base:
     text, source, base_dir, default_name = _scenario_file(container)
     trace, fmt, hf = _extra_uploads(container)
     scenario_from_toml(text, source, base_dir, default_name=default_name)  # one-line error if it is not valid
-    data = _absolute_paths(tomllib.loads(text), base_dir)
+    data = _absolute_paths(parse_toml(text, source), base_dir)
     data.setdefault("name", default_name)
     digest = hashlib.sha256(f"{source}\0{text}".encode())
     overrides = _upload_overrides(data, trace, fmt, hf, digest)
     data = apply_overrides(data, overrides)
+    check_values(data, source)
     scenario = scenario_from_dict(data, source, base_dir)
     return Base(data, scenario, source, base_dir, tuple(overrides), digest.hexdigest()[:16], upload_dir())

@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass
 
 from kvsim.errors import KvsimError
-from kvsim.scenario.catalog import GpuSpec, ModelSpec
+from kvsim.scenario.catalog import GPUS, GpuSpec, ModelSpec, tp_problem
+from kvsim.scenario.limits import MAX_KV_BLOCKS, MAX_TENSOR_PARALLEL
 
 GiB = 2**30
 KV_ELEM_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "int8": 1.0, "int4": 0.5}
@@ -158,3 +159,46 @@ def prefill_flops_saved(model: ModelSpec, cached_tokens: int, total_prompt_token
         raise ValueError(f"cached_tokens {cached_tokens} not in [0, {total_prompt_tokens}]")
     rest = total_prompt_tokens - cached_tokens
     return prefill_flops(model, total_prompt_tokens) - prefill_flops(model, rest, cached_tokens)
+
+
+def check_fits(scenario, model: ModelSpec, gpu: GpuSpec, policies) -> None:
+    """`kv_capacity` for each policy, as `run` and `memory` check before anything else. A model that
+    does not fit raises the one-line error with the smallest tensor_parallel_size (or GPU preset)
+    that would fit; a KV cache over MAX_KV_BLOCKS blocks (all replicas) is refused too."""
+    try:
+        caps = [kv_capacity(scenario, p, model, gpu) for p in policies]
+    except KvsimError as exc:
+        raise KvsimError(f"{exc}{_fit_hint(scenario, model, gpu, policies)}") from None
+    replicas = scenario.hardware.num_replicas
+    blocks = max((c.num_blocks for c in caps), default=0) * replicas
+    if blocks > MAX_KV_BLOCKS:
+        raise KvsimError(f"{scenario.source}: {replicas} replica(s) × {blocks // replicas:,} KV blocks is more than "
+                         f"the {MAX_KV_BLOCKS:,} blocks kvsim simulates: raise engine.block_size, or lower "
+                         f"hardware.num_replicas or hardware.memory_gib")
+
+
+def smallest_tp(scenario, model: ModelSpec, gpu: GpuSpec, policies) -> int | None:
+    """The smallest tensor_parallel_size vLLM accepts for `model` at which every policy fits on `gpu`."""
+    for tp in range(1, min(model.num_attention_heads, MAX_TENSOR_PARALLEL) + 1):
+        if tp_problem(model, tp):
+            continue
+        trial = scenario.model_copy(update={"hardware": scenario.hardware.model_copy(
+            update={"tensor_parallel_size": tp})})
+        try:
+            for p in policies:
+                kv_capacity(trial, p, model, gpu)
+        except KvsimError:
+            continue
+        return tp
+    return None
+
+
+def _fit_hint(scenario, model: ModelSpec, gpu: GpuSpec, policies) -> str:
+    tp = smallest_tp(scenario, model, gpu, policies)
+    if tp is not None:
+        return f" (the smallest tensor_parallel_size that fits: {tp})"
+    for other in sorted(GPUS.values(), key=lambda g: g.memory_gib):
+        tp = smallest_tp(scenario, model, other, policies)
+        if tp is not None:
+            return f" (no tensor_parallel_size fits on {gpu.name}; {other.name} fits at tensor_parallel_size {tp})"
+    return " (no tensor_parallel_size fits on any GPU preset with these engine settings)"

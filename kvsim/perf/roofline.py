@@ -13,7 +13,8 @@ from functools import partial
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from kvsim.errors import KvsimError, read_json_object
+from kvsim.errors import KvsimError
+from kvsim.scenario.files import read_json_object
 from kvsim.perf.memory import QUANTIZED_KV, bytes_per_block, kv_bytes_per_token, kv_elements_per_token
 from kvsim.scenario.catalog import GpuSpec, ModelSpec
 
@@ -33,8 +34,14 @@ class Calibration:
     dequant_flops_per_element: float = 2.0  # per KV element read from a quantized cache (int4: twice)
 
 
+# Bounds of calibration values: efficiencies divide achieved rates; overheads are seconds per step.
+_LIMITS = {**dict.fromkeys(_EFFICIENCIES, (0.001, 1.0)), "step_overhead_s": (0.0, 10.0),
+           "per_seq_overhead_s": (0.0, 10.0), "allreduce_latency_s": (0.0, 10.0)}
+
+
 def load_calibration(path) -> Calibration:
-    """A Calibration from a JSON object holding any of its fields; the rest keep their defaults."""
+    """A Calibration from a JSON object holding any of its fields; the rest keep their defaults.
+    Every value is finite and within its bound (_LIMITS; others in [0, 1e6])."""
     path = Path(path)
     data = read_json_object(path, "calibration (backend.calibration)")
     known = [f.name for f in fields(Calibration)]
@@ -42,11 +49,10 @@ def load_calibration(path) -> Calibration:
         if key not in known:
             raise KvsimError(f"{path}: {key}: unknown calibration key (known: {', '.join(known)})")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise KvsimError(f"{path}: {key}: must be a number, got {value!r}")
-        if key in _EFFICIENCIES and not 0 < value <= 1:
-            raise KvsimError(f"{path}: {key}: must be in (0, 1], got {value!r}")
-        if value < 0:
-            raise KvsimError(f"{path}: {key}: must not be negative, got {value!r}")
+            raise KvsimError(f"{path}: {key}: must be a number, got {str(value)[:40]}")
+        low, high = _LIMITS.get(key, (0.0, 1e6))
+        if not low <= value <= high:
+            raise KvsimError(f"{path}: {key}: must be in [{low:g}, {high:g}], got {value!r}")
     return Calibration(**{k: float(v) for k, v in data.items()})
 
 

@@ -126,7 +126,7 @@ def memory_records(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None, seq
 
 
 def _gib(x: float) -> str:
-    return f"{x / GiB:,.2f} GiB"
+    return f"{x / GiB:,.2f} GiB" if x >= 0 else f"none ({-x / GiB:,.2f} GiB short)"
 
 
 def _bytes(x: float) -> str:

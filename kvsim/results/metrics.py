@@ -156,8 +156,9 @@ class Metrics:
         self.requests_file = requests_file
         self.requests_csv = csv.writer(requests_file) if requests_file is not None else None
         cell = io.StringIO()
-        csv.writer(cell).writerow((policy,))  # quoted as the csv module would
-        self._finished_row = (cell.getvalue().rstrip("\r\n") + ",%d,finished,," + ",".join([TIME] * 5)
+        csv.writer(cell).writerow((policy,))  # quoted as the csv module would; a '%' in it is not a format
+        self._finished_row = (cell.getvalue().rstrip("\r\n").replace("%", "%%") + ",%d,finished,,"
+                              + ",".join([TIME] * 5)
                               + ",%s," + TIME + ",%d,%d,%d,%d\r\n")
         self.ttft = array("d")
         self.e2e = array("d")

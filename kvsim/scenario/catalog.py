@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from kvsim.errors import KvsimError, read_json_object
+from kvsim.errors import KvsimError
+from kvsim.scenario.files import read_json_object
+from kvsim.scenario.limits import MAX_MODEL_LEN
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
 
@@ -101,11 +103,16 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
 )}
 
 
-_WANT = {int: "a positive integer", float: "a number", bool: "true or false"}
+_WANT = {int: "a positive integer", float: "a positive number", bool: "true or false"}
+# Upper bounds of the config.json integers kvsim reads: far above any published model.
+_MAX_INT = {"num_hidden_layers": 1024, "hidden_size": 2**20, "num_attention_heads": 2**14,
+            "num_key_value_heads": 2**14, "head_dim": 2**14, "intermediate_size": 2**22, "vocab_size": 2**24,
+            "max_position_embeddings": MAX_MODEL_LEN}
+_MAX_FLOAT = {"rope_theta": 1e15, "rms_norm_eps": 1.0}
 
 
 def _get(cfg: dict, key: str, source: str, kind: type, default=None):
-    """cfg[key] checked against `kind` (ints must be positive); a missing key needs a default."""
+    """cfg[key] checked against `kind`, positive and within its bound; a missing key needs a default."""
     value = cfg.get(key)
     if value is None:
         if default is None:
@@ -114,13 +121,16 @@ def _get(cfg: dict, key: str, source: str, kind: type, default=None):
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     bad_bool = isinstance(value, bool) and kind is not bool
-    if bad_bool or not isinstance(value, kind) or (kind is int and value <= 0):
-        raise KvsimError(f"{source}: {key}: must be {_WANT[kind]}, got {value!r}")
+    if bad_bool or not isinstance(value, kind) or (kind is not bool and not value > 0):
+        raise KvsimError(f"{source}: {key}: must be {_WANT[kind]}, got {str(value)[:40]}")
+    bound = _MAX_INT.get(key) if kind is int else _MAX_FLOAT.get(key)
+    if bound is not None and value > bound:
+        raise KvsimError(f"{source}: {key}: must be at most {bound:,}, got {value:,}")
     return value
 
 
 def load_hf_config(path: Path, name: str | None = None) -> ModelSpec:
-    """A ModelSpec from a Hugging Face config.json (or a folder holding one)."""
+    """A ModelSpec from a Hugging Face config.json (or a folder holding one), checked for consistency."""
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
@@ -128,12 +138,18 @@ def load_hf_config(path: Path, name: str | None = None) -> ModelSpec:
     src = str(path)
     hidden = _get(cfg, "hidden_size", src, int)
     heads = _get(cfg, "num_attention_heads", src, int)
+    kv_heads = _get(cfg, "num_key_value_heads", src, int, heads)
+    if cfg.get("head_dim") is None and hidden % heads:
+        raise KvsimError(f"{src}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                         f"(give head_dim)")
+    if heads % kv_heads:
+        raise KvsimError(f"{src}: num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}")
     return ModelSpec(
         name=name or (path.parent.name if path.name == "config.json" and path.parent.name else path.stem),
         num_hidden_layers=_get(cfg, "num_hidden_layers", src, int),
         hidden_size=hidden,
         num_attention_heads=heads,
-        num_key_value_heads=_get(cfg, "num_key_value_heads", src, int, heads),
+        num_key_value_heads=kv_heads,
         head_dim=_get(cfg, "head_dim", src, int, hidden // heads),
         intermediate_size=_get(cfg, "intermediate_size", src, int),
         vocab_size=_get(cfg, "vocab_size", src, int),
@@ -145,8 +161,21 @@ def load_hf_config(path: Path, name: str | None = None) -> ModelSpec:
     )
 
 
+def tp_problem(model: ModelSpec, tp: int) -> str:
+    """Why vLLM would refuse `tp` GPUs for this model ('' if it would not): tp must divide the
+    attention heads (ModelConfig.verify_with_parallel_config), and the KV heads must split evenly
+    over the GPUs or, when tp exceeds them, be replicated evenly (QKVParallelLinear)."""
+    heads, kv = model.num_attention_heads, model.num_key_value_heads
+    if heads % tp:
+        return f"{tp} does not divide {model.name}'s {heads} attention heads"
+    if (kv % tp) if tp < kv else (tp % kv):
+        return f"{tp} GPUs cannot share {model.name}'s {kv} KV heads evenly"
+    return ""
+
+
 def model_spec(scenario) -> ModelSpec:
-    """The scenario's model: a preset (case-insensitive) or its hf_config, in the scenario's dtype."""
+    """The scenario's model: a preset (case-insensitive) or its hf_config, in the scenario's dtype,
+    checked against hardware.tensor_parallel_size."""
     cfg = scenario.model
     if cfg.name is not None:
         spec = {k.lower(): v for k, v in MODELS.items()}.get(cfg.name.lower())
@@ -155,6 +184,9 @@ def model_spec(scenario) -> ModelSpec:
                              f"(presets: {', '.join(MODELS)}; or give model.hf_config)")
     else:
         spec = load_hf_config(scenario.resolve(cfg.hf_config))
+    problem = tp_problem(spec, scenario.hardware.tensor_parallel_size)
+    if problem:
+        raise KvsimError(f"{scenario.source}: hardware.tensor_parallel_size: {problem}")
     return replace(spec, dtype=cfg.dtype)
 
 

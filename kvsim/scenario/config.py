@@ -3,46 +3,86 @@
 A scenario has the sections model, hardware, engine, policies (one or more, compared in one run),
 workload, slo, output and backend. Names follow vLLM's engine arguments where vLLM has them, so a
 user can carry a serving config over. `load_scenario(path)` returns a validated `Scenario` or raises
-`KvsimError` naming the file, the key path and the reason. Relative paths inside a scenario are
-resolved against the scenario file's folder.
+`KvsimError` naming the file, the key path and the reason. Every number is finite and bounded
+(kvsim.scenario.limits) and every field says what it means (`kvsim schema`). Input paths inside a
+scenario (trace, hf_config, calibration) are resolved against the scenario file's folder;
+`output.dir` is relative to the current working directory.
 """
 
 from __future__ import annotations
 
 import json
-import sys
+import re
 from pathlib import Path
 from typing import Annotated, Iterable, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
+                      model_validator)
 
-from kvsim.errors import KvsimError, read_text
+from kvsim.errors import KvsimError
+from kvsim.scenario import limits as L
+from kvsim.scenario.catalog import GPUS, MODELS
+from kvsim.scenario.files import check_values, key_path, parse_toml, read_text
 from kvsim.scenario.overrides import apply_overrides
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
+Tokens = Annotated[int, Field(ge=1, le=L.MAX_TOKENS)]
+GiB = Annotated[float, Field(ge=0, le=L.MAX_GIB)]
+Seed = Annotated[int, Field(ge=0, le=L.MAX_SEED)]
+Bandwidth = Annotated[float, Field(ge=L.MIN_BANDWIDTH_GBPS, le=L.MAX_BANDWIDTH_GBPS)]
+Tflops = Annotated[float, Field(ge=L.MIN_TFLOPS, le=L.MAX_TFLOPS)]
+Millis = Annotated[float, Field(gt=0, le=L.MAX_MS)]
 
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "int8", "int4")
+_PLAIN_NAME = re.compile(r"\w[\w.+-]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _plain_name(value: str) -> str:
+    if len(value) > L.MAX_NAME_CHARS or not _PLAIN_NAME.fullmatch(value) or ".." in value:
+        raise ValueError(f"must be a plain file name (letters, digits, '_', '-', '+', '.'; not starting with '.', "
+                         f"no '..', at most {L.MAX_NAME_CHARS} characters), got {value[:120]!r}")
+    return value
+
+
+def _one_line(limit: int):
+    def check(value: str) -> str:
+        if not value.strip() or len(value) > limit or _CONTROL.search(value):
+            raise ValueError(f"must be 1 to {limit} characters without control characters, got {value[:120]!r}")
+        return value
+    return check
+
+
+def _text(value: str) -> str:
+    if len(value) > L.MAX_TEXT_CHARS or _CONTROL.search(value.replace("\n", "").replace("\t", "")):
+        raise ValueError(f"must be at most {L.MAX_TEXT_CHARS} characters without control characters")
+    return value
+
+
+PlainName = Annotated[str, Field(min_length=1, max_length=L.MAX_NAME_CHARS), AfterValidator(_plain_name)]
+Label = Annotated[str, Field(min_length=1, max_length=L.MAX_NAME_CHARS), AfterValidator(_one_line(L.MAX_NAME_CHARS))]
+PathText = Annotated[str, Field(min_length=1, max_length=L.MAX_PATH_CHARS), AfterValidator(_one_line(L.MAX_PATH_CHARS))]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Section):
     """A preset name from kvsim.scenario.catalog, or a Hugging Face config.json."""
 
-    name: Optional[str] = None
-    hf_config: Optional[str] = None
-    dtype: Literal["bfloat16", "float16", "float32", "fp8"] = "bfloat16"
+    name: Optional[Label] = Field(None, json_schema_extra={"enum": list(MODELS)}, description=(
+        "Model preset (case-insensitive). Give this or hf_config, not both."))
+    hf_config: Optional[PathText] = Field(None, description=(
+        "Path to a Hugging Face config.json (or the folder holding one), relative to the scenario file: "
+        "a dense decoder-only model (Llama, Qwen, Mistral family). Give this or name."))
+    dtype: Literal["bfloat16", "float16", "float32", "fp8"] = Field("bfloat16", description=(
+        "Weight dtype: sets weight memory and the GEMM rate (fp8 uses the GPU's fp8 TFLOP/s). "
+        "vLLM: --dtype (fp8 weights: --quantization fp8)."))
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -54,45 +94,86 @@ class ModelConfig(_Section):
 class HardwareConfig(_Section):
     """A GPU preset, optional overrides of its datasheet figures, and how many GPUs serve."""
 
-    gpu: str = "H100-SXM"
-    tensor_parallel_size: PosInt = 1
-    num_replicas: PosInt = 1
+    gpu: Label = Field("H100-SXM", json_schema_extra={"enum": list(GPUS)}, description=(
+        "GPU preset (case-insensitive); the *_gbps, *_tflops and memory_gib keys below override its figures."))
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=L.MAX_TENSOR_PARALLEL)] = Field(1, description=(
+        "GPUs per replica; weights and KV heads are sharded over them. Must divide num_attention_heads; "
+        "KV heads are replicated when it exceeds their number, as vLLM does. vLLM: --tensor-parallel-size."))
+    num_replicas: Annotated[int, Field(ge=1, le=L.MAX_REPLICAS)] = Field(1, description=(
+        "Independent engine replicas (data parallel), each with tensor_parallel_size GPUs, behind one router. "
+        "vLLM: --data-parallel-size, or separate servers behind a load balancer."))
     # prefix_affinity: to the replica whose prefix cache holds most of the prompt, load permitting
-    router: Literal["least_loaded", "round_robin", "prefix_affinity"] = "least_loaded"
-    gpu_memory_utilization: Fraction = 0.9
-    memory_gib: Optional[PosFloat] = None
-    hbm_bandwidth_gbps: Optional[PosFloat] = None
-    bf16_tflops: Optional[PosFloat] = None
-    fp8_tflops: Optional[PosFloat] = None
-    fp32_tflops: Optional[PosFloat] = None
-    nvlink_gbps: Optional[PosFloat] = None  # GB/s each way (half the datasheet's bidirectional figure)
-    pcie_gbps: Optional[PosFloat] = None  # GB/s each way
+    router: Literal["least_loaded", "round_robin", "prefix_affinity"] = Field("least_loaded", description=(
+        "How requests are spread over replicas: least_loaded (fewest unfinished requests), round_robin, or "
+        "prefix_affinity (the replica whose prefix cache holds most of the prompt, load permitting)."))
+    gpu_memory_utilization: Fraction = Field(0.9, description=(
+        "Share of each GPU's memory the engine may use for weights, activations and KV cache, in (0, 1]. "
+        "vLLM: --gpu-memory-utilization (default 0.9)."))
+    memory_gib: Optional[Annotated[float, Field(gt=0, le=L.MAX_GIB)]] = Field(None, description=(
+        "Override: GPU memory in GiB as the device reports it (nvidia-smi MiB / 1024). Default: the preset's."))
+    hbm_bandwidth_gbps: Optional[Bandwidth] = Field(None, description=(
+        "Override: HBM bandwidth in GB/s (datasheet). Default: the preset's."))
+    bf16_tflops: Optional[Tflops] = Field(None, description=(
+        "Override: dense bf16/fp16 tensor-core TFLOP/s (no sparsity). Default: the preset's."))
+    fp8_tflops: Optional[Tflops] = Field(None, description=(
+        "Override: dense fp8 tensor-core TFLOP/s, used for fp8 weights. Default: the preset's."))
+    fp32_tflops: Optional[Tflops] = Field(None, description=(
+        "Override: non-tensor-core fp32 TFLOP/s, used for KV dequantization work. Default: the preset's."))
+    nvlink_gbps: Optional[Bandwidth] = Field(None, description=(  # half the datasheet's bidirectional figure
+        "Override: GPU-to-GPU bandwidth in GB/s each way (half the datasheet's bidirectional figure), for "
+        "tensor-parallel all-reduces. Default: the preset's."))
+    pcie_gbps: Optional[Bandwidth] = Field(None, description=(
+        "Override: host link bandwidth in GB/s each way, for KV swapping. Default: the preset's."))
 
 
 class EngineConfig(_Section):
     """vLLM engine arguments, with vLLM's defaults (V1, OpenAI server on a >=70 GB GPU)."""
 
-    block_size: Literal[1, 8, 16, 32, 64, 128] = 16
-    max_num_seqs: PosInt = 256
-    max_num_batched_tokens: PosInt = 8192
-    max_model_len: Optional[PosInt] = None  # None: the model's max_position_embeddings
-    enable_prefix_caching: bool = True
-    preemption_mode: Literal["recompute", "swap"] = "recompute"
-    swap_space: NonNegFloat = 4.0  # GiB of host memory per GPU for swapped-out KV, as vLLM
-    activation_reserve_gib: Optional[NonNegFloat] = None  # None: estimated from the model
-    fixed_reserve_gib: NonNegFloat = 1.0  # CUDA context, NCCL, cuBLAS workspaces, graphs
+    block_size: Literal[1, 8, 16, 32, 64, 128] = Field(16, description=(
+        "Tokens per KV-cache block (paged allocator). vLLM: --block-size (default 16)."))
+    max_num_seqs: Annotated[int, Field(ge=1, le=L.MAX_NUM_SEQS)] = Field(256, description=(
+        "Most sequences in one engine step (running batch size). vLLM: --max-num-seqs."))
+    max_num_batched_tokens: Annotated[int, Field(ge=1, le=L.MAX_BATCHED_TOKENS)] = Field(8192, description=(
+        "Token budget of one engine step (prefill chunks plus one token per decoding sequence); also sizes "
+        "the activation estimate. vLLM: --max-num-batched-tokens."))
+    max_model_len: Optional[Annotated[int, Field(ge=1, le=L.MAX_MODEL_LEN)]] = Field(None, description=(
+        "Longest sequence (prompt + output tokens) a request may reach; longer requests are rejected. "
+        "vLLM: --max-model-len. Default: the model's max_position_embeddings."))
+    enable_prefix_caching: bool = Field(True, description=(
+        "Reuse cached KV blocks of identical prompt prefixes (paged allocator; a policy may override). "
+        "vLLM: --enable-prefix-caching (on by default in V1)."))
+    preemption_mode: Literal["recompute", "swap"] = Field("recompute", description=(
+        "What happens to a preempted sequence's KV: recompute (drop it, newest first; vLLM V1's only mode) or "
+        "swap (copy to host memory over PCIe). vLLM V0: --preemption-mode."))
+    swap_space: GiB = Field(4.0, description=(  # GiB of host memory per GPU for swapped-out KV, as vLLM
+        "Host memory in GiB per GPU for swapped-out KV (preemption_mode = swap). vLLM: --swap-space (default 4)."))
+    activation_reserve_gib: Optional[GiB] = Field(None, description=(
+        "GiB per GPU set aside for activations. Default: estimated from the model and max_num_batched_tokens "
+        "(vLLM measures it with a profiling forward pass)."))
+    fixed_reserve_gib: GiB = Field(1.0, description=(  # CUDA context, NCCL, cuBLAS workspaces, graphs
+        "GiB per GPU for the CUDA context, NCCL and cuBLAS workspaces and CUDA graphs."))
 
 
 class PolicyConfig(_Section):
     """One KV-cache policy to compare: allocator, cache dtype and prefill mode."""
 
-    name: str
-    allocator: Literal["paged", "contiguous"] = "paged"
-    kv_cache_dtype: Literal[KV_CACHE_DTYPES] = "auto"  # type: ignore[valid-type]
-    enable_chunked_prefill: bool = True
-    max_num_batched_tokens: Optional[PosInt] = None  # None: engine.max_num_batched_tokens (the chunk budget)
-    enable_prefix_caching: Optional[bool] = None  # None: engine.enable_prefix_caching (paged only)
-    contiguous_reserve: Literal["max_model_len", "known_output"] = "max_model_len"
+    name: Label = Field(description="The policy's name in tables, reports and results files (unique).")
+    allocator: Literal["paged", "contiguous"] = Field("paged", description=(
+        "paged: vLLM's BlockManager (block tables, prefix caching); contiguous: one slab per request "
+        "(first fit), as engines before PagedAttention."))
+    kv_cache_dtype: Literal[KV_CACHE_DTYPES] = Field("auto", description=(  # type: ignore[valid-type]
+        "KV-cache element type: auto (the model's dtype), bfloat16, float16, fp8 (= fp8_e4m3), int8, int4; "
+        "quantized caches store an fp32 scale per token and KV head. vLLM: --kv-cache-dtype."))
+    enable_chunked_prefill: bool = Field(True, description=(
+        "Split long prompts into chunks that share a step with decoding sequences (vLLM V1 always does); "
+        "false: a prompt is prefilled whole in one step. vLLM: --enable-chunked-prefill."))
+    max_num_batched_tokens: Optional[Annotated[int, Field(ge=1, le=L.MAX_BATCHED_TOKENS)]] = Field(None, description=(
+        "This policy's token budget per step (the prefill chunk size). Default: engine.max_num_batched_tokens."))
+    enable_prefix_caching: Optional[bool] = Field(None, description=(
+        "This policy's prefix caching (paged only). Default: engine.enable_prefix_caching."))
+    contiguous_reserve: Literal["max_model_len", "known_output"] = Field("max_model_len", description=(
+        "Contiguous allocator: reserve max_model_len slots per request (what such engines must do) or only "
+        "prompt + the request's known output length (an oracle bound)."))
 
     @model_validator(mode="after")
     def _contiguous_has_no_prefix_cache(self):
@@ -104,12 +185,17 @@ class PolicyConfig(_Section):
 class LengthDist(_Section):
     """Token-length distribution: fixed, uniform [min, max], lognormal (mean, sigma) or from the trace."""
 
-    dist: Literal["fixed", "uniform", "lognormal", "trace"] = "fixed"
-    value: Optional[PosInt] = None
-    min: Optional[PosInt] = None
-    max: Optional[PosInt] = None
-    mean: Optional[PosFloat] = None
-    sigma: Optional[PosFloat] = None
+    dist: Literal["fixed", "uniform", "lognormal", "trace"] = Field("fixed", description=(
+        "fixed (value), uniform integers in [min, max], lognormal (mean, sigma; clipped to [min, max]) or "
+        "trace (each row's own length; needs [workload.trace])."))
+    value: Optional[Tokens] = Field(None, description="fixed: the length in tokens.")
+    min: Optional[Tokens] = Field(None, description="uniform: smallest length; lognormal: clip below (default 1). Tokens.")
+    max: Optional[Tokens] = Field(None, description=(
+        f"uniform: largest length; lognormal: clip above (default {L.MAX_TOKENS:,}). Tokens."))
+    mean: Optional[Annotated[float, Field(ge=1, le=L.MAX_TOKENS)]] = Field(None, description=(
+        "lognormal: mean length in tokens (before clipping)."))
+    sigma: Optional[Annotated[float, Field(ge=L.MIN_SIGMA, le=L.MAX_SIGMA)]] = Field(None, description=(
+        "lognormal: standard deviation of the underlying normal (0.5: moderate spread, 1.5: heavy tail)."))
 
     @model_validator(mode="after")
     def _params(self):
@@ -117,7 +203,7 @@ class LengthDist(_Section):
         missing = [k for k in need[self.dist] if getattr(self, k) is None]
         if missing:
             raise ValueError(f"dist '{self.dist}' needs {', '.join(missing)}")
-        if self.dist == "uniform" and self.min > self.max:
+        if self.min is not None and self.max is not None and self.min > self.max:
             raise ValueError("min must not exceed max")
         return self
 
@@ -125,10 +211,15 @@ class LengthDist(_Section):
 class ArrivalConfig(_Section):
     """Poisson or gamma (bursty: cv > 1) arrivals at `rate` requests/s, or the trace's own times."""
 
-    process: Literal["poisson", "gamma", "trace"] = "poisson"
-    rate: Optional[PosFloat] = None
-    cv: PosFloat = 1.0
-    time_scale: PosFloat = 1.0  # trace replay: multiply inter-arrival gaps by this (0.5 = twice the load)
+    process: Literal["poisson", "gamma", "trace"] = Field("poisson", description=(
+        "poisson (exponential gaps), gamma (gaps with coefficient of variation cv; cv > 1 is bursty) or "
+        "trace (the trace's own arrival times)."))
+    rate: Optional[Annotated[float, Field(ge=L.MIN_RATE, le=L.MAX_RATE)]] = Field(None, description=(
+        "Mean arrival rate in requests per second (poisson and gamma)."))
+    cv: Annotated[float, Field(ge=L.MIN_CV, le=L.MAX_CV)] = Field(1.0, description=(
+        "gamma: coefficient of variation of the gaps (1 = Poisson, 2 = bursty)."))
+    time_scale: Annotated[float, Field(ge=L.MIN_SCALE, le=L.MAX_SCALE)] = Field(1.0, description=(
+        "trace: multiply the trace's inter-arrival gaps by this (0.5 = twice the load)."))
 
     @model_validator(mode="after")
     def _rate(self):
@@ -140,26 +231,45 @@ class ArrivalConfig(_Section):
 class PrefixConfig(_Section):
     """Groups of requests that share a system prompt, so prefix caching has something to find."""
 
-    num_groups: PosInt = 1
-    prefix_len: PosInt = 512
-    fraction: Fraction = 1.0  # share of requests that carry a group's prefix
+    num_groups: Annotated[int, Field(ge=1, le=L.MAX_PREFIX_GROUPS)] = Field(1, description=(
+        "Number of distinct shared prefixes (system prompts); a member joins one uniformly."))
+    prefix_len: Annotated[int, Field(ge=1, le=L.MAX_MODEL_LEN)] = Field(512, description=(
+        "Tokens of each shared prefix, added in front of the member's sampled prompt."))
+    fraction: Fraction = Field(1.0, description="Share of requests that carry a group's prefix, in (0, 1].")
+
+    @model_validator(mode="after")
+    def _bounded(self):
+        if self.num_groups * self.prefix_len > L.MAX_PREFIX_TOKENS:
+            raise ValueError(f"num_groups × prefix_len = {self.num_groups * self.prefix_len:,} tokens, more than "
+                             f"{L.MAX_PREFIX_TOKENS:,}")
+        return self
 
 
 class TraceConfig(_Section):
-    format: Literal["azure", "mooncake", "csv"]
-    path: str
-    max_requests: Optional[PosInt] = None
+    """A request trace to replay: its arrival times, lengths, or both."""
+
+    format: Literal["azure", "mooncake", "csv"] = Field(description=(
+        "azure: Azure LLM 2023 CSV (TIMESTAMP, ContextTokens, GeneratedTokens); mooncake: JSONL with "
+        "timestamp (ms), input_length, output_length, hash_ids; csv: arrival_s, prompt_tokens, output_tokens."))
+    path: PathText = Field(description="The trace file, relative to the scenario file.")
+    max_requests: Optional[Annotated[int, Field(ge=1, le=L.MAX_REQUESTS)]] = Field(None, description=(
+        "Replay only the first this many rows (in arrival order). Default: all."))
 
 
 class WorkloadConfig(_Section):
-    seed: NonNegInt = 0
-    num_requests: Optional[PosInt] = None
-    duration_s: Optional[PosFloat] = None
-    arrival: ArrivalConfig = ArrivalConfig(rate=1.0)
-    prompt_len: LengthDist = LengthDist(dist="fixed", value=512)
-    output_len: LengthDist = LengthDist(dist="fixed", value=128)
-    prefix: Optional[PrefixConfig] = None
-    trace: Optional[TraceConfig] = None
+    """The requests: arrivals, prompt and output lengths, shared prefixes, or a trace."""
+
+    seed: Seed = Field(0, description="Random seed of arrivals, lengths and prefix groups: same seed, same requests.")
+    num_requests: Optional[Annotated[int, Field(ge=1, le=L.MAX_REQUESTS)]] = Field(None, description=(
+        "Stop after this many requests (or at duration_s, whichever comes first)."))
+    duration_s: Optional[Annotated[float, Field(gt=0, le=L.MAX_DURATION_S)]] = Field(None, description=(
+        "Stop at the first arrival after this many simulated seconds."))
+    arrival: ArrivalConfig = Field(ArrivalConfig(rate=1.0), description="The arrival process.")
+    prompt_len: LengthDist = Field(LengthDist(dist="fixed", value=512), description="Prompt length distribution.")
+    output_len: LengthDist = Field(LengthDist(dist="fixed", value=128), description=(
+        "Output length distribution: every request generates exactly this many tokens (no early EOS)."))
+    prefix: Optional[PrefixConfig] = Field(None, description="Shared system-prompt groups (none by default).")
+    trace: Optional[TraceConfig] = Field(None, description="A trace to replay (none by default).")
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -169,42 +279,65 @@ class WorkloadConfig(_Section):
             raise ValueError("arrival process or lengths come from a trace, but [workload.trace] is missing")
         if self.trace is None and self.num_requests is None and self.duration_s is None:
             raise ValueError("give num_requests or duration_s")
+        if self.num_requests is None and self.duration_s is not None and self.arrival.process != "trace":
+            expected = self.arrival.rate * self.duration_s
+            if expected > L.MAX_REQUESTS:
+                raise ValueError(f"arrival.rate × duration_s = {expected:,.0f} requests, more than "
+                                 f"{L.MAX_REQUESTS:,}: set num_requests or shorten duration_s")
         return self
 
 
 class SloConfig(_Section):
     """A request meets the SLO when every given bound holds (milliseconds)."""
 
-    ttft_ms: Optional[PosFloat] = 2000.0
-    itl_ms: Optional[PosFloat] = 100.0  # mean inter-token latency of the request (TPOT)
-    e2e_ms: Optional[PosFloat] = None
+    ttft_ms: Optional[Millis] = Field(2000.0, description="Time to first token bound in ms (none: no bound).")
+    itl_ms: Optional[Millis] = Field(100.0, description=(  # mean inter-token latency of the request (TPOT)
+        "Bound in ms on a request's mean inter-token latency (TPOT) (none: no bound)."))
+    e2e_ms: Optional[Millis] = Field(None, description="End-to-end latency bound in ms (none by default).")
 
 
 class OutputConfig(_Section):
-    dir: str = "results"
-    timeseries_interval_s: PosFloat = 0.25
-    report_html: bool = True
+    """Where and what a run writes."""
+
+    dir: PathText = Field("results", description=(
+        "Folder that receives <dir>/<scenario name>/; relative to the current working directory. "
+        "kvsim only replaces a results folder it wrote itself (or an empty one)."))
+    timeseries_interval_s: Annotated[float, Field(ge=L.MIN_INTERVAL_S, le=L.MAX_DURATION_S)] = Field(0.25, description=(
+        "Sampling interval of timeseries.csv in simulated seconds."))
+    report_html: bool = Field(True, description="Write the self-contained report.html.")
 
 
 class BackendConfig(_Section):
-    name: str = "analytic"
-    calibration: Optional[str] = None  # JSON of roofline coefficients, relative to the scenario
-    device: str = "cuda:0"  # triton backend
-    seed: NonNegInt = 0  # triton backend: random weights
-    enforce_eager: bool = False  # triton backend: no CUDA graphs for decode steps
+    """What prices an engine step: the analytic roofline model or the real Triton engine."""
+
+    name: Label = Field("analytic", json_schema_extra={"enum": ["analytic", "triton"]}, description=(
+        "analytic (roofline step time, no GPU) or triton (real kernels on an NVIDIA GPU); more may be "
+        "installed through the kvsim.backends entry point."))
+    calibration: Optional[PathText] = Field(None, description=(  # relative to the scenario
+        "analytic: JSON file of roofline coefficients (kvsim calibrate writes one), relative to the scenario "
+        "file. Default: built-in H100-class coefficients."))
+    device: Label = Field("cuda:0", description="triton: the torch device to run on.")
+    seed: Seed = Field(0, description="triton: seed of the random model weights.")
+    enforce_eager: bool = Field(False, description=(
+        "triton: no CUDA graphs for decode steps. vLLM: --enforce-eager."))
 
 
 class Scenario(_Section):
-    name: Optional[str] = None
-    description: str = ""
-    model: ModelConfig
-    hardware: HardwareConfig = HardwareConfig()
-    engine: EngineConfig = EngineConfig()
-    policies: Annotated[list[PolicyConfig], Field(min_length=1)]
-    workload: WorkloadConfig
-    slo: SloConfig = SloConfig()
-    output: OutputConfig = OutputConfig()
-    backend: BackendConfig = BackendConfig()
+    """One kvsim experiment: a model on some GPUs, serving a workload, under one or more KV-cache policies."""
+
+    name: Optional[PlainName] = Field(None, description=(
+        "The results folder's name (<output.dir>/<name>/): letters, digits, '_', '-', '+', '.', at most 100 "
+        "characters. Default: the scenario file's name without .toml."))
+    description: Annotated[str, Field(max_length=L.MAX_TEXT_CHARS), AfterValidator(_text)] = Field("", description="Free text shown in summary.json.")
+    model: ModelConfig = Field(description="The model: a preset or a Hugging Face config.json.")
+    hardware: HardwareConfig = Field(HardwareConfig(), description="GPUs, parallelism and routing.")
+    engine: EngineConfig = Field(EngineConfig(), description="vLLM engine arguments shared by every policy.")
+    policies: Annotated[list[PolicyConfig], Field(min_length=1, max_length=64)] = Field(description=(
+        "KV-cache policies to compare ([[policies]] tables), each replaying the same requests."))
+    workload: WorkloadConfig = Field(description="The requests to replay.")
+    slo: SloConfig = Field(SloConfig(), description="Latency bounds for goodput.")
+    output: OutputConfig = Field(OutputConfig(), description="The results folder.")
+    backend: BackendConfig = Field(BackendConfig(), description="The step-time backend.")
     # Set by load_scenario, not by the file: where relative paths start, and the file for errors.
     _base_dir: Path = PrivateAttr(default=Path("."))
     _source: str = PrivateAttr(default="<scenario>")
@@ -227,7 +360,7 @@ class Scenario(_Section):
 
     def resolve(self, path: str) -> Path:
         """A path from the scenario, made absolute against the scenario's folder."""
-        p = Path(path).expanduser()
+        p = _expanduser(Path(path))
         return p if p.is_absolute() else (self.base_dir / p)
 
     def prefix_caching(self, policy: PolicyConfig) -> bool:
@@ -236,14 +369,20 @@ class Scenario(_Section):
         return self.engine.enable_prefix_caching if policy.enable_prefix_caching is None else policy.enable_prefix_caching
 
 
-def _key_path(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
+def _expanduser(path: Path) -> Path:
+    try:
+        return path.expanduser()
+    except RuntimeError:  # ~user of no such user: the path as written
+        return path
+
+
+def results_dir(scenario: Scenario) -> Path:
+    """`<output.dir>/<name>`: output.dir relative to the current working directory."""
+    return _expanduser(Path(scenario.output.dir)) / (scenario.name or "scenario")
+
+
+_BOUND_WORDS = {"greater_than": "greater than", "greater_than_equal": "at least", "less_than": "less than",
+                "less_than_equal": "at most"}
 
 
 def format_validation_error(source: str, err: ValidationError) -> str:
@@ -255,9 +394,15 @@ def format_validation_error(source: str, err: ValidationError) -> str:
         msg = "unknown key"
     elif first["type"] == "literal_error":
         msg = msg.replace("Input should be", "must be")
+    elif first["type"] in _BOUND_WORDS:
+        bound = next(iter(first["ctx"].values()))
+        bound = int(bound) if isinstance(bound, float) and bound.is_integer() else bound
+        msg = f"must be {_BOUND_WORDS[first['type']]} {bound:,}, got {str(first['input'])[:40]}"
+    elif first["type"] == "finite_number":
+        msg = f"must be a finite number, got {first['input']}"
     more = len(err.errors()) - 1
     tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    return f"{source}: {_key_path(loc)}: {msg}{tail}"
+    return f"{source}: {key_path(loc)}: {msg}{tail}"
 
 
 def scenario_from_dict(data: dict, source: str = "<scenario>", base_dir: Path = Path(".")) -> Scenario:
@@ -269,23 +414,29 @@ def scenario_from_dict(data: dict, source: str = "<scenario>", base_dir: Path = 
     return sc
 
 
+def name_from_stem(stem: str) -> str:
+    """A scenario file's name made into a plain `name` (other characters become '_')."""
+    name = re.sub(r"\.{2,}", ".", re.sub(r"[^\w.+-]+", "_", stem)).lstrip(".")[:L.MAX_NAME_CHARS]
+    return name or "scenario"
+
+
 def scenario_from_toml(text: str, source: str, base_dir: Path, overrides: Iterable[str] = (),
                        default_name: Optional[str] = None) -> Scenario:
     """Validate scenario TOML text; `overrides` are `--set dotted.key=value` strings applied first."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise KvsimError(f"{source}: invalid TOML: {exc}") from None
+    data = parse_toml(text, source)
     if default_name is not None:
         data.setdefault("name", default_name)
-    return scenario_from_dict(apply_overrides(data, overrides), source, base_dir)
+    if overrides:
+        data = apply_overrides(data, overrides)
+        check_values(data, source)
+    return scenario_from_dict(data, source, base_dir)
 
 
 def load_scenario(path: str | Path, overrides: Iterable[str] = ()) -> Scenario:
     """Read and validate a scenario TOML file, with `--set` overrides applied before validation."""
     path = Path(path)
     text = read_text(path, "scenario file")
-    return scenario_from_toml(text, str(path), path.resolve().parent, overrides, default_name=path.stem)
+    return scenario_from_toml(text, str(path), path.resolve().parent, overrides, default_name=name_from_stem(path.stem))
 
 
 def json_schema() -> str:

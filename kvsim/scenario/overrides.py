@@ -27,20 +27,25 @@ def parse_value(text: str):
     """A TOML value, or the text itself when it is not one (a bare word)."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
+    except RecursionError:
+        raise KvsimError(f"--set: cannot read value {text[:40]!r}...: nested too deeply") from None
     except tomllib.TOMLDecodeError:
         stripped = text.strip()
         if not stripped or any(c in stripped for c in "[]{}\"'=\n"):
             raise KvsimError(f"--set: cannot read value {text!r} (a TOML value such as 8, 0.5, true, "
                              f"\"fp8\" or [1, 2])") from None
         return stripped
+    except ValueError:  # an integer past Python's 4,300-digit conversion limit
+        raise KvsimError(f"--set: cannot read value {text[:40]!r}...: integer too long") from None
 
 
 def parse_override(text: str) -> tuple[list[str], object]:
     """`dotted.key=value` as (key parts, value)."""
     key, sep, raw = text.partition("=")
     parts = key.strip().split(".")
-    if not sep or not all(p.strip() for p in parts):
-        raise KvsimError(f"--set {text}: expected dotted.key=value, e.g. engine.max_num_seqs=128")
+    if not sep or not all(p.strip() for p in parts) or len(parts) > 8:
+        raise KvsimError(f"--set {text[:80]}: expected dotted.key=value (at most 8 parts), "
+                         f"e.g. engine.max_num_seqs=128")
     return [p.strip() for p in parts], parse_value(raw)
 
 

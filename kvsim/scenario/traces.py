@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import csv
 import json
-import math
+import os
 import re
+from array import array
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -31,6 +32,9 @@ from typing import Callable, Optional
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.scenario.files import iter_lines, open_regular
+from kvsim.scenario.limits import (MAX_REQUESTS, MAX_TOKENS, MAX_TRACE_BLOCK_IDS, MAX_TRACE_SECONDS, MAX_TRACE_YEAR,
+                                   MIN_TRACE_YEAR)
 
 VOCAB_SIZE = 32000  # synthetic token ids lie in [0, VOCAB_SIZE)
 MOONCAKE_BLOCK_SIZE = 512
@@ -104,41 +108,72 @@ def _position_keys(block_size: int) -> np.ndarray:
 
 # --- parsing helpers -------------------------------------------------------------------------
 
+_INTEGER = re.compile(r"[+-]?[0-9]{1,30}")
+
 
 def _fail(path: Path, line: int, reason: str):
     raise KvsimError(f"{path}:{line}: {reason}")
 
 
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _parse_len(path: Path, line: int, name: str, text, zero_ok: bool = False) -> int:
-    if isinstance(text, str):
-        try:
-            value = int(text)
-        except ValueError:
-            _fail(path, line, f"{name} is not an integer: {text!r}")
+    if isinstance(text, str) and _INTEGER.fullmatch(text):
+        value = int(text)
     elif isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
-        _fail(path, line, f"{name} is not an integer: {text!r}")
+        _fail(path, line, f"{name} is not an integer: {_show(text)}")
     if value < 0 or (value == 0 and not zero_ok):
         _fail(path, line, f"{name} must be positive: {value}")
+    if value > MAX_TOKENS:
+        _fail(path, line, f"{name} must be at most {MAX_TOKENS:,}: {_show(value)}")
     return value
 
 
-def _parse_seconds(path: Path, line: int, name: str, text: str) -> float:
+def _parse_seconds(path: Path, line: int, name: str, raw, scale: float = 1.0) -> float:
+    """A finite time within MAX_TRACE_SECONDS, in seconds (`raw` counts 1/scale seconds)."""
+    value = raw
+    if isinstance(raw, str):
+        try:
+            value = float(raw)
+        except ValueError:
+            _fail(path, line, f"bad timestamp in {name}: {_show(raw)}")
+    elif isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        _fail(path, line, f"bad timestamp in {name}: {_show(raw)}")
+    seconds = value / scale
+    if not -MAX_TRACE_SECONDS <= seconds <= MAX_TRACE_SECONDS:  # false for nan
+        _fail(path, line, f"bad timestamp in {name}: {_show(raw)} (finite, within {MAX_TRACE_SECONDS:g} s)")
+    return seconds
+
+
+class _Columns:
+    """A trace's rows as they are read: typed columns, not a list of tuples (8 B a value), capped
+    at MAX_REQUESTS rows."""
+
+    def __init__(self, path: Path, time_code: str = "d"):
+        self.path = path
+        self.time, self.prompt, self.output = array(time_code), array("q"), array("q")
+
+    def add(self, line: int, time, prompt: int, output: int) -> None:
+        if len(self.prompt) >= MAX_REQUESTS:
+            _fail(self.path, line, f"trace has more than {MAX_REQUESTS:,} requests")
+        self.time.append(time)
+        self.prompt.append(prompt)
+        self.output.append(output)
+
+    def nonempty(self) -> None:
+        if not self.prompt:
+            raise KvsimError(f"{self.path}: trace has no requests")
+
+
+def _read_csv(path: Path, columns: tuple[str, str, str], add_row: Callable[[int, list[str]], None]) -> None:
+    """Each row of a headed CSV as `add_row(line, [time, prompt, output])`, blank lines skipped."""
+    reader = csv.reader(text for _, text in iter_lines(path, "trace"))
     try:
-        value = float(text)
-    except ValueError:
-        _fail(path, line, f"bad timestamp in {name}: {text!r}")
-    if not math.isfinite(value):
-        _fail(path, line, f"bad timestamp in {name}: {text!r}")
-    return value
-
-
-def _read_csv(path: Path, columns: tuple[str, str, str],
-              parse_row: Callable[[int, list[str]], tuple]) -> list[tuple]:
-    """Rows of a headed CSV as `parse_row(line, [time, prompt, output])` tuples, blank lines skipped."""
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
         header = next(reader, None)
         if header is None:
             _fail(path, 1, f"empty file, expected header {','.join(columns)}")
@@ -148,58 +183,54 @@ def _read_csv(path: Path, columns: tuple[str, str, str],
                 _fail(path, 1, f"missing column {name!r} in header")
         idx = [header.index(name) for name in columns]
         width = max(idx) + 1
-        rows = []
         for fields in reader:
             if not fields:
                 continue
             if len(fields) < width:
                 missing = next(columns[k] for k, i in enumerate(idx) if i >= len(fields))
                 _fail(path, reader.line_num, f"missing column {missing!r}")
-            rows.append(parse_row(reader.line_num, [fields[i].strip() for i in idx]))
-    return rows
+            add_row(reader.line_num, [fields[i].strip() for i in idx])
+    except csv.Error as exc:
+        _fail(path, reader.line_num, f"bad CSV: {exc}")
 
 
-def _azure_seconds(path: Path, stamps: list[str], lines: list[int]) -> np.ndarray:
-    """Wall-clock timestamps as float64 seconds after the first row's."""
+def _azure_ns(path: Path, line: int, stamp: str) -> int:
+    """A wall-clock timestamp as int64 nanoseconds since 1970, within MIN/MAX_TRACE_YEAR."""
+    if not _AZURE_TIME.fullmatch(stamp) or not MIN_TRACE_YEAR <= int(stamp[:4]) <= MAX_TRACE_YEAR:
+        _fail(path, line, f"bad timestamp in TIMESTAMP: {_show(stamp)} (years {MIN_TRACE_YEAR}-{MAX_TRACE_YEAR})")
     try:
-        t = np.array(stamps, dtype="datetime64[ns]")
+        return int(np.datetime64(stamp, "ns").astype(np.int64))
     except ValueError:
-        for stamp, line in zip(stamps, lines):  # find the culprit for the message
-            try:
-                np.datetime64(stamp, "ns")
-            except ValueError:
-                _fail(path, line, f"bad timestamp in TIMESTAMP: {stamp!r}")
-        raise
-    return (t - t[0]).astype(np.int64) / 1e9
+        _fail(path, line, f"bad timestamp in TIMESTAMP: {_show(stamp)}")
 
 
 def load_azure(path: Path) -> Trace:
     path = Path(path)
+    cols = _Columns(path, "q")
 
     def row(line, f):
-        if not _AZURE_TIME.fullmatch(f[0]):
-            _fail(path, line, f"bad timestamp in TIMESTAMP: {f[0]!r}")
+        ns = _azure_ns(path, line, f[0])
         prompt = _parse_len(path, line, "ContextTokens", f[1])
         output = _parse_len(path, line, "GeneratedTokens", f[2], zero_ok=True)
-        return f[0], prompt, max(output, 1), line
+        cols.add(line, ns, prompt, max(output, 1))
 
-    rows = _read_csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"), row)
-    _nonempty(path, rows)
-    stamps, prompt, output, lines = zip(*rows)
-    return _sorted_trace(_azure_seconds(path, list(stamps), list(lines)), prompt, output)
+    _read_csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"), row)
+    cols.nonempty()
+    ns = np.frombuffer(cols.time, dtype=np.int64)
+    return _sorted_trace((ns - ns[0]) / 1e9, cols.prompt, cols.output)
 
 
 def load_csv(path: Path) -> Trace:
     path = Path(path)
+    cols = _Columns(path)
 
     def row(line, f):
-        return (_parse_seconds(path, line, "arrival_s", f[0]), _parse_len(path, line, "prompt_tokens", f[1]),
-                _parse_len(path, line, "output_tokens", f[2]))
+        cols.add(line, _parse_seconds(path, line, "arrival_s", f[0]), _parse_len(path, line, "prompt_tokens", f[1]),
+                 _parse_len(path, line, "output_tokens", f[2]))
 
-    rows = _read_csv(path, ("arrival_s", "prompt_tokens", "output_tokens"), row)
-    _nonempty(path, rows)
-    arrival, prompt, output = zip(*rows)
-    return _sorted_trace(np.array(arrival, dtype=np.float64), prompt, output)
+    _read_csv(path, ("arrival_s", "prompt_tokens", "output_tokens"), row)
+    cols.nonempty()
+    return _sorted_trace(np.frombuffer(cols.time, dtype=np.float64).copy(), cols.prompt, cols.output)
 
 
 def _mooncake_row(path: Path, line: int, text: str) -> tuple:
@@ -207,44 +238,45 @@ def _mooncake_row(path: Path, line: int, text: str) -> tuple:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         _fail(path, line, f"bad JSON: {exc.msg} (column {exc.colno})")
+    except RecursionError:
+        _fail(path, line, "bad JSON: nested too deeply")
+    except ValueError:
+        _fail(path, line, "bad JSON: integer too long")
     if not isinstance(obj, dict):
         _fail(path, line, "bad JSON: expected an object")
     for key in ("timestamp", "input_length", "output_length", "hash_ids"):
         if key not in obj:
             _fail(path, line, f"missing column {key!r}")
-    ts = obj["timestamp"]
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
-        _fail(path, line, f"bad timestamp in timestamp: {ts!r}")
-    prompt = _parse_len(path, line, "input_length", obj["input_length"])
+    arrival = _parse_seconds(path, line, "timestamp", obj["timestamp"], scale=1000.0)
+    prompt = _parse_len(path, line, "input_length", obj["input_length"])  # checked before the ids are looked at
     output = _parse_len(path, line, "output_length", obj["output_length"])
     ids = obj["hash_ids"]
-    if not isinstance(ids, list) or not all(type(h) is int and 0 <= h < 2**63 for h in ids):
-        _fail(path, line, "hash_ids is not a list of non-negative integers")
     need = -(-prompt // MOONCAKE_BLOCK_SIZE)
-    if len(ids) != need:
+    if isinstance(ids, list) and len(ids) != need:
         _fail(path, line, f"hash_ids has {len(ids)} ids, input_length {prompt} needs {need} "
                           f"({MOONCAKE_BLOCK_SIZE}-token blocks)")
-    return ts / 1000.0, prompt, output, ids
+    if not isinstance(ids, list) or not all(type(h) is int and 0 <= h < 2**63 for h in ids):
+        _fail(path, line, "hash_ids is not a list of non-negative integers")
+    return arrival, prompt, output, ids
 
 
 def load_mooncake(path: Path) -> Trace:
     path = Path(path)
-    rows = []
-    with open(path, encoding="utf-8-sig") as f:
-        for line, text in enumerate(f, start=1):
-            if text.strip():
-                rows.append(_mooncake_row(path, line, text))
-    _nonempty(path, rows)
-    arrival, prompt, output, ids = zip(*rows)
-    counts = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-    end = np.cumsum(counts)
-    flat = np.fromiter((h for x in ids for h in x), dtype=np.int64, count=int(end[-1]) if len(end) else 0)
-    return _sorted_trace(np.array(arrival, dtype=np.float64), prompt, output, flat, end - counts, end)
-
-
-def _nonempty(path: Path, rows: list) -> None:
-    if not rows:
-        raise KvsimError(f"{path}: trace has no requests")
+    cols = _Columns(path)
+    flat, ends = array("q"), array("q")
+    for line, text in iter_lines(path, "trace"):
+        if text.strip():
+            arrival, prompt, output, ids = _mooncake_row(path, line, text)
+            if len(flat) + len(ids) > MAX_TRACE_BLOCK_IDS:
+                _fail(path, line, f"trace has more than {MAX_TRACE_BLOCK_IDS:,} hash_ids")
+            cols.add(line, arrival, prompt, output)
+            flat.extend(ids)
+            ends.append(len(flat))
+    cols.nonempty()
+    end = np.frombuffer(ends, dtype=np.int64).copy()
+    counts = np.diff(end, prepend=0)
+    return _sorted_trace(np.frombuffer(cols.time, dtype=np.float64).copy(), cols.prompt, cols.output,
+                         np.frombuffer(flat, dtype=np.int64), end - counts, end)
 
 
 def _sorted_trace(arrival: np.ndarray, prompt, output, hash_ids=None, start=None, end=None) -> Trace:
@@ -275,16 +307,9 @@ def load_trace(scenario) -> Trace:
     """The scenario's `workload.trace`, cut to `max_requests`; parsed once per file version."""
     cfg = scenario.workload.trace
     path = scenario.resolve(cfg.path)
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise KvsimError(f"{scenario.source}: workload.trace.path: file not found: {path}") from None
-    except OSError as exc:
-        raise KvsimError(f"{scenario.source}: workload.trace.path: cannot read {path} ({exc.strerror})") from None
-    if not path.is_file():
-        raise KvsimError(f"{scenario.source}: workload.trace.path: not a file: {path}")
-    try:
-        trace = _load_cached(str(path), cfg.format, st.st_mtime_ns, st.st_size)
-    except UnicodeDecodeError as exc:
-        raise KvsimError(f"{path}: not a text file ({exc.reason})") from None
+    if not os.path.lexists(path):
+        raise KvsimError(f"{scenario.source}: workload.trace.path: file not found: {path}")
+    with open_regular(path, "trace") as f:
+        st = os.fstat(f.fileno())
+    trace = _load_cached(str(path), cfg.format, st.st_mtime_ns, st.st_size)
     return trace if cfg.max_requests is None else trace.head(cfg.max_requests)

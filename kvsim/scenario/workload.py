@@ -7,7 +7,7 @@ scenario and seed always give the same stream.
   `gamma` (shape 1/cv², mean gap 1/rate, so cv > 1 is bursty) or `trace` (the trace's times, the
   first at 0, gaps multiplied by `arrival.time_scale`).
 - Lengths: `fixed`, `uniform` integers in [min, max], `lognormal` (`mean` of the lengths in tokens,
-  `sigma` of the underlying normal, so mu = ln(mean) - sigma²/2; rounded, clipped to [min or 1, max])
+  `sigma` of the underlying normal, so mu = ln(mean) - sigma²/2; rounded, clipped to [min or 1, max or 2^31])
   or `trace` (the row's value). Synthetic arrivals with trace lengths take the rows in order and
   cycle when more requests are asked for.
 - The stream stops at `num_requests`, or at the first arrival after `duration_s`, whichever comes
@@ -35,6 +35,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from kvsim.scenario.config import ArrivalConfig, LengthDist, PrefixConfig
+from kvsim.scenario.limits import MAX_MODEL_LEN, MAX_TOKENS
 from kvsim.scenario.traces import VOCAB_SIZE, Trace, load_trace
 from kvsim.sequence import Request
 
@@ -42,10 +43,14 @@ CHUNK = 65536
 _GROUP_CONTENT_KEY = 4  # spawn-key branch for group prefix tokens, beside the 4 spawned streams
 
 
-def generate_requests(scenario) -> Iterator[Request]:
-    """The scenario's requests in arrival order (a generator; trace and seed are checked now)."""
+def generate_requests(scenario, max_model_len: Optional[int] = None) -> Iterator[Request]:
+    """The scenario's requests in arrival order (a generator; trace and seed are checked now).
+
+    A request whose prompt + output exceeds `max_model_len` (the engine rejects it; default
+    MAX_MODEL_LEN) gets no trace token ids: a trace row that can never run is never expanded.
+    """
     trace = load_trace(scenario) if scenario.workload.trace is not None else None
-    return _stream(scenario, trace)
+    return _stream(scenario, trace, min(max_model_len or MAX_MODEL_LEN, MAX_MODEL_LEN))
 
 
 def expected_count(scenario) -> Optional[int]:
@@ -76,7 +81,7 @@ def _limit(wl, trace: Optional[Trace]) -> Optional[int]:
     return limit
 
 
-def _stream(scenario, trace: Optional[Trace]) -> Iterator[Request]:
+def _stream(scenario, trace: Optional[Trace], max_len: int) -> Iterator[Request]:
     wl = scenario.workload
     arrival_rng, prompt_rng, output_rng, group_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(wl.seed).spawn(4))
@@ -93,10 +98,12 @@ def _stream(scenario, trace: Optional[Trace]) -> Iterator[Request]:
         output = _lengths(wl.output_len, output_rng, n, trace, rows, "output_len")
         groups = prefix.draw(n) if prefix is not None else None
         for i in range(n):
-            tokens = trace.token_ids(int(rows[i])) if trace_tokens else None
             p = prompt[i]
-            if groups is not None and groups[i] >= 0:
+            joins = groups is not None and groups[i] >= 0
+            if joins:
                 p += prefix.prefix_len
+            tokens = trace.token_ids(int(rows[i])) if trace_tokens and p + output[i] <= max_len else None
+            if joins:
                 tokens = prefix.tokens(groups[i], tokens)
             yield Request(rid, times[i], p, output[i], tokens)
             rid += 1
@@ -134,7 +141,7 @@ def _lengths(dist: LengthDist, rng: np.random.Generator, n: int, trace: Optional
     if dist.dist == "lognormal":
         mu = math.log(dist.mean) - dist.sigma ** 2 / 2
         x = np.rint(rng.lognormal(mu, dist.sigma, n))
-        return np.clip(x, dist.min or 1, dist.max or np.inf).astype(np.int64).tolist()
+        return np.clip(x, dist.min or 1, dist.max or MAX_TOKENS).astype(np.int64).tolist()  # inf: MAX_TOKENS
     column = trace.prompt_len if name == "prompt_len" else trace.output_len
     return column[rows].tolist()
 

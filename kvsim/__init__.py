@@ -11,7 +11,23 @@ machinery when first called, so `import kvsim` stays cheap.
 
 from __future__ import annotations
 
+import sys
+import types
+
 __version__ = "0.1.0"
+
+
+class _Package(types.ModuleType):
+    """Importing a submodule sets the package attribute of its name: `from kvsim.run import ...` would
+    turn the function `kvsim.run` into the module kvsim/run.py. A function keeps its name here."""
+
+    def __setattr__(self, name, value):
+        if isinstance(value, types.ModuleType) and isinstance(self.__dict__.get(name), types.FunctionType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def load_scenario(path, overrides=()):
@@ -30,3 +46,20 @@ def run(scenario, *, out_dir=None, policies=None, progress=None, force=False):
     if not hasattr(scenario, "policies"):
         scenario = load_scenario(scenario)
     return run_scenario(scenario, out_dir, policies, progress, write=out_dir is not None, force=force)
+
+
+def memory(scenario, *, kv_dtypes=None, seq_lens=None):
+    """The figures of `kvsim memory` as plain records (a dict of lists of dicts: bytes, counts, FLOPs):
+    `capacity` (per-GPU breakdown per kv dtype in use, or each of `kv_dtypes`), `bytes_per_token` (every
+    kv dtype), `sequences` (bytes per sequence and sequences that fit, per policy and length in
+    `seq_lens`, default the table's) and `prefix` (FLOPs a shared-prefix hit saves, or None). A model
+    that does not fit raises the one-line error `kvsim memory` and `kvsim.run` give."""
+    from kvsim.perf.memory import check_fits
+    from kvsim.results.memory_report import memory_records
+    from kvsim.scenario.catalog import gpu_spec, model_spec
+
+    if not hasattr(scenario, "policies"):
+        scenario = load_scenario(scenario)
+    model, gpu = model_spec(scenario), gpu_spec(scenario)
+    check_fits(scenario, model, gpu, scenario.policies)  # the same rules as `run` and `kvsim memory`
+    return memory_records(scenario, model, gpu, kv_dtypes, seq_lens)

@@ -249,11 +249,8 @@ th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}th:first-child,td:f
 th{background:#f3f3f3}"""
 
 
-def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requests_csv_path,
-                      timeseries_csv_path, latencies: dict[str, dict[str, np.ndarray]] | None = None) -> None:
-    """One self-contained HTML page (plotly.js inlined once) comparing the policies of a run.
-
-    `latencies` (per policy, as `Metrics.latencies()`) saves reading requests.csv back."""
+def _report_plots(summaries: dict[str, dict], requests_csv_path, timeseries_csv_path,
+                  latencies: dict[str, dict[str, np.ndarray]] | None = None) -> list[_Plot]:
     policies = list(summaries)
     colors = _colors(policies)
     series = _read_timeseries(Path(timeseries_csv_path))
@@ -267,6 +264,21 @@ def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requ
             _timeseries_figure(series, policies, (("running", "solid"), ("waiting", "dot")),
                                "Running (solid) and waiting (dotted) requests over time", colors),
         ]
+    return figures
+
+
+def report_figures(summaries: dict[str, dict], requests_csv_path, timeseries_csv_path) -> list[dict]:
+    """The report's figures as plotly.js `{"data": [...], "layout": {...}}` dicts (the dashboard shows these)."""
+    return [{"data": f.data, "layout": f.layout}
+            for f in _report_plots(summaries, requests_csv_path, timeseries_csv_path)]
+
+
+def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requests_csv_path,
+                      timeseries_csv_path, latencies: dict[str, dict[str, np.ndarray]] | None = None) -> None:
+    """One self-contained HTML page (plotly.js inlined once) comparing the policies of a run.
+
+    `latencies` (per policy, as `Metrics.latencies()`) saves reading requests.csv back."""
+    figures = _report_plots(summaries, requests_csv_path, timeseries_csv_path, latencies)
     plotly_js = (files("plotly") / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
     divs = [f"<script>{plotly_js}</script>"] + [_figure_html(fig, f"kvsim-fig-{i}") for i, fig in enumerate(figures)]
     name = html.escape(scenario_name)

@@ -29,3 +29,14 @@ def run(scenario, *, out_dir=None, policies=None, progress=None):
     if not hasattr(scenario, "policies"):
         scenario = load_scenario(scenario)
     return run_scenario(scenario, out_dir, policies, progress, write=out_dir is not None)
+
+
+def validate(scenario, measured, *, policies=None) -> list[dict]:
+    """The scenario's analytic prediction against a measured run: one plain record per policy and figure
+    ({"policy", "figure", "unit", "measured", "predicted", "error"}). `measured` is the results folder of
+    a `triton` backend run of the scenario or a `vllm bench serve --save-result` JSON."""
+    from kvsim.calibrate.validate import validate as run_validation
+
+    if not hasattr(scenario, "policies"):
+        scenario = load_scenario(scenario)
+    return run_validation(scenario, measured, policies)

@@ -43,6 +43,42 @@ def _import_torch():
     return torch
 
 
+class StepLog:
+    """Measured step times by phase beside the analytic model's price of the same steps (the shipped
+    triton-engine calibration, or the scenario's): `kvsim validate` shows step-level error from them."""
+
+    def __init__(self, scenario, policy, model, gpu, graph_sizes):
+        from kvsim.perf.calibration import resolve_calibration
+        from kvsim.perf.roofline import StepModel
+
+        try:
+            name = scenario.backend.calibration
+            sc = scenario if name else scenario.model_copy(
+                update={"backend": scenario.backend.model_copy(update={"calibration": "triton"})})
+            calibration, self.calibration_source = resolve_calibration(sc, gpu.name)
+            self.model = StepModel(model, gpu, scenario.hardware.tensor_parallel_size, policy.kv_cache_dtype,
+                                   calibration, scenario.engine.block_size, tuple(graph_sizes))
+        except KvsimError:
+            self.model, self.calibration_source = None, None
+        self.phases: dict[str, list] = {}
+
+    def add(self, batch, seconds: float) -> None:
+        phase = "prefill" if not batch.num_decode_seqs else "mixed" if batch.num_prefill_seqs else "decode"
+        predicted = self.model.step_time(batch) if self.model is not None else 0.0
+        self.phases.setdefault(phase, []).append((seconds, predicted))
+
+    def summary(self) -> dict:
+        """Per phase: steps, measured and predicted seconds in all, median predicted / measured."""
+        out = {"calibration": self.calibration_source}
+        for phase, rows in sorted(self.phases.items()):
+            ratios = sorted(p / m for m, p in rows if m > 0)
+            known = self.model is not None
+            out[phase] = {"steps": len(rows), "measured_s": sum(m for m, _ in rows),
+                          "predicted_s": sum(p for _, p in rows) if known else None,
+                          "median_ratio": ratios[len(ratios) // 2] if ratios and known else None}
+        return out
+
+
 def _release_previous() -> None:
     old = _live[0]() if _live else None
     if old is not None:
@@ -79,6 +115,7 @@ class TritonBackend:
             raise KvsimError(f"{scenario.source}: policy {policy.name}: {exc}") from None
         self.num_blocks = self.runner.num_blocks
         self._capacity, self._policy = capacity, policy.name
+        self.step_log = StepLog(scenario, policy, model, gpu, self.runner.graph_sizes)
         _live.append(weakref.ref(self))
         print(self._profile_line(), file=sys.stderr)
 
@@ -86,7 +123,9 @@ class TritonBackend:
         t0 = time.perf_counter()
         self.runner.execute_model(batch.seqs, batch.num_new_tokens)
         self._torch.cuda.synchronize(self.device)
-        return time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.step_log.add(batch, took)
+        return took
 
     def free(self, seq) -> None:
         self.runner.free(seq)
@@ -110,6 +149,7 @@ class TritonBackend:
                             "other_torch": prof.other_torch / GiB, "kv": prof.kv / GiB},
             "bytes_per_block": prof.bytes_per_block,
             "analytic_num_blocks": cap.num_blocks if cap is not None else None,
+            "step_times": self.step_log.summary(),
         }
 
     def _profile_line(self) -> str:

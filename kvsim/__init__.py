@@ -26,9 +26,18 @@ def run(scenario, *, out_dir=None, policies=None, progress=None):
     hold each policy's summary.json figures. Writes a results folder only when `out_dir` is given."""
     from kvsim.run import run_scenario
 
+    _keep_run()
     if not hasattr(scenario, "policies"):
         scenario = load_scenario(scenario)
     return run_scenario(scenario, out_dir, policies, progress, write=out_dir is not None)
+
+
+_run = run
+
+
+def _keep_run() -> None:
+    """Loading the kvsim.run module binds it to this package's `run`: put the function back."""
+    globals()["run"] = _run
 
 
 def validate(scenario, measured, *, policies=None) -> list[dict]:
@@ -39,4 +48,7 @@ def validate(scenario, measured, *, policies=None) -> list[dict]:
 
     if not hasattr(scenario, "policies"):
         scenario = load_scenario(scenario)
-    return run_validation(scenario, measured, policies)
+    try:
+        return run_validation(scenario, measured, policies)
+    finally:
+        _keep_run()

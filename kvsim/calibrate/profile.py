@@ -30,7 +30,7 @@ COLUMNS = ("source", "grid", "gpu", "device", "model", "kv_cache_dtype", "tp", "
            "decode_context", "prefill_seqs", "prefill_chunk", "prefill_cached", "num_prefill_seqs",
            "num_prefill_tokens", "prefill_attn_pairs", "prefill_context_tokens", "num_decode_seqs",
            "decode_context_tokens", "step_s", "step_min_s", "cpu_s", "prepare_s", "spread", "repeats",
-           "device_allocs")
+           "device_allocs", "graph_batch")
 SOURCE = "kvsim-profile"
 
 # GPU presets by the device name torch reports.
@@ -218,7 +218,9 @@ def profile_runner(runner, spec_name: str, kv_cache_dtype: str, shapes, gpu: str
     for i in sorted(best):
         shape, t = shapes[i], best[i]
         _, _, batch = build_step(shape, order, runner.block_size)
-        graph = shape.phase == "decode" and not shape.eager and bool(runner.graph_sizes)
+        graph = shape.phase == "decode" and not shape.eager and bool(runner.graph_sizes) and \
+            shape.decode_seqs <= max(runner.graph_sizes)
+        padded = next((b for b in runner.graph_sizes if b >= shape.decode_seqs), 0) if graph else 0
         out.writerow({
             "source": SOURCE, "grid": grid, "gpu": gpu, "device": device_name, "model": spec_name,
             "kv_cache_dtype": kv_cache_dtype, "tp": 1, "cuda_graph": int(graph), "phase": shape.phase,
@@ -229,7 +231,8 @@ def profile_runner(runner, spec_name: str, kv_cache_dtype: str, shapes, gpu: str
             "prefill_context_tokens": batch.prefill_context_tokens, "num_decode_seqs": batch.num_decode_seqs,
             "decode_context_tokens": batch.decode_context_tokens, "step_s": f"{t['step_s']:.7g}",
             "step_min_s": f"{t['step_min_s']:.7g}", "cpu_s": f"{t['cpu_s']:.7g}", "prepare_s": f"{t['prepare_s']:.7g}",
-            "spread": f"{t['spread']:.4g}", "repeats": t["repeats"], "device_allocs": t["device_allocs"]})
+            "spread": f"{t['spread']:.4g}", "repeats": t["repeats"], "device_allocs": t["device_allocs"],
+            "graph_batch": padded})
     return len(best)
 
 

@@ -72,19 +72,21 @@ def solve_graph_overhead(doc: dict) -> float:
 def finish(doc: dict, gpu: str, overhead: float, overhead_source: str) -> dict:
     doc = dict(doc, gpu=gpu, engine="vLLM V1 (v0.11.0)", written_by="kvsim calibrate")
     doc["coefficients"] = dict(doc["coefficients"], graph_step_overhead_s=overhead, step_overhead_s=overhead)
-    prov = dict(doc["provenance"])
+    vidur = "Vidur's public profiles (microsoft/vidur 7d47513, data/profiling/"
+    prov = {k: v.replace(str(VIDUR) + "/", vidur).replace("mlp.csv,", "mlp.csv),").replace("all_reduce.csv", "all_reduce.csv)")
+            for k, v in doc["provenance"].items()}
     prov["graph_step_overhead_s"] = overhead_source
     prov["step_overhead_s"] = ("no public figure for a prefill or mixed (piecewise-graph) step: the decode step's "
                                "fixed cost, " + overhead_source)
     doc["provenance"] = prov
-    doc["description"] = ("vLLM V1 on this GPU: GEMM, small-kernel and all-reduce coefficients fitted to Vidur's "
-                          "public operator profiles, the rest from public vLLM figures (see provenance)")
+    doc["description"] = ("vLLM V1 on this GPU: GEMM and all-reduce coefficients fitted to Vidur's public operator "
+                          "profiles, the rest from public vLLM figures (see provenance)")
     return doc
 
 
 def main() -> None:
     OUT.mkdir(exist_ok=True)
-    calibrate(str(ROOT / "benchmarks/results/h100_profile.csv"), "--gpu", "H100-SXM", "--engine",
+    calibrate("benchmarks/results/h100_profile.csv", "--gpu", "H100-SXM", "--engine",
               "kvsim triton engine (backends/triton_engine), random weights, torch 2.11 / triton 3.6",
               "-o", str(OUT / "H100-SXM-triton.json"))
     with tempfile.TemporaryDirectory() as tmp:

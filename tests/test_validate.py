@@ -133,6 +133,9 @@ def test_validate_cli_prints_and_writes_the_table(tmp_path, scenario, capsys):
     assert main(["validate", scenario.source, "--measured", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "measured results not found" in err
+    # --set as on every scenario command: another name no longer matches the measured run
+    assert main(["validate", scenario.source, "--set", "name=other", "--measured", str(folder)]) == 2
+    assert "measured scenario 'small', not 'other'" in capsys.readouterr().err
 
 
 def test_step_log_of_the_triton_backend(tmp_path, scenario, monkeypatch):

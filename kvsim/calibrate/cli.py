@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from kvsim.errors import KvsimError
+from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
 
 
 def add_commands(sub) -> None:
@@ -47,7 +48,7 @@ def add_commands(sub) -> None:
     cal.set_defaults(handler=cmd_calibrate)
 
     val = sub.add_parser("validate", help="compare a scenario's analytic prediction with a measured run")
-    val.add_argument("scenario", type=Path, metavar="SCENARIO")
+    add_scenario_arguments(val)
     val.add_argument("--measured", type=Path, required=True,
                      help="results folder of a GPU (triton backend) run of the scenario, or a vllm bench serve JSON")
     val.add_argument("--policy", action="append", help="only this policy (repeatable)")
@@ -190,13 +191,12 @@ def cmd_validate(args, console) -> int:
     from rich.table import Table
 
     from kvsim.calibrate.validate import median_abs_error, validate
-    from kvsim.scenario.config import load_scenario
 
     if args.out is not None:
         if args.out.suffix not in (".csv", ".json"):
             raise KvsimError(f"--out: {args.out}: must end in .csv or .json")
         _refuse_overwrite(args.out, "a file it did not create")
-    scenario = load_scenario(args.scenario)
+    scenario = scenario_from_args(args)
     records = validate(scenario, args.measured, args.policy)
     for policy in dict.fromkeys(r["policy"] for r in records):
         table = Table(title=escape(f"{scenario.name}, policy {policy}: analytic prediction vs measured ({args.measured})"))

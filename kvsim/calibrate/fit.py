@@ -165,11 +165,15 @@ def _least_squares(residuals, x0, bounds):
 
 
 def folds(observations: list[Observation], k: int, seed: int = 0) -> list[int]:
-    """A fold index per observation; observations of one group (a serving run) share a fold."""
-    groups = sorted({o.group or o.source for o in observations})
+    """A fold index per observation; observations of one group (a serving run) share a fold, unless
+    there are fewer groups than folds (one serving run: its figures are held out one fold at a time)."""
+    key = [o.group or o.source for o in observations]
+    if len(set(key)) < k:
+        key = [o.source for o in observations]
+    groups = sorted(set(key))
     order = np.random.default_rng(seed).permutation(len(groups))
     fold_of = {groups[g]: i % k for i, g in enumerate(order)}
-    return [fold_of[o.group or o.source] for o in observations]
+    return [fold_of[g] for g in key]
 
 
 def holdout_errors(observations: list[Observation], start: Calibration, free: list[str], k: int = 5,

@@ -63,3 +63,14 @@ def memory(scenario, *, kv_dtypes=None, seq_lens=None):
     model, gpu = model_spec(scenario), gpu_spec(scenario)
     check_fits(scenario, model, gpu, scenario.policies)  # the same rules as `run` and `kvsim memory`
     return memory_records(scenario, model, gpu, kv_dtypes, seq_lens)
+
+
+def validate(scenario, measured, *, policies=None) -> list[dict]:
+    """The scenario's analytic prediction against a measured run: one plain record per policy and figure
+    ({"policy", "figure", "unit", "measured", "predicted", "error"}). `measured` is the results folder of
+    a `triton` backend run of the scenario or a `vllm bench serve --save-result` JSON."""
+    from kvsim.calibrate.validate import validate as run_validation
+
+    if not hasattr(scenario, "policies"):
+        scenario = load_scenario(scenario)
+    return run_validation(scenario, measured, policies)

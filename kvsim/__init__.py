@@ -11,23 +11,7 @@ machinery when first called, so `import kvsim` stays cheap.
 
 from __future__ import annotations
 
-import sys
-import types
-
 __version__ = "0.1.0"
-
-
-class _Package(types.ModuleType):
-    """Importing a submodule sets the package attribute of its name: `from kvsim.run import ...` would
-    turn the function `kvsim.run` into the module kvsim/run.py. A function keeps its name here."""
-
-    def __setattr__(self, name, value):
-        if isinstance(value, types.ModuleType) and isinstance(self.__dict__.get(name), types.FunctionType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def load_scenario(path, overrides=()):
@@ -41,7 +25,7 @@ def run(scenario, *, out_dir=None, policies=None, progress=None, force=False):
     """Simulate the scenario's policies (or the named ones); a `ScenarioResult` whose `summaries`
     hold each policy's summary.json figures. Writes a results folder only when `out_dir` is given
     (replacing only an earlier results folder, unless `force`)."""
-    from kvsim.run import run_scenario
+    from kvsim.pipeline import run_scenario
 
     if not hasattr(scenario, "policies"):
         scenario = load_scenario(scenario)

@@ -85,7 +85,7 @@ class Progress:
 
 def cmd_run(args, console: Console) -> int:
     from kvsim.results.report import comparison_table
-    from kvsim.run import run_scenario
+    from kvsim.pipeline import run_scenario
 
     scenario = scenario_from_args(args)
     if args.policy:

@@ -5,11 +5,8 @@ from kvsim.cli import main
 from tests.conftest import scenario_dict
 
 
-def test_run_stays_the_function_when_kvsim_run_module_is_imported():
-    import importlib
-
-    importlib.import_module("kvsim.run")  # binds the package attribute `run` to kvsim/run.py, but for the guard
-    from kvsim.run import run_scenario
+def test_run_repeats_and_equals_the_pipeline():
+    from kvsim.pipeline import run_scenario
     from kvsim.scenario.config import scenario_from_dict
 
     scenario = scenario_from_dict(scenario_dict(workload={"num_requests": 20}))

@@ -211,7 +211,7 @@ def test_heldout_shapes_are_predicted_by_the_fit_to_the_rest():
 
 
 def test_serving_results_are_fitted_by_simulating_them(tmp_path):
-    from kvsim.run import run_scenario
+    from kvsim.pipeline import run_scenario
     from kvsim.scenario.config import load_scenario
 
     scenario = tmp_path / "s.toml"

@@ -88,7 +88,7 @@ class Pricer:
 def simulate_with(scenario_path: str, policy: str, calibration: Calibration) -> dict:
     """The analytic summary of one policy of a scenario under `calibration`."""
     from kvsim.perf.calibration import write_calibration
-    from kvsim.run import run_scenario
+    from kvsim.pipeline import run_scenario
     from kvsim.scenario.config import load_scenario
 
     fd, path = tempfile.mkstemp(suffix=".json", prefix="kvsim-cal-")

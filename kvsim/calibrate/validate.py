@@ -66,7 +66,7 @@ def read_measured(path) -> tuple[str, dict[str, dict]]:
 def predict(scenario, engine: str, policies=None) -> dict[str, dict]:
     """The analytic summaries of the scenario's policies, calibrated for `engine` unless the scenario
     names a calibration."""
-    from kvsim.run import run_scenario
+    from kvsim.pipeline import run_scenario
 
     cal = scenario.backend.calibration or ("triton" if engine == "kvsim" else None)
     backend = scenario.backend.model_copy(update={"name": "analytic", "calibration": cal})

@@ -10,7 +10,8 @@ import math
 from dataclasses import asdict
 
 from kvsim.batch import Batch
-from kvsim.perf.roofline import Calibration, StepModel, load_calibration
+from kvsim.perf.calibration import resolve_calibration
+from kvsim.perf.roofline import VLLM_GRAPH_SIZES, StepModel
 
 
 class AnalyticBackend:
@@ -18,10 +19,10 @@ class AnalyticBackend:
     fuses_decode_runs = True
 
     def __init__(self, scenario, policy, model, gpu, capacity):
-        cal_path = scenario.backend.calibration
-        calibration = load_calibration(scenario.resolve(cal_path)) if cal_path else Calibration()
-        self.step_model = StepModel(model, gpu, scenario.hardware.tensor_parallel_size,
-                                    policy.kv_cache_dtype, calibration, scenario.engine.block_size)
+        calibration, self.calibration_source = resolve_calibration(scenario, gpu.name)
+        graphs = () if scenario.backend.enforce_eager else VLLM_GRAPH_SIZES
+        self.step_model = StepModel(model, gpu, scenario.hardware.tensor_parallel_size, policy.kv_cache_dtype,
+                                    calibration, scenario.engine.block_size, graphs)
         self.num_blocks = capacity.num_blocks
         self.calibration = calibration
 
@@ -38,4 +39,5 @@ class AnalyticBackend:
         pass
 
     def describe(self) -> dict:
-        return {"backend": self.name, "calibration": asdict(self.calibration)}
+        return {"backend": self.name, "calibration": asdict(self.calibration),
+                "calibration_source": self.calibration_source}

@@ -57,7 +57,7 @@ def run_cli(args: list[str]) -> tuple[float, float]:
 
 
 def azure(repeat: int) -> list[tuple]:
-    from kvsim.run import run_scenario
+    from kvsim.pipeline import run_scenario
     from kvsim.scenario.config import load_scenario
 
     sc = load_scenario(ROOT / "scenarios/azure_conv.toml")

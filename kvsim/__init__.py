@@ -28,7 +28,7 @@ def run(scenario, *, out_dir=None, policies=None, progress=None, force=False):
     """Simulate the scenario's policies (or the named ones); a `ScenarioResult` whose `summaries`
     hold each policy's summary.json figures. Writes a results folder only when `out_dir` is given
     (replacing only an earlier results folder, unless `force`)."""
-    from kvsim.run import run_scenario
+    from kvsim.pipeline import run_scenario
 
     return run_scenario(_scenario(scenario), out_dir, policies, progress, write=out_dir is not None, force=force)
 
@@ -96,12 +96,40 @@ def sweep(scenario, points, *, workers=None, ray=None, progress=None):
     return run_sweep(_scenario(scenario), points, workers=workers, ray=ray, progress=progress)
 
 
+def memory(scenario, *, kv_dtypes=None, seq_lens=None):
+    """The figures of `kvsim memory` as plain records (a dict of lists of dicts: bytes, counts, FLOPs):
+    `capacity` (per-GPU breakdown per kv dtype in use, or each of `kv_dtypes`), `bytes_per_token` (every
+    kv dtype), `sequences` (bytes per sequence and sequences that fit, per policy and length in
+    `seq_lens`, default the table's) and `prefix` (FLOPs a shared-prefix hit saves, or None). A model
+    that does not fit raises the one-line error `kvsim memory` and `kvsim.run` give."""
+    from kvsim.perf.memory import check_fits
+    from kvsim.results.memory_report import memory_records
+    from kvsim.scenario.catalog import gpu_spec, model_spec
+
+    if not hasattr(scenario, "policies"):
+        scenario = load_scenario(scenario)
+    model, gpu = model_spec(scenario), gpu_spec(scenario)
+    check_fits(scenario, model, gpu, scenario.policies)  # the same rules as `run` and `kvsim memory`
+    return memory_records(scenario, model, gpu, kv_dtypes, seq_lens)
+
+
+def validate(scenario, measured, *, policies=None) -> list[dict]:
+    """The scenario's analytic prediction against a measured run: one plain record per policy and figure
+    ({"policy", "figure", "unit", "measured", "predicted", "error"}). `measured` is the results folder of
+    a `triton` backend run of the scenario or a `vllm bench serve --save-result` JSON."""
+    from kvsim.calibrate.validate import validate as run_validation
+
+    if not hasattr(scenario, "policies"):
+        scenario = load_scenario(scenario)
+    return run_validation(scenario, measured, policies)
+
+
 class _Api(types.ModuleType):
-    """Keeps `kvsim.run` and `kvsim.plan` the functions above when their modules are imported
-    (the import system would otherwise set the package attribute to the submodule)."""
+    """Keeps `kvsim.plan` the function above when the `kvsim.plan` package is imported (the import
+    system would otherwise set the package attribute to the subpackage)."""
 
     def __setattr__(self, name, value):
-        if name in ("run", "plan") and isinstance(value, types.ModuleType):
+        if name == "plan" and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)
 

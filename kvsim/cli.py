@@ -1,4 +1,4 @@
-"""The command line: `python -m kvsim [run] SCENARIO.toml`, `memory`, `schema`, and the commands that
+"""The command line: `python -m kvsim [run] SCENARIO.toml`, `memory`, `schema`, `dashboard`, and the commands that
 the planning and calibration packages register (`plan`, `sweep`, `profile`, `calibrate`, `validate`).
 
 Each command is a subparser with a `handler(args, console) -> exit code`. Bad input ends with one
@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     schema.add_argument("--markdown", action="store_true",
                         help="a Markdown table of every key (docs/scenario-reference.md) instead")
     schema.set_defaults(handler=cmd_schema)
+    dash = sub.add_parser("dashboard", help="start the what-if sizing dashboard (Streamlit, app/Home.py)")
+    dash.add_argument("--server.port", dest="port", type=int, metavar="PORT",
+                      help="port to serve on (Streamlit's default: 8501)")
+    dash.add_argument("--server.headless", dest="headless", choices=("true", "false"),
+                      help="true: do not open a browser window")
+    dash.set_defaults(handler=cmd_dashboard)
     for name in COMMAND_MODULES:
         import_module(name).add_commands(sub)
     return p
@@ -78,8 +84,8 @@ class Progress:
 
 
 def cmd_run(args, console: Console) -> int:
+    from kvsim.pipeline import run_scenario
     from kvsim.results.report import comparison_table, verdict_lines
-    from kvsim.run import run_scenario
 
     scenario = scenario_from_args(args)
     if args.policy:
@@ -122,6 +128,26 @@ def cmd_schema(args, console: Console) -> int:
         from kvsim.scenario.config import json_schema
         print(json_schema())
     return 0
+
+
+DASHBOARD_APP = Path(__file__).resolve().parent.parent / "app" / "Home.py"
+
+
+def cmd_dashboard(args, console: Console) -> int:
+    """Become `streamlit run app/Home.py` (exec: Ctrl-C and kill reach the server itself)."""
+    import os
+
+    if not DASHBOARD_APP.is_file():
+        raise KvsimError(f"{DASHBOARD_APP}: dashboard not found (app/ ships with the source tree: "
+                         "install kvsim from a clone with pip install -e .)")
+    cmd = [sys.executable, "-m", "streamlit", "run", str(DASHBOARD_APP)]
+    if args.port is not None:
+        cmd += ["--server.port", str(args.port)]
+    if args.headless is not None:
+        cmd += ["--server.headless", args.headless]
+    sys.stdout.flush()
+    os.execv(sys.executable, cmd)
+    return 0  # not reached
 
 
 class Terminated(BaseException):

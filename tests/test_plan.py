@@ -22,7 +22,8 @@ def serial_scenario(tmp_path, **over):
     """One request at a time (max_num_seqs 1), every step STEP_S (plus ~2e-5 s to read the weights), fixed
     lengths, evenly spaced arrivals: a request costs OUTPUT_LEN steps (its prefill emits the first token)."""
     cal = tmp_path / "cal.json"
-    cal.write_text(json.dumps({"step_overhead_s": STEP_S, "per_seq_overhead_s": 0.0, "allreduce_latency_s": 0.0}))
+    cal.write_text(json.dumps({"step_overhead_s": STEP_S, "graph_step_overhead_s": STEP_S, "per_seq_overhead_s": 0.0,
+                               "allreduce_latency_s": 0.0, "gemm_pad_tokens": 0.0}))
     sections = {
         "hardware": {"gpu": "H100-SXM", **FAST},
         "engine": {"max_model_len": 1024, "max_num_seqs": 1, "max_num_batched_tokens": 1024},
@@ -195,7 +196,8 @@ def test_plan_cli_writes_its_files_and_bad_input_is_one_line(tmp_path, capsys):
 ])
 def test_plan_names_compute_or_bandwidth_when_step_time_binds(tmp_path, calibration, prompt, tpot_ms, bound):
     cal = tmp_path / "cal.json"
-    cal.write_text(json.dumps({"step_overhead_s": 0.0, "per_seq_overhead_s": 0.0, **calibration}))
+    cal.write_text(json.dumps({"step_overhead_s": 0.0, "graph_step_overhead_s": 0.0, "per_seq_overhead_s": 0.0,
+                               "gemm_pad_tokens": 0.0, **calibration}))
     sc = make_scenario(engine={"max_model_len": 8192, "max_num_seqs": 1024, "max_num_batched_tokens": 65536},
                        workload={"seed": 0, "num_requests": 150, "arrival": {"process": "deterministic", "rate": 1.0},
                                  "prompt_len": {"dist": "fixed", "value": prompt},

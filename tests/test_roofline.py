@@ -1,6 +1,7 @@
-"""Roofline step time: a hand-computed step, closed forms against brute force, monotonicity, calibration."""
+"""Roofline step time: each term by hand, closed forms against brute force, monotonicity, calibration files."""
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -9,18 +10,147 @@ from hypothesis import strategies as st
 
 from kvsim.batch import Batch
 from kvsim.errors import KvsimError
-from kvsim.perf.roofline import Calibration, StepModel, _sum_max_lines, load_calibration
+from kvsim.perf.calibration import Calibration, load_calibration, resolve_calibration, shipped_path
+from kvsim.perf.roofline import (StepModel, _envelope, _run_time, _sum_max_lines, activation_bytes_per_token,
+                                 allreduce_seconds)
 from kvsim.scenario.catalog import GPUS, MODELS
 
-LLAMA8, QWEN8, LLAMA70 = MODELS["Llama-3.1-8B"], MODELS["Qwen3-8B"], MODELS["Llama-3.1-70B"]
+LLAMA8, QWEN8, LLAMA70, QWEN06 = MODELS["Llama-3.1-8B"], MODELS["Qwen3-8B"], MODELS["Llama-3.1-70B"], MODELS["Qwen3-0.6B"]
 H100, A100 = GPUS["H100-SXM"], GPUS["A100-80GB"]
-CAL = Calibration()
+# Round numbers, every term switched on, so each can be computed by hand.
+CAL = Calibration(compute_efficiency=0.5, gemm_pad_tokens=0.0, attention_efficiency=0.5, memory_efficiency=0.8,
+                  graph_step_overhead_s=1e-3, step_overhead_s=2e-3, eager_layer_s=1e-4, eager_attention_s=2e-5,
+                  eager_quantized_s=1e-5, layer_overhead_s=5e-6, attention_floor_s=3e-6, prefill_key_s=1e-8,
+                  per_seq_overhead_s=1e-5, allreduce_latency_s=5e-5, allreduce_efficiency=0.5,
+                  dequant_flops_per_element=2.0, quantized_prefill_factor=2.5)
+BW = 3350e9 * 0.8  # H100 HBM at memory_efficiency
+PEAK = 989.4e12
+LAYER_PARAMS, LM_HEAD_PARAMS = 218_103_808, 525_336_576  # Llama-3.1-8B: per layer; vocab x hidden
 
 
 def decode(n: int, ctx: int) -> Batch:
     return Batch(num_decode_seqs=n, decode_context_tokens=ctx)
 
 
+def prefill(n: int, ctx: int = 0) -> Batch:
+    return Batch(num_prefill_seqs=1, num_prefill_tokens=n, prefill_context_tokens=ctx,
+                 prefill_attn_pairs=n * ctx + n * (n + 1) // 2)
+
+
+def test_gemm_term_streams_layers_and_lm_head_but_not_the_embedding():
+    sm = StepModel(LLAMA8, H100, 1, "auto", CAL)
+    weights = (32 * LAYER_PARAMS + LM_HEAD_PARAMS) * 2  # 15,009,316,864 B: the input embedding is a gather
+    assert LLAMA8.weight_bytes - weights == (LM_HEAD_PARAMS + 65 * 4096) * 2  # the table and 65 norms
+    # One token: memory-bound, the streamed weights over the bandwidth.
+    assert sm.gemm_time(1, 1) == pytest.approx(weights / BW, rel=1e-12)
+    # 8192 tokens, one sampled row: compute-bound layers, memory-bound lm_head.
+    layers = 8192 * 2 * 32 * LAYER_PARAMS / (PEAK * 0.5)
+    assert sm.gemm_time(8192, 1) == pytest.approx(layers + LM_HEAD_PARAMS * 2 / BW, rel=1e-12)
+    # gemm_pad_tokens: compute is charged for 100 more rows (the memory roof is unchanged)
+    padded = StepModel(LLAMA8, H100, 1, "auto", replace(CAL, gemm_pad_tokens=100.0))
+    assert padded.layer_gemm_time(8192) == pytest.approx(8292 * 2 * LAYER_PARAMS / (PEAK * 0.5), rel=1e-12)
+    assert padded.layer_gemm_time(1) == pytest.approx(LAYER_PARAMS * 2 / BW, rel=1e-12)
+
+
+def test_decode_attention_roofline_and_floor():
+    sm = StepModel(LLAMA8, H100, 1, "auto", CAL)
+    per_pair = 4 * 32 * 32 * 128 / (PEAK * 0.5)  # QK and PV over 32 layers x 32 heads x 128 dims
+    kv = 2 * 32 * 8 * 128 * 2 / BW  # 131,072 B of K and V per token
+    assert kv > per_pair  # decode attention is memory-bound
+    assert sm.decode_attention_time(32, 32 * 1024) == pytest.approx(32 * 1024 * kv, rel=1e-12)
+    assert sm.decode_attention_time(1, 1) == pytest.approx(32 * 3e-6, rel=1e-12)  # 32 layers x the floor
+    assert sm.decode_attention_time(0, 0) == 0.0
+    # a quantized cache reads half the bytes and pays dequantization: 65,536 elements x 2 FLOPs at fp32
+    fp8 = StepModel(LLAMA8, H100, 1, "fp8", CAL)
+    dequant = 65_536 * 2 / 66.9e12
+    kv8 = 2 * 32 * 8 * (128 + 4) / BW  # 1-byte elements and a 4-byte scale per head
+    assert fp8.decode_attention_time(8, 8000) == pytest.approx(8000 * max(per_pair + dequant, kv8), rel=1e-12)
+
+
+def test_prefill_attention_compute_serial_floor_and_quantized_factor():
+    sm = StepModel(LLAMA8, H100, 1, "auto", CAL)
+    per_pair = 4 * 32 * 32 * 128 / (PEAK * 0.5)
+    pairs = 4096 * 4097 // 2
+    assert sm.prefill_attention_time(1, pairs, 4096) == pytest.approx(pairs * per_pair, rel=1e-12)
+    # 16 new tokens after 12,288 cached: one program walks 12,304 keys in each of 32 layers
+    pairs = 16 * 12288 + 16 * 17 // 2
+    serial = 32 * 12304 * 1e-8
+    assert serial > pairs * per_pair
+    assert sm.prefill_attention_time(1, pairs, 12304) == pytest.approx(serial, rel=1e-12)
+    # two sequences side by side: each program walks its own sequence's keys
+    assert sm.prefill_attention_time(2, 2 * pairs, 2 * 12304) == pytest.approx(serial, rel=1e-12)
+    # a quantized cache: 2.5 x the compute (and the serial walk), plus dequantization of what is read
+    fp8 = StepModel(LLAMA8, H100, 1, "fp8", CAL)
+    pairs = 4096 * 4097 // 2
+    want = pairs * per_pair * 2.5 + 4096 * 65_536 * 2 / 66.9e12
+    assert fp8.prefill_attention_time(1, pairs, 4096) == pytest.approx(want, rel=1e-12)
+
+
+def test_activation_term_by_hand():
+    # per layer: two add+RMSNorms 8 x 4096 x 2 B, q/k norm + RoPE 2 x (4096 + 1024) x 2 B,
+    # SwiGLU 3 x 14336 x 2 B, KV store read 2 x 1024 x 2 B = 176,128 B; 32 layers + the K/V written
+    assert activation_bytes_per_token(LLAMA8, "auto") == 32 * 176_128 + 131_072
+    sm = StepModel(LLAMA8, H100, 1, "auto", CAL)
+    logits = 12 * 128_256 / BW  # a sampled row's logits: 16-bit written and read, fp32 written and read
+    assert sm.activation_time(4096, 1) == pytest.approx(4096 * 5_767_168 / BW + logits, rel=1e-12)
+    assert sm.activation_time(1, 1) == pytest.approx(32 * 5e-6 + logits, rel=1e-12)  # the small kernels' floor
+
+
+def test_allreduce_latency_does_not_shrink_with_tp():
+    assert allreduce_seconds(1 << 20, 1, H100, CAL) == 0.0
+    assert allreduce_seconds(1 << 20, 4, H100, CAL) == pytest.approx(5e-5 + 1.5 * (1 << 20) / (450e9 * 0.5))
+    tp2, tp4 = (StepModel(LLAMA70, H100, tp, "auto", CAL) for tp in (2, 4))
+    # 2 x 80 layers + 1 (the embedding) calls, each 50 us + the ring's share of 16 tokens x 8192 x 2 B
+    ring2 = 2 * 0.5 * 16 * 8192 * 2 / (450e9 * 0.5)
+    assert tp2.allreduce_time(16) == pytest.approx(161 * (5e-5 + ring2), rel=1e-12)
+    assert tp4.allreduce_time(0) == tp2.allreduce_time(0) == pytest.approx(161 * 5e-5)
+    assert StepModel(LLAMA70, H100, 1, "auto", CAL).allreduce_time(16) == 0.0
+    assert tp2.step_time(decode(16, 16 * 2048)) - tp2.allreduce_time(16) == pytest.approx(
+        tp2.overhead(16, True) + tp2.gemm_time(16, 16) + tp2.activation_time(16, 16)
+        + tp2.decode_attention_time(16, 16 * 2048), rel=1e-12)
+
+
+def test_graph_decode_and_eager_steps_have_their_own_fixed_costs():
+    sm = StepModel(QWEN06, H100, 1, "auto", CAL)  # 28 layers
+    # 20 decodes replay the graph of 24 (vLLM's capture sizes): padded rows cost GEMM and activation time
+    assert sm.graph_batch(0, 20) == 24 and sm.graph_batch(1, 20) == 0 and sm.graph_batch(0, 600) == 0
+    body = sm.gemm_time(24, 24) + sm.activation_time(24, 24) + sm.decode_attention_time(20, 20 * 300)
+    assert sm.step_time(decode(20, 20 * 300)) == pytest.approx(1e-3 + 20 * 1e-5 + body, rel=1e-12)
+    # a mixed step: the host launches 28 layers with two attention kernel kinds: a floor under the GPU work
+    mixed = Batch(num_prefill_seqs=1, num_prefill_tokens=64, prefill_attn_pairs=64 * 65 // 2, num_decode_seqs=4,
+                  decode_context_tokens=4 * 500)
+    host = 28 * (1e-4 + 2 * 2e-5)
+    gpu = (sm.gemm_time(68, 5) + sm.activation_time(68, 5) + sm.decode_attention_time(4, 2000)
+           + sm.prefill_attention_time(1, 64 * 65 // 2, 64))
+    assert gpu < host
+    assert sm.step_time(mixed) == pytest.approx(2e-3 + 5 * 1e-5 + host, rel=1e-12)
+    big = prefill(8192)  # GPU-bound: the host's launches hide under it
+    gpu = sm.gemm_time(8192, 1) + sm.activation_time(8192, 1) + sm.prefill_attention_time(1, 8192 * 8193 // 2, 8192)
+    assert gpu > host
+    assert sm.step_time(big) == pytest.approx(2e-3 + 1e-5 + gpu, rel=1e-12)
+    # without CUDA graphs a decode step is eager too; a quantized cache adds its decode launches
+    eager = StepModel(QWEN06, H100, 1, "int8", CAL, graph_sizes=())
+    assert eager.host_time(0, 8) == pytest.approx(28 * (1e-4 + 2e-5 + 1e-5))
+    assert eager.host_time(1, 0) == pytest.approx(28 * (1e-4 + 2e-5))
+    assert eager.step_time(decode(8, 800)) == pytest.approx(2e-3 + 8e-5 + 28 * 1.3e-4, rel=1e-12)
+
+
+def test_per_sequence_host_cost():
+    sm = StepModel(LLAMA8, H100, 1, "auto", replace(CAL, per_seq_overhead_s=1e-3))
+    base = StepModel(LLAMA8, H100, 1, "auto", replace(CAL, per_seq_overhead_s=0.0))
+    b = decode(32, 32 * 100)
+    assert sm.step_time(b) - base.step_time(b) == pytest.approx(32e-3, rel=1e-9)
+
+
+def test_swap_time():
+    sm = StepModel(LLAMA8, H100, 1, "auto", CAL)
+    assert sm.swap_time(10) == pytest.approx(10 * 16 * 131072 / 64e9)
+    base = sm.step_time(decode(8, 8 * 100))
+    swapped = Batch(num_decode_seqs=8, decode_context_tokens=800, swap_in_blocks=3, swap_out_blocks=7)
+    assert sm.step_time(swapped) == pytest.approx(base + sm.swap_time(10), rel=1e-12)
+
+
+# ---- closed forms for runs of decode steps ---------------------------------------------------------
 def brute_run(sm: StepModel, n: int, ctx: int, k: int) -> float:
     return sum(sm.step_time(decode(n, ctx + i * n)) for i in range(k))
 
@@ -34,57 +164,36 @@ def brute_steps_within(sm: StepModel, n: int, ctx: int, budget: float) -> int:
             return k
 
 
-def test_hand_computed_decode_step_llama8b_h100():
-    # 32 sequences, each with 1023 cached tokens plus the new one: decode_context_tokens = 32 x 1024.
-    sm = StepModel(LLAMA8, H100, 1, "auto", CAL)
-    # GEMMs: 2 x (32 layers x 218,103,808 projection params + 525,336,576 lm_head) = 15,009,316,864 FLOPs/token,
-    # 32 tokens, all sampled, at 989.4 TF x 0.6.
-    gemm = 15_009_316_864 * 32 / (989.4e12 * 0.6)
-    # Attention: 4 x 32 layers x 32 heads x 128 dims = 524,288 FLOPs per query-key pair, 32,768 pairs, at x 0.4.
-    attn = 524_288 * 32_768 / (989.4e12 * 0.4)
-    # HBM: 16,060,522,496 B of weights + KV read (32,768 tokens) and written (32) at 131,072 B/token,
-    # at 3350 GB/s x 0.85.
-    memory = (16_060_522_496 + (32_768 + 32) * 131_072) / (3350e9 * 0.85)
-    overhead = 0.004 + 32 * 1e-5
-    assert memory > gemm + attn  # memory-bound: ~7.15 ms against ~0.85 ms
-    expected = overhead + memory
-    assert expected == pytest.approx(0.011470, abs=1e-6)
-    assert sm.step_time(decode(32, 32 * 1024)) == pytest.approx(expected, rel=1e-12)
-
-
-def test_prefill_step_is_compute_bound():
-    # one 4096-token prompt: 4096 x (15,009,316,864 - 2 x 525,336,576) + one lm_head row of GEMM FLOPs,
-    # 4096 x 4097 / 2 attention pairs
-    sm = StepModel(LLAMA8, H100, 1, "auto", CAL)
-    b = Batch(num_prefill_seqs=1, num_prefill_tokens=4096, prefill_attn_pairs=4096 * 4097 // 2)
-    gemm = (4096 * (15_009_316_864 - 1_050_673_152) + 1_050_673_152) / (989.4e12 * 0.6)
-    attn = 524_288 * (4096 * 4097 // 2) / (989.4e12 * 0.4)
-    assert sm.step_time(b) == pytest.approx(0.004 + 1e-5 + gemm + attn, rel=1e-12)
-
-
-def test_run_crossing_compute_memory_crossover():
-    # 256 sequences starting at 1 token each: compute-bound GEMMs at first, KV reads dominate later.
-    sm = StepModel(LLAMA8, H100, 1, "auto", CAL)
-    n, ctx, k = 256, 256, 300
-    first, last = ctx, ctx + (k - 1) * n
-    assert sm.compute_time(n, n, first, first) > sm.memory_time(n, first)
-    assert sm.compute_time(n, n, last, last) < sm.memory_time(n, last)
-    assert sm.decode_run_time(n, ctx, k) == pytest.approx(brute_run(sm, n, ctx, k), rel=1e-10)
-    assert sm.decode_steps_within(n, ctx, 1.0) == brute_steps_within(sm, n, ctx, 1.0)
-
-
 def step_models():
     slow_fp32 = replace(A100, fp32_tflops=0.5)  # dequantization so slow that compute grows faster than memory
+    big_floor = replace(CAL, attention_floor_s=2e-4)  # the floor holds for a while, then a roof takes over
     return st.sampled_from([
         StepModel(LLAMA8, H100, 1, "auto", CAL),
         StepModel(LLAMA8, H100, 1, "int8", CAL),
         StepModel(QWEN8, A100, 2, "int4", CAL),
-        StepModel(LLAMA70, H100, 4, "fp8", CAL),
-        StepModel(LLAMA8, slow_fp32, 1, "int4", CAL),
+        StepModel(LLAMA70, H100, 4, "fp8", Calibration()),
+        StepModel(LLAMA8, slow_fp32, 1, "int4", big_floor),
+        StepModel(LLAMA8, slow_fp32, 1, "int4", big_floor, graph_sizes=()),  # eager: a host floor as well
+        StepModel(QWEN06, H100, 1, "auto", replace(CAL, eager_layer_s=5e-4), graph_sizes=()),
     ])
 
 
-@settings(max_examples=150, deadline=None)
+def test_run_crossing_from_the_host_floor_to_a_roof():
+    # an eager int4 step on a slow fp32 unit: the attention floor (under the weights' time) sets the step
+    # time until the growing context's dequantization takes over (at step 1516 here)
+    sm = StepModel(LLAMA8, replace(A100, fp32_tflops=0.5), 1, "int4", replace(CAL, attention_floor_s=2e-4,
+                                                                                  eager_layer_s=3e-4), graph_sizes=())
+    fixed, a, b, s, later = sm._decode_lines(8, 8)
+    assert b == 0 and len(later) == 1 and s == later[0][0] == 1516
+    flat = sm.step_time(decode(8, 8))
+    assert flat == fixed + a and sm.step_time(decode(8, 8 + 1515 * 8)) == pytest.approx(flat, rel=1e-12)
+    assert sm.step_time(decode(8, 8 + 1516 * 8)) > flat
+    for k in (1, 5, 50, 400, 3000):
+        assert sm.decode_run_time(8, 8, k) == pytest.approx(brute_run(sm, 8, 8, k), rel=1e-10)
+    assert sm.decode_steps_within(8, 8, 2.0) == brute_steps_within(sm, 8, 8, 2.0)
+
+
+@settings(max_examples=120, deadline=None)
 @given(sm=step_models(), n=st.integers(1, 512), per_seq=st.integers(1, 8000), k=st.integers(1, 250))
 def test_decode_run_time_matches_brute_force(sm, n, per_seq, k):
     ctx = n * per_seq
@@ -94,7 +203,7 @@ def test_decode_run_time_matches_brute_force(sm, n, per_seq, k):
     assert first == pytest.approx(sm.step_time(decode(n, ctx)), rel=1e-12)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(sm=step_models(), n=st.integers(1, 512), per_seq=st.integers(1, 8000), budget=st.floats(1e-4, 2.0))
 def test_decode_steps_within_matches_brute_force(sm, n, per_seq, budget):
     ctx = n * per_seq
@@ -104,14 +213,13 @@ def test_decode_steps_within_matches_brute_force(sm, n, per_seq, budget):
     assert k == brute or sm.decode_run_time(n, ctx, min(k, brute)) == pytest.approx(budget, rel=1e-12)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(sm=step_models(), n=st.integers(1, 512), per_seq=st.integers(1, 8000), max_steps=st.integers(1, 300),
        budget=st.floats(1e-4, 2.0) | st.just(float("inf")))
 def test_decode_run_within_stops_at_the_budget_or_max_steps(sm, n, per_seq, max_steps, budget):
     ctx = n * per_seq
     k, total, first = sm.decode_run_within(n, ctx, max_steps, budget)
     expect = max_steps if budget == float("inf") else min(max_steps, brute_steps_within(sm, n, ctx, budget))
-    # the two sums may round differently exactly at the boundary; never by more than that
     assert k == expect or sm.decode_run_time(n, ctx, min(k, expect)) == pytest.approx(budget, rel=1e-12)
     assert total == pytest.approx(brute_run(sm, n, ctx, k), rel=1e-10)
     assert first == pytest.approx(sm.step_time(decode(n, ctx)), rel=1e-12)
@@ -124,6 +232,15 @@ def test_decode_run_within_stops_at_the_budget_or_max_steps(sm, n, per_seq, max_
 def test_sum_max_lines(a1, b1, a2, b2, k):
     brute = sum(max(a1 + b1 * i, a2 + b2 * i) for i in range(k))
     assert _sum_max_lines(a1, b1, a2, b2, k) == pytest.approx(brute, rel=1e-9, abs=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(st.tuples(st.floats(0, 10), st.floats(0, 1)), min_size=1, max_size=4),
+       fixed=st.floats(0, 1), k=st.integers(0, 80))
+def test_envelope_of_lines(lines, fixed, k):
+    env = _envelope(fixed, lines)
+    brute = sum(fixed + max(a + b * i for a, b in lines) for i in range(k))
+    assert _run_time(env, k) == pytest.approx(brute, rel=1e-9, abs=1e-9)
 
 
 def test_decode_steps_within_long_budget():
@@ -140,43 +257,27 @@ def test_step_time_monotone(n, ctx, extra, more):
     sm = StepModel(LLAMA8, H100, 1, "int8", CAL)
     ctx = max(ctx, n)
     t = sm.step_time(decode(n, ctx))
-    assert sm.step_time(decode(n, ctx + extra)) > t  # more context
+    assert sm.step_time(decode(n, ctx + extra)) >= t  # more context (the attention floor may hold)
+    assert sm.step_time(decode(n, ctx + 10_000)) > t  # past the floor, strictly
     assert sm.step_time(decode(n + more, ctx + more)) > t  # more sequences
 
 
-def test_tensor_parallel_adds_allreduce():
-    tp1 = StepModel(LLAMA70, H100, 1, "auto", CAL)
-    tp2 = StepModel(LLAMA70, H100, 2, "auto", CAL)
-    n, ctx = 16, 16 * 2048
-    assert tp1.allreduce_time(n) == 0
-    # 2 per layer x 80 layers, each 10 us + 2 x (1/2) x 16 tokens x 8192 x 2 B over 450 GB/s
-    allreduce = 160 * (1e-5 + 16 * 8192 * 2 / 450e9)
-    body = max(tp2.compute_time(n, n, ctx, ctx), tp2.memory_time(n, ctx))
-    assert tp2.step_time(decode(n, ctx)) == pytest.approx(tp2.overhead(n) + body + allreduce, rel=1e-12)
-    assert tp2.memory_time(n, ctx) == pytest.approx(tp1.memory_time(n, ctx) / 2, rel=1e-12)
-
-
 def test_quantized_kv_speeds_up_long_context_decode():
-    bf16 = StepModel(LLAMA8, H100, 1, "auto", CAL)
-    int8 = StepModel(LLAMA8, H100, 1, "int8", CAL)
+    bf16 = StepModel(LLAMA8, H100, 1, "auto", Calibration())
+    int8 = StepModel(LLAMA8, H100, 1, "int8", Calibration())
     n, ctx = 64, 64 * 32_768
-    assert bf16.memory_time(n, ctx) > bf16.compute_time(n, n, ctx, ctx)  # memory-bound
-    assert int8.step_time(decode(n, ctx)) < 0.7 * bf16.step_time(decode(n, ctx))
+    assert int8.step_time(decode(n, ctx)) < 0.75 * bf16.step_time(decode(n, ctx))
     assert int8.dequant_s_per_kv_token > 0 == bf16.dequant_s_per_kv_token
 
 
-def test_swap_time():
-    sm = StepModel(LLAMA8, H100, 1, "auto", CAL)
-    assert sm.swap_time(10) == pytest.approx(10 * 16 * 131072 / 64e9)
-    base = sm.step_time(decode(8, 8 * 100))
-    swapped = Batch(num_decode_seqs=8, decode_context_tokens=800, swap_in_blocks=3, swap_out_blocks=7)
-    assert sm.step_time(swapped) == pytest.approx(base + sm.swap_time(10), rel=1e-12)
-
-
+# ---- calibration files ---------------------------------------------------------------------------------
 def test_load_calibration(tmp_path):
     path = tmp_path / "cal.json"
     path.write_text(json.dumps({"compute_efficiency": 0.5, "step_overhead_s": 0}))
     assert load_calibration(path) == Calibration(compute_efficiency=0.5, step_overhead_s=0.0)
+    path.write_text(json.dumps({"coefficients": {"memory_efficiency": 0.9}, "provenance": {"memory_efficiency": "x"},
+                                "written_by": "kvsim calibrate", "fit": {}}))
+    assert load_calibration(path) == Calibration(memory_efficiency=0.9)
 
 
 @pytest.mark.parametrize("text, match", [
@@ -187,6 +288,8 @@ def test_load_calibration(tmp_path):
     ('{"per_seq_overhead_s": -1}', r"cal\.json: per_seq_overhead_s: must be in \[0, 10\], got -1"),
     ('{\n"step_overhead_s": 0.1,\n}', r"cal\.json:3: invalid JSON"),
     ('[0.5]', r"cal\.json: expected a JSON object"),
+    ('{"coefficients": {}, "notes": 1}', r"cal\.json: notes: unknown key"),
+    ('{"coefficients": [1]}', r"cal\.json: coefficients: must be a JSON object"),
 ])
 def test_load_calibration_errors(tmp_path, text, match):
     path = tmp_path / "cal.json"
@@ -195,3 +298,21 @@ def test_load_calibration_errors(tmp_path, text, match):
         load_calibration(path)
     with pytest.raises(KvsimError, match=r"calibration \(backend.calibration\) not found"):
         load_calibration(tmp_path / "missing.json")
+
+
+def test_shipped_calibrations_are_picked_by_gpu_and_engine(tmp_path):
+    from conftest import make_scenario
+
+    sc = make_scenario()
+    cal, source = resolve_calibration(sc, "H100-SXM")
+    assert source == "shipped:H100-SXM.json" and cal == load_calibration(shipped_path("H100-SXM"))
+    sc = make_scenario(backend={"calibration": "triton"})
+    assert resolve_calibration(sc, "H100-SXM")[1] == "shipped:H100-SXM-triton.json"
+    assert resolve_calibration(make_scenario(), "L40S") == (Calibration(), "built-in defaults")
+    with pytest.raises(KvsimError, match=r"backend.calibration: no shipped 'triton' calibration for GPU L40S"):
+        resolve_calibration(sc, "L40S")
+    for path in shipped_path("H100-SXM").parent.glob("*.json"):  # every figure says where it comes from
+        doc = json.loads(path.read_text())
+        assert set(doc["provenance"]) == set(doc["coefficients"]), path.name
+        assert all(isinstance(v, str) and v for v in doc["provenance"].values())
+        assert math.isfinite(load_calibration(path).compute_efficiency)

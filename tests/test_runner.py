@@ -171,9 +171,11 @@ def test_recompute_feeds_sampled_tokens_until_freed():
 
 
 def test_graph_batch_sizes():
-    assert graph_batch_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 48, 64]
+    assert graph_batch_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
     assert graph_batch_sizes(40) == [1, 2, 4, 8, 16, 24, 32, 40]
-    assert graph_batch_sizes(3) == [1, 2, 3]
+    assert graph_batch_sizes(3) == [1, 2, 4]  # padded as vLLM pads
+    assert graph_batch_sizes(300)[-3:] == [288, 296, 304]
+    assert graph_batch_sizes(2000)[-1] == 512  # larger decode batches run eagerly
 
 
 def _scenario(**engine):

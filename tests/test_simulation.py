@@ -9,7 +9,7 @@ from backends.analytic import AnalyticBackend
 from kvsim.cli import main
 from kvsim.perf.memory import kv_capacity
 from kvsim.results.metrics import Metrics
-from kvsim.run import run_scenario
+from kvsim.pipeline import run_scenario
 from kvsim.scenario.catalog import gpu_spec, model_spec
 from kvsim.scenario.config import scenario_from_dict
 from kvsim.scenario.workload import generate_requests

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from conftest import make_scenario
 from kvsim.results.metrics import Metrics, nearest_rank
 from kvsim.results.verdict import judge
-from kvsim.run import run_scenario
+from kvsim.pipeline import run_scenario
 from kvsim.scenario.config import SloConfig
 from kvsim.sequence import Request, Sequence
 

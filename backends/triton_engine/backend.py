@@ -9,7 +9,9 @@ scenario is known to be runnable, so a machine without it gets a one-line `Kvsim
 
 from __future__ import annotations
 
+import csv
 import gc
+import os
 import sys
 import time
 import weakref
@@ -41,6 +43,74 @@ def _import_torch():
     if not torch.cuda.is_available():
         raise KvsimError("backend 'triton' needs an NVIDIA GPU: torch.cuda.is_available() is False (no CUDA device)")
     return torch
+
+
+class StepLog:
+    """Measured step times by phase beside the analytic model's price of the same steps (the shipped
+    triton-engine calibration, or the scenario's): `kvsim validate` shows step-level error from them.
+    With KVSIM_STEP_LOG=path.csv set, every step is also appended there, in `kvsim profile`'s columns
+    (source kvsim-serving) plus the longest decode context and the predicted time."""
+
+    def __init__(self, scenario, policy, model, gpu, graph_sizes):
+        from kvsim.perf.calibration import resolve_calibration
+        from kvsim.perf.roofline import StepModel
+
+        try:
+            name = scenario.backend.calibration
+            sc = scenario if name else scenario.model_copy(
+                update={"backend": scenario.backend.model_copy(update={"calibration": "triton"})})
+            calibration, self.calibration_source = resolve_calibration(sc, gpu.name)
+            self.model = StepModel(model, gpu, scenario.hardware.tensor_parallel_size, policy.kv_cache_dtype,
+                                   calibration, scenario.engine.block_size, tuple(graph_sizes))
+        except KvsimError:
+            self.model, self.calibration_source = None, None
+        self.phases: dict[str, list] = {}
+        self.graph_sizes = sorted(graph_sizes)
+        self._csv, self._fixed = None, None
+        path = os.environ.get("KVSIM_STEP_LOG")
+        if path:
+            new = not os.path.exists(path)
+            self._file = open(path, "a", newline="")
+            self._csv = csv.writer(self._file)
+            if new:
+                self._csv.writerow(STEP_LOG_COLUMNS)
+            self._fixed = ("kvsim-serving", "serving", gpu.name, "", model.name, policy.kv_cache_dtype, 1)
+
+    def add(self, batch, seconds: float) -> None:
+        phase = "prefill" if not batch.num_decode_seqs else "mixed" if batch.num_prefill_seqs else "decode"
+        predicted = self.model.step_time(batch) if self.model is not None else 0.0
+        self.phases.setdefault(phase, []).append((seconds, predicted))
+        if self._csv is not None:
+            nd, np_ = batch.num_decode_seqs, batch.num_prefill_seqs
+            graph = next((b for b in self.graph_sizes if b >= nd), 0) if phase == "decode" else 0
+            longest = max((s.num_computed_tokens + 1 for s, n in zip(batch.seqs, batch.num_new_tokens) if n == 1
+                           and s.num_computed_tokens >= s.prompt_len), default=0)
+            self._csv.writerow((*self._fixed, int(graph > 0), phase, nd, longest, np_, 0, 0, np_,
+                                batch.num_prefill_tokens, batch.prefill_attn_pairs, batch.prefill_context_tokens,
+                                nd, batch.decode_context_tokens, f"{seconds:.7g}", f"{predicted:.7g}", graph))
+
+    def close(self) -> None:
+        if self._csv is not None:
+            self._file.close()
+            self._csv = None
+
+    def summary(self) -> dict:
+        """Per phase: steps, measured and predicted seconds in all, median predicted / measured."""
+        out = {"calibration": self.calibration_source}
+        for phase, rows in sorted(self.phases.items()):
+            ratios = sorted(p / m for m, p in rows if m > 0)
+            known = self.model is not None
+            out[phase] = {"steps": len(rows), "measured_s": sum(m for m, _ in rows),
+                          "predicted_s": sum(p for _, p in rows) if known else None,
+                          "median_ratio": ratios[len(ratios) // 2] if ratios and known else None}
+        return out
+
+
+# kvsim profile's columns (decode_context: the longest; prefill_chunk/cached: not recorded) + the prediction
+STEP_LOG_COLUMNS = ("source", "grid", "gpu", "device", "model", "kv_cache_dtype", "tp", "cuda_graph", "phase",
+                    "decode_seqs", "decode_context", "prefill_seqs", "prefill_chunk", "prefill_cached",
+                    "num_prefill_seqs", "num_prefill_tokens", "prefill_attn_pairs", "prefill_context_tokens",
+                    "num_decode_seqs", "decode_context_tokens", "step_s", "predicted_s", "graph_batch")
 
 
 def _release_previous() -> None:
@@ -79,6 +149,7 @@ class TritonBackend:
             raise KvsimError(f"{scenario.source}: policy {policy.name}: {exc}") from None
         self.num_blocks = self.runner.num_blocks
         self._capacity, self._policy = capacity, policy.name
+        self.step_log = StepLog(scenario, policy, model, gpu, self.runner.graph_sizes)
         _live.append(weakref.ref(self))
         print(self._profile_line(), file=sys.stderr)
 
@@ -86,13 +157,17 @@ class TritonBackend:
         t0 = time.perf_counter()
         self.runner.execute_model(batch.seqs, batch.num_new_tokens)
         self._torch.cuda.synchronize(self.device)
-        return time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.step_log.add(batch, took)
+        return took
 
     def free(self, seq) -> None:
         self.runner.free(seq)
 
     def close(self) -> None:
         """Drop the model, caches and graphs so a next engine can have the GPU's memory."""
+        if getattr(self, "step_log", None) is not None:
+            self.step_log.close()
         if getattr(self, "runner", None) is not None:
             self.runner = None
             gc.collect()
@@ -110,6 +185,7 @@ class TritonBackend:
                             "other_torch": prof.other_torch / GiB, "kv": prof.kv / GiB},
             "bytes_per_block": prof.bytes_per_block,
             "analytic_num_blocks": cap.num_blocks if cap is not None else None,
+            "step_times": self.step_log.summary(),
         }
 
     def _profile_line(self) -> str:

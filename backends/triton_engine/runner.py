@@ -27,6 +27,7 @@ from backends.triton_engine.decode_attention import choose_num_splits
 from backends.triton_engine.kv_quant import LayerKVCache, allocate_kv_cache, resolve_kv_dtype
 from backends.triton_engine.model import TORCH_DTYPES, AttentionMetadata, PagedAttention, Transformer
 from kvsim.errors import KvsimError
+from kvsim.perf.roofline import VLLM_GRAPH_SIZES
 from kvsim.sequence import Sequence
 
 
@@ -36,10 +37,10 @@ def table_width(num_blocks: int) -> int:
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    """Padded decode batch sizes that get a CUDA graph: 1, 2, 4, 8, 16, 24, 32, then steps of 16."""
-    sizes = [b for b in (1, 2, 4, 8, 16, 24, 32) if b < max_num_seqs]
-    sizes += list(range(48, max_num_seqs, 16))
-    return sizes + [max_num_seqs]
+    """Padded decode batch sizes that get a CUDA graph: vLLM V1's capture sizes (1, 2, 4, then steps of 8
+    to 256 and of 16 to 512) up to the first that holds max_num_seqs; larger batches run eagerly, as in vLLM."""
+    sizes = [b for b in VLLM_GRAPH_SIZES if b < max_num_seqs]
+    return sizes + [b for b in VLLM_GRAPH_SIZES if b >= max_num_seqs][:1]
 
 
 def pseudo_token_ids(request_ids: np.ndarray, positions: np.ndarray, vocab_size: int) -> np.ndarray:

@@ -1,5 +1,233 @@
 """The `profile`, `calibrate` and `validate` commands."""
 
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from kvsim.errors import KvsimError
+from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
+
 
 def add_commands(sub) -> None:
     """Register this package's subcommands on the `kvsim` parser."""
+    prof = sub.add_parser("profile", help="time the triton engine over a grid of step shapes (GPU) into a CSV")
+    prof.add_argument("--model", action="append", required=True, help="model preset (repeatable)")
+    prof.add_argument("--kv-cache-dtype", action="append", default=None,
+                      help="KV cache dtype (repeatable; default auto). auto gets the full grid, others a cut-down one")
+    prof.add_argument("--gpu", help="GPU preset the rows are for (default: from the device name)")
+    prof.add_argument("--device", default="cuda:0")
+    prof.add_argument("--grid", choices=("fit", "heldout", "both"), default="fit",
+                      help="the regular grid (fit), random shapes off it (heldout), or both")
+    prof.add_argument("--heldout-per-phase", type=int, default=20, help="random shapes per phase (heldout grid)")
+    prof.add_argument("--repeats", type=int, default=5, help="timed repeats per shape (at least; median kept)")
+    prof.add_argument("--passes", type=int, default=2, help="passes over the grid; the least median is kept")
+    prof.add_argument("--max-seconds", type=float, default=math.inf, help="stop starting new shapes after this")
+    prof.add_argument("--max-model-len", type=int, default=16384, help="longest context in the grid")
+    prof.add_argument("-o", "--out", type=Path, required=True, help="CSV to write")
+    prof.set_defaults(handler=cmd_profile)
+
+    cal = sub.add_parser("calibrate", help="fit the step-time model's coefficients to measured tables")
+    cal.add_argument("tables", nargs="*", type=Path, metavar="TABLE",
+                     help="kvsim profile CSVs, Vidur mlp.csv / all_reduce.csv operator profiles")
+    cal.add_argument("--serving", nargs=2, action="append", default=[], type=Path, metavar=("SCENARIO", "RESULT"),
+                     help="a vllm bench serve --save-result JSON and the scenario it ran (fit by simulating it)")
+    cal.add_argument("-o", "--out", type=Path, required=True, help="calibration JSON to write")
+    cal.add_argument("--gpu", help="GPU preset of tables whose path does not say it (Vidur)")
+    cal.add_argument("--start", help="starting coefficients: a calibration JSON, or 'vllm' / 'triton' (shipped for "
+                     "--gpu); coefficients the tables cannot move keep these values and their provenance")
+    cal.add_argument("--free", help="comma-separated coefficients to fit (default: every one the tables move)")
+    cal.add_argument("--fix", help="comma-separated coefficients to keep at their starting values")
+    cal.add_argument("--only", help="comma-separated observation kinds to use: step, gemm, elementwise, allreduce, "
+                     "serving (default: all the tables hold)")
+    cal.add_argument("--folds", type=int, default=5, help="k of the k-fold hold-out (default 5)")
+    cal.add_argument("--max-error", type=float, default=None,
+                     help="refuse a fit whose hold-out median |error| is above this fraction (default 0.10; "
+                          "any phase or slice of 10+ observations: twice it)")
+    cal.add_argument("--engine", default="", help="the engine the tables measured, recorded in the file")
+    cal.set_defaults(handler=cmd_calibrate)
+
+    val = sub.add_parser("validate", help="compare a scenario's analytic prediction with a measured run")
+    add_scenario_arguments(val)
+    val.add_argument("--measured", type=Path, required=True,
+                     help="results folder of a GPU (triton backend) run of the scenario, or a vllm bench serve JSON")
+    val.add_argument("--policy", action="append", help="only this policy (repeatable)")
+    val.add_argument("--out", type=Path, help="write the error table here (.csv or .json)")
+    val.set_defaults(handler=cmd_validate)
+
+
+def _refuse_overwrite(path: Path, what: str, ours=lambda p: False) -> None:
+    if path.exists() and not ours(path):
+        raise KvsimError(f"{path}: already exists; kvsim does not overwrite {what} (remove it or pick another name)")
+    if not path.parent.is_dir():
+        raise KvsimError(f"{path}: folder {path.parent} does not exist")
+
+
+def _written_by_calibrate(path: Path) -> bool:
+    import json
+
+    try:
+        return json.loads(path.read_text()).get("written_by") == "kvsim calibrate"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _names(text, option: str) -> list[str]:
+    from kvsim.perf.calibration import COEFFICIENTS
+
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    bad = [n for n in names if n not in COEFFICIENTS]
+    if bad:
+        raise KvsimError(f"{option}: unknown coefficient {bad[0]} (known: {', '.join(COEFFICIENTS)})")
+    return names
+
+
+def _start(args):
+    """The starting Calibration and the provenance of its figures."""
+    import json
+
+    from kvsim.perf.calibration import ENGINES, Calibration, load_calibration, shipped_path
+
+    if not args.start:
+        return Calibration(), {}
+    path = Path(args.start)
+    if args.start in ENGINES:
+        if not args.gpu:
+            raise KvsimError(f"--start {args.start}: name the GPU preset with --gpu")
+        path = shipped_path(args.gpu, args.start)
+    cal = load_calibration(path)
+    try:
+        prov = json.loads(path.read_text()).get("provenance") or {}
+    except (OSError, ValueError, AttributeError):
+        prov = {}
+    return cal, {k: f"{v} (from {path.name})" for k, v in prov.items()}
+
+
+def cmd_profile(args, console) -> int:
+    from kvsim.calibrate.profile import ProfileOptions, run_profile
+
+    _refuse_overwrite(args.out, "a file it did not create")
+    opts = ProfileOptions(grid=args.grid, heldout_per_phase=args.heldout_per_phase, repeats=args.repeats,
+                          passes=args.passes, max_seconds=args.max_seconds, max_model_len=args.max_model_len)
+    rows = run_profile(args.model, args.kv_cache_dtype or ["auto"], args.out, opts, gpu=args.gpu, device=args.device)
+    console.print(f"{rows} step shapes timed: {args.out}")
+    return 0
+
+
+def cmd_calibrate(args, console) -> int:
+    import numpy as np
+    from rich.table import Table
+
+    from kvsim.calibrate import fit as fitting
+    from kvsim.calibrate.tables import read_tables, serving_observations
+    from kvsim.perf.calibration import COEFFICIENTS, write_calibration
+
+    if not args.tables and not args.serving:
+        raise KvsimError("calibrate: give at least one TABLE or --serving SCENARIO RESULT")
+    _refuse_overwrite(args.out, "a file kvsim calibrate did not write", _written_by_calibrate)
+    if args.folds < 2:
+        raise KvsimError(f"--folds: must be at least 2, got {args.folds}")
+    max_error = fitting.MAX_HOLDOUT_ERROR if args.max_error is None else args.max_error
+    if not 0 < max_error:
+        raise KvsimError(f"--max-error: must be a positive fraction, got {max_error}")
+    obs = read_tables(args.tables, args.gpu)
+    for scenario, result in args.serving:
+        obs += serving_observations(scenario, result)
+    if args.only:
+        kinds = {k.strip() for k in args.only.split(",") if k.strip()}
+        unknown = kinds - {"step", "gemm", "elementwise", "allreduce", "serving"}
+        if unknown:
+            raise KvsimError(f"--only: unknown kind {sorted(unknown)[0]} (step, gemm, elementwise, allreduce, serving)")
+        obs = [o for o in obs if o.kind in kinds]
+    if not obs:
+        raise KvsimError("calibrate: the tables hold no observations" + (" of those kinds" if args.only else ""))
+    start, start_prov = _start(args)
+    train = [o for o in obs if o.grid != "heldout"]
+    free = _names(args.free, "--free") or fitting.identifiable(train, start)
+    free = [n for n in free if n not in _names(args.fix, "--fix")]
+    final = fitting.fit(train, start, free)
+    errors = fitting.holdout_errors(obs, start, free, args.folds)
+    rows = fitting.slice_table(obs, errors)
+
+    coef = Table(title=f"fit to {len(train)} observations ({len(obs) - len(train)} held-out shapes)")
+    for col in ("coefficient", "start", "fitted"):
+        coef.add_column(col, justify="right" if col != "coefficient" else "left")
+    for name in COEFFICIENTS:
+        coef.add_row(name, f"{getattr(start, name):.4g}",
+                     f"{getattr(final.calibration, name):.4g}" if name in final.free else "(kept)")
+    console.print(coef)
+    table = Table(title="hold-out error (k-fold; held-out shapes by the fit to the rest)")
+    for col in ("phase", "band", "tp", "n", "median |error|", "median error", "worst |error|"):
+        table.add_column(col, justify="left" if col in ("phase", "band") else "right")
+    for r in rows:
+        table.add_row(r["phase"], r["band"], str(r["tp"]), str(r["n"]), f"{r['median_abs_error']:.1%}",
+                      f"{r['bias']:+.1%}", f"{r['max_abs_error']:.1%}")
+    console.print(table)
+    held = np.abs(errors[~np.isnan(errors)])
+    overall = float(np.median(held)) if held.size else float("nan")
+    console.print(f"hold-out median |error| over {held.size} observations: {overall:.1%}")
+    why = fitting.check_fit(errors, rows, max_error)
+    if why is not None:
+        raise KvsimError(f"calibrate: fit refused: {why} (--max-error sets the threshold); {args.out} not written")
+    sources = [str(p) for p in args.tables] + [f"{s} + {r}" for s, r in args.serving]
+    write_calibration(args.out, final.calibration, written_by="kvsim calibrate", gpu=args.gpu, engine=args.engine,
+                      provenance=fitting.provenance(final, start_prov, sources, len(train)),
+                      fit={"observations": len(train), "heldout_shapes": len(obs) - len(train), "folds": args.folds,
+                           "holdout_median_abs_error": round(overall, 4), "max_error": max_error,
+                           "fitted": final.free, "slices": _rounded(rows)})
+    console.print(f"calibration: {args.out}")
+    return 0
+
+
+def _rounded(rows: list[dict]) -> list[dict]:
+    return [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in rows]
+
+
+def cmd_validate(args, console) -> int:
+    import csv
+    import json
+
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kvsim.calibrate.validate import median_abs_error, validate
+
+    if args.out is not None:
+        if args.out.suffix not in (".csv", ".json"):
+            raise KvsimError(f"--out: {args.out}: must end in .csv or .json")
+        _refuse_overwrite(args.out, "a file it did not create")
+    scenario = scenario_from_args(args)
+    records = validate(scenario, args.measured, args.policy)
+    for policy in dict.fromkeys(r["policy"] for r in records):
+        table = Table(title=escape(f"{scenario.name}, policy {policy}: analytic prediction vs measured ({args.measured})"))
+        for col in ("figure", "unit", "measured", "predicted", "error"):
+            table.add_column(col, justify="left" if col in ("figure", "unit") else "right")
+        for r in records:
+            if r["policy"] == policy and r["kind"] == "serving":
+                table.add_row(r["figure"], r["unit"], _num(r["measured"]), _num(r["predicted"]),
+                              "" if r["error"] is None else f"{r['error']:+.1%}")
+        table.add_row("median |error|", "", "", "", f"{median_abs_error(records, policy):.1%}", end_section=True)
+        for r in records:
+            if r["policy"] == policy and r["kind"] == "step":
+                table.add_row(r["figure"], r["unit"], _num(r["measured"]), _num(r["predicted"]),
+                              "" if r["error"] is None else f"{r['error']:+.1%}")
+        console.print(table)
+    console.print(f"median |error| over all serving figures: {median_abs_error(records):.1%}")
+    if args.out is not None:
+        if args.out.suffix == ".json":
+            args.out.write_text(json.dumps({"scenario": scenario.name, "measured": str(args.measured),
+                                            "median_abs_error": median_abs_error(records), "records": records},
+                                           indent=2) + "\n")
+        else:
+            with open(args.out, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(records[0]))
+                w.writeheader()
+                w.writerows(records)
+        console.print(f"error table: {args.out}")
+    return 0
+
+
+def _num(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:,.3g}" if abs(x) < 10 else f"{x:,.1f}"

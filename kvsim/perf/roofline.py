@@ -1,62 +1,58 @@
 """Analytic step time: a roofline model of one engine step, and closed forms for runs of decode steps.
 
-One step costs a fixed host overhead, then the larger of its compute time (GEMMs, attention and KV
-dequantization) and its HBM time (weights, KV read and written), then the tensor-parallel all-reduces
-and any swap copies over PCIe. A few named `Calibration` coefficients map datasheet peaks to achieved
-rates. Pure Python: no torch.
+A step's GPU work (`body`) is a sum of separately priced parts, each its own roofline:
+
+    GEMMs        max(FLOPs / (peak x compute_efficiency), streamed weights / bandwidth), for the layers and
+                 for lm_head (sampled rows only) apart; the input embedding is a gather, not a table read
+    attention    the decode and the prefill kernels apart, each max(FLOPs / (peak x attention_efficiency)
+                 (+ KV dequantization), KV bytes / bandwidth, layers x attention_floor_s); a quantized cache
+                 multiplies prefill attention by quantized_prefill_factor
+    activations  the elementwise kernels' bytes per token (norms, RoPE, SwiGLU, KV store) and the logits'
+                 bytes per sampled row, over bandwidth; plus layers x layer_overhead_s of small-kernel time
+    all-reduce   (2 x layers + 1) calls x (allreduce_latency_s + ring bytes / (NVLink x allreduce_efficiency))
+
+A pure-decode step replays a CUDA graph: `graph_step_overhead_s + per_seq x seqs + body`. Other steps
+run eagerly (or as piecewise graphs), their host launching layer after layer: `step_overhead_s +
+per_seq x seqs + max(layers x eager_layer_s, body)`. Swap copies over PCIe come on top. Within a run of
+decode steps only the attention grows (with the context), so a step is a constant plus the maximum of
+at most three lines in the step index, and runs have closed forms. Pure Python: no torch.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from functools import partial
-from dataclasses import dataclass, fields
-from pathlib import Path
 
-from kvsim.errors import KvsimError
-from kvsim.scenario.files import read_json_object
-from kvsim.perf.memory import QUANTIZED_KV, bytes_per_block, kv_bytes_per_token, kv_elements_per_token
-from kvsim.scenario.catalog import GpuSpec, ModelSpec
-
-_EFFICIENCIES = ("compute_efficiency", "attention_efficiency", "memory_efficiency")
-
-
-@dataclass(slots=True, frozen=True)
-class Calibration:
-    """Coefficients from datasheet peaks to achieved time; defaults fit H100-class GPUs running vLLM."""
-
-    compute_efficiency: float = 0.6  # achieved / peak dense FLOP/s for GEMMs
-    attention_efficiency: float = 0.4  # achieved / peak for attention FLOPs
-    memory_efficiency: float = 0.85  # achieved / datasheet HBM bandwidth
-    step_overhead_s: float = 0.004  # scheduler + launch + sampling per step
-    per_seq_overhead_s: float = 1e-5  # host work per scheduled sequence
-    allreduce_latency_s: float = 1e-5  # per all-reduce call (2 per layer when tp > 1)
-    dequant_flops_per_element: float = 2.0  # per KV element read from a quantized cache (int4: twice)
-
-
-# Bounds of calibration values: efficiencies divide achieved rates; overheads are seconds per step.
-_LIMITS = {**dict.fromkeys(_EFFICIENCIES, (0.001, 1.0)), "step_overhead_s": (0.0, 10.0),
-           "per_seq_overhead_s": (0.0, 10.0), "allreduce_latency_s": (0.0, 10.0)}
-
-
-def load_calibration(path) -> Calibration:
-    """A Calibration from a JSON object holding any of its fields; the rest keep their defaults.
-    Every value is finite and within its bound (_LIMITS; others in [0, 1e6])."""
-    path = Path(path)
-    data = read_json_object(path, "calibration (backend.calibration)")
-    known = [f.name for f in fields(Calibration)]
-    for key, value in data.items():
-        if key not in known:
-            raise KvsimError(f"{path}: {key}: unknown calibration key (known: {', '.join(known)})")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise KvsimError(f"{path}: {key}: must be a number, got {str(value)[:40]}")
-        low, high = _LIMITS.get(key, (0.0, 1e6))
-        if not low <= value <= high:
-            raise KvsimError(f"{path}: {key}: must be in [{low:g}, {high:g}], got {value!r}")
-    return Calibration(**{k: float(v) for k, v in data.items()})
-
+from kvsim.perf.calibration import Calibration, load_calibration  # noqa: F401  (re-exported)
+from kvsim.perf.memory import QUANTIZED_KV, bytes_per_block, kv_bytes_per_token, kv_elements_per_token, \
+    kv_heads_per_gpu
+from kvsim.scenario.catalog import DTYPE_BYTES, GpuSpec, ModelSpec
 
 NEVER = 1 << 62  # a step index no run reaches
+LOGITS_BYTES_PER_VOCAB = 12  # a sampled row: 16-bit logits written, read, fp32 copy written and read
+# vLLM V1's CUDA-graph capture sizes (CompilationConfig): a decode batch is padded to the next one.
+VLLM_GRAPH_SIZES = (1, 2, 4, *range(8, 513, 8))
+
+
+def activation_bytes_per_token(model: ModelSpec, kv_cache_dtype: str, tp: int = 1) -> float:
+    """HBM bytes the elementwise kernels move per token on one GPU, over all layers: two fused
+    residual-add + RMSNorms (read x and residual, write both), q/k norm + RoPE in place, SwiGLU (read
+    gate and up, write the product), and the KV store (read the new K and V, write them to the cache)."""
+    a = model.activation_bytes
+    q = max(1, model.num_attention_heads // tp) * model.head_dim
+    kv = kv_heads_per_gpu(model, tp) * model.head_dim
+    inter = math.ceil(model.intermediate_size / tp)
+    per_layer = 8 * model.hidden_size * a + 2 * (q + kv) * a + 3 * inter * a + 2 * kv * a
+    return model.num_hidden_layers * per_layer + kv_bytes_per_token(model, kv_cache_dtype, tp)
+
+
+def allreduce_seconds(size_bytes: float, workers: int, gpu: GpuSpec, c: Calibration) -> float:
+    """One all-reduce of `size_bytes` over `workers` GPUs: a latency, then a ring moving 2(w-1)/w of the data."""
+    if workers <= 1:
+        return 0.0
+    return c.allreduce_latency_s + 2 * (workers - 1) / workers * size_bytes / (
+        gpu.nvlink_gbps * 1e9 * c.allreduce_efficiency)
 
 
 def _line_sum(a: float, b: float, lo: int, hi: int) -> float:
@@ -65,68 +61,139 @@ def _line_sum(a: float, b: float, lo: int, hi: int) -> float:
     return a * n + b * ((lo + hi - 1) * n / 2) if n > 0 else 0.0
 
 
-def _top_lines(a1: float, b1: float, a2: float, b2: float) -> tuple[float, float, float, float, int]:
-    """max(a1 + b1*i, a2 + b2*i) over i >= 0 as (a, b, a_late, b_late, s): line (a, b) is on top
-    for i < s, line (a_late, b_late) from s on (s = NEVER: one line throughout)."""
-    d0, d1 = a1 - a2, b1 - b2
-    if d1 == 0:
-        return (a1, b1, a1, b1, NEVER) if d0 >= 0 else (a2, b2, a2, b2, NEVER)
-    below, above = ((a2, b2), (a1, b1)) if d1 > 0 else ((a1, b1), (a2, b2))
-    cross = -d0 / d1
-    if cross <= 0.0:
-        return (*above, *above, NEVER)
-    if cross >= NEVER:
-        return (*below, *below, NEVER)
-    return (*below, *above, math.ceil(cross))  # `below` is on top until the lines cross
+def _envelope(fixed: float, lines) -> tuple:
+    """max over `lines` (a, b) of a + b*i, for integers i >= 0, as (fixed, a, b, s, later): line (a, b)
+    is on top for i < s, then each (start, a, b) of `later` from its start on (s = NEVER: one line)."""
+    cur_a, cur_b = max(lines)  # on top at i = 0 (a tie goes to the steeper line)
+    regimes, start = [[0, cur_a, cur_b]], 0
+    while True:
+        nxt = None
+        for a, b in lines:
+            if b > cur_b:
+                x = (cur_a - a) / (b - cur_b)  # where the steeper line overtakes
+                if nxt is None or x < nxt[0] or (x == nxt[0] and b > nxt[2]):
+                    nxt = (x, a, b)
+        if nxt is None or nxt[0] >= NEVER:
+            break
+        x, cur_a, cur_b = nxt
+        s = max(math.ceil(x), start)
+        if s == start:  # on top from the current regime's first step: that regime is empty
+            regimes[-1][1:] = [cur_a, cur_b]
+        else:
+            regimes.append([s, cur_a, cur_b])
+            start = s
+    _, a, b = regimes[0]
+    if len(regimes) == 1:
+        return fixed, a, b, NEVER, ()
+    return fixed, a, b, regimes[1][0], tuple(tuple(r) for r in regimes[1:])
 
 
-def _run_time(fixed: float, a: float, b: float, a_late: float, b_late: float, s: int, k: int) -> float:
-    """k steps whose step i costs fixed + (a + b*i if i < s else a_late + b_late*i)."""
+def _run_time(lines: tuple, k: int) -> float:
+    """Seconds of a run's first k steps, with `lines` as _envelope returns them."""
+    fixed, a, b, s, later = lines
     if k <= s:  # one regime for the whole run (the usual case)
         return fixed * k + (a * k + b * ((k - 1) * k / 2))
-    return fixed * k + (_line_sum(a, b, 0, s) + _line_sum(a_late, b_late, s, k))
+    total = fixed * k + _line_sum(a, b, 0, s)
+    for j, (lo, a, b) in enumerate(later):
+        hi = later[j + 1][0] if j + 1 < len(later) else NEVER
+        total += _line_sum(a, b, lo, min(hi, k))
+        if hi >= k:
+            break
+    return total
 
 
 def _sum_max_lines(a1: float, b1: float, a2: float, b2: float, k: int) -> float:
     """sum over i in [0, k) of max(a1 + b1*i, a2 + b2*i)."""
-    return _run_time(0.0, *_top_lines(a1, b1, a2, b2), k)
+    return _run_time(_envelope(0.0, ((a1, b1), (a2, b2))), k)
 
 
 class StepModel:
-    """Step time of one replica (tp GPUs) serving `model` with a given KV-cache dtype."""
+    """Step time of one replica (tp GPUs) serving `model` with a given KV-cache dtype. A pure-decode step
+    of n sequences replays the CUDA graph of the least of `graph_sizes` >= n, padded to it (none: eager)."""
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, kv_cache_dtype: str,
-                 calibration: Calibration, block_size: int = 16):
+                 calibration: Calibration, block_size: int = 16, graph_sizes: tuple = VLLM_GRAPH_SIZES):
         self.model, self.gpu, self.tp = model, gpu, tp
         self.kv_cache_dtype, self.calibration, self.block_size = kv_cache_dtype, calibration, block_size
-        c = calibration
+        self.graph_sizes = tuple(sorted(graph_sizes))
+        self.graph_max_seqs = self.graph_sizes[-1] if self.graph_sizes else 0
+        c, layers = calibration, model.num_hidden_layers
         peak = (gpu.fp8_tflops if model.dtype == "fp8" else gpu.bf16_tflops) * 1e12
         bandwidth = gpu.hbm_bandwidth_gbps * 1e9 * c.memory_efficiency
+        wbytes = DTYPE_BYTES[model.dtype]
         self.kv_bytes_per_token = kv_bytes_per_token(model, kv_cache_dtype, tp)
         self.bytes_per_block = bytes_per_block(model, kv_cache_dtype, block_size, tp)
         # Seconds per unit of work, per GPU.
-        self.gemm_s_per_flop = 1.0 / (tp * peak * c.compute_efficiency)
-        lm_head = model.gemm_flops(0, 1)  # only sampled rows go through lm_head
-        self.layers_s_per_token = model.gemm_flops(1, 0) * self.gemm_s_per_flop
-        self.lm_head_s_per_seq = lm_head * self.gemm_s_per_flop
+        gemm_s_per_flop = 1.0 / (tp * peak * c.compute_efficiency)
+        self.gemm_pad = c.gemm_pad_tokens
+        self.layers_s_per_token = model.gemm_flops(1, 0) * gemm_s_per_flop
+        self.lm_head_s_per_seq = model.gemm_flops(0, 1) * gemm_s_per_flop  # only sampled rows go through lm_head
+        layer_params = layers * (model.attn_params_per_layer + model.mlp_params_per_layer)
+        self.layers_weights_s = layer_params * wbytes / tp / bandwidth
+        self.lm_head_weights_s = model.lm_head_params * wbytes / tp / bandwidth  # the embedding too, when tied
         self.attn_s_per_pair = model.attention_flops(1) / (tp * peak * c.attention_efficiency)
+        quant = c.quantized_prefill_factor if kv_cache_dtype in QUANTIZED_KV else 1.0
+        self.prefill_attn_s_per_pair = self.attn_s_per_pair * quant
+        self.prefill_key_s = layers * c.prefill_key_s * quant
         dequant = 0.0
         if kv_cache_dtype in QUANTIZED_KV:
             per_elem = c.dequant_flops_per_element * (2 if kv_cache_dtype == "int4" else 1)
             dequant = kv_elements_per_token(model, tp) * per_elem / (gpu.fp32_tflops * 1e12)
         self.dequant_s_per_kv_token = dequant
-        self.weights_s = model.weight_bytes / tp / bandwidth
         self.kv_s_per_token = self.kv_bytes_per_token / bandwidth
-        # Two all-reduces per layer (after attention and after the MLP), ring: 2(tp-1)/tp of the data.
-        calls = 2 * model.num_hidden_layers if tp > 1 else 0
-        ring = 2 * (tp - 1) / tp * model.hidden_size * model.activation_bytes / (gpu.nvlink_gbps * 1e9)
-        self.allreduce_fixed_s = calls * c.allreduce_latency_s
-        self.allreduce_s_per_token = calls * ring
-        self._decode_base: dict[int, tuple[float, float, float]] = {}
+        self.attn_floor_s = layers * c.attention_floor_s
+        self.act_s_per_token = activation_bytes_per_token(model, kv_cache_dtype, tp) / bandwidth
+        self.logits_s_per_seq = LOGITS_BYTES_PER_VOCAB * model.vocab_size / tp / bandwidth
+        self.layers_fixed_s = layers * c.layer_overhead_s
+        self.eager_host_s = layers * c.eager_layer_s
+        self.eager_attention_s = layers * c.eager_attention_s
+        self.eager_quantized_s = layers * c.eager_quantized_s if kv_cache_dtype in QUANTIZED_KV else 0.0
+        # Two all-reduces per layer (after attention and after the MLP) and one after the vocab-parallel
+        # embedding, each of the step's hidden states.
+        calls = 2 * layers + 1 if tp > 1 else 0
+        self.allreduce_fixed_s = calls * allreduce_seconds(0, tp, gpu, c)
+        per_token = model.hidden_size * model.activation_bytes
+        self.allreduce_s_per_token = calls * (allreduce_seconds(per_token, tp, gpu, c) - allreduce_seconds(0, tp, gpu, c))
+        self._decode_base: dict[int, tuple] = {}
         self._last_lines: tuple = (-1, -1, None)
 
-    def overhead(self, num_seqs: int) -> float:
-        return self.calibration.step_overhead_s + self.calibration.per_seq_overhead_s * num_seqs
+    # ---- the parts of a step ---------------------------------------------------------------------
+    def overhead(self, num_seqs: int, graph: bool = False) -> float:
+        c = self.calibration
+        return (c.graph_step_overhead_s if graph else c.step_overhead_s) + c.per_seq_overhead_s * num_seqs
+
+    def gemm_time(self, num_tokens: int, num_seqs: int) -> float:
+        layers = (num_tokens + self.gemm_pad) * self.layers_s_per_token
+        head = (num_seqs + self.gemm_pad) * self.lm_head_s_per_seq
+        return (max(layers, self.layers_weights_s) if num_tokens else 0.0) + \
+            (max(head, self.lm_head_weights_s) if num_seqs else 0.0)
+
+    def decode_attention_time(self, num_decode: int, context_tokens: int) -> float:
+        if not num_decode:
+            return 0.0
+        compute = context_tokens * (self.attn_s_per_pair + self.dequant_s_per_kv_token)
+        return max(compute, context_tokens * self.kv_s_per_token, self.attn_floor_s)
+
+    def prefill_attention_time(self, num_prefill: int, attn_pairs: int, kv_tokens: int) -> float:
+        """kv_tokens: the cached and new tokens the prefill kernels read from the cache. Besides the
+        compute and memory rooflines, one program walks a whole sequence's keys: a serial floor."""
+        if not num_prefill:
+            return 0.0
+        compute = attn_pairs * self.prefill_attn_s_per_pair + kv_tokens * self.dequant_s_per_kv_token
+        serial = kv_tokens / num_prefill * self.prefill_key_s
+        return max(compute, kv_tokens * self.kv_s_per_token, serial, self.attn_floor_s)
+
+    def layer_gemm_time(self, num_tokens: int) -> float:
+        """One layer's projections (qkv, o, gate_up, down) for num_tokens tokens."""
+        layers = self.model.num_hidden_layers
+        return max((num_tokens + self.gemm_pad) * self.layers_s_per_token, self.layers_weights_s) / layers
+
+    def layer_small_kernels_time(self, num_tokens: int) -> float:
+        """One layer's elementwise kernels (norms, RoPE, activation, KV store) for num_tokens tokens."""
+        return max(num_tokens * self.act_s_per_token, self.layers_fixed_s) / self.model.num_hidden_layers
+
+    def activation_time(self, num_tokens: int, num_seqs: int) -> float:
+        return max(num_tokens * self.act_s_per_token, self.layers_fixed_s) + num_seqs * self.logits_s_per_seq
 
     def allreduce_time(self, num_tokens: int) -> float:
         return self.allreduce_fixed_s + self.allreduce_s_per_token * num_tokens
@@ -134,40 +201,61 @@ class StepModel:
     def swap_time(self, num_blocks: int) -> float:
         return num_blocks * self.bytes_per_block / (self.gpu.pcie_gbps * 1e9)
 
-    def compute_time(self, num_tokens: int, num_seqs: int, attn_pairs: int, kv_read_tokens: int) -> float:
-        return (num_tokens * self.layers_s_per_token + num_seqs * self.lm_head_s_per_seq
-                + attn_pairs * self.attn_s_per_pair + kv_read_tokens * self.dequant_s_per_kv_token)
+    def graph_batch(self, num_prefill_seqs: int, num_decode_seqs: int) -> int:
+        """The CUDA graph's batch size a step replays (padded), or 0 when it runs eagerly."""
+        if num_prefill_seqs or num_decode_seqs > self.graph_max_seqs:
+            return 0
+        return self.graph_sizes[bisect_left(self.graph_sizes, num_decode_seqs)]
 
-    def memory_time(self, num_tokens: int, kv_read_tokens: int) -> float:
-        return self.weights_s + (kv_read_tokens + num_tokens) * self.kv_s_per_token
+    def host_time(self, num_prefill_seqs: int, num_decode_seqs: int) -> float:
+        """Host time to launch an eager step's kernels, layer after layer."""
+        host = self.eager_host_s + self.eager_attention_s * ((num_prefill_seqs > 0) + (num_decode_seqs > 0))
+        return host + self.eager_quantized_s if num_decode_seqs else host
 
     def step_time(self, batch) -> float:
         """Seconds for one step of `batch` (a kvsim.batch.Batch; only its aggregate counts are read)."""
         swapped = batch.swap_in_blocks + batch.swap_out_blocks
         swap = self.swap_time(swapped) if swapped else 0.0
-        tokens = batch.num_prefill_tokens + batch.num_decode_seqs
+        nd, np_ = batch.num_decode_seqs, batch.num_prefill_seqs
+        tokens = batch.num_prefill_tokens + nd
         if tokens == 0:
             return swap
-        seqs = batch.num_prefill_seqs + batch.num_decode_seqs
-        kv_read = batch.prefill_context_tokens + batch.decode_context_tokens
-        pairs = batch.prefill_attn_pairs + batch.decode_context_tokens
-        compute = self.compute_time(tokens, seqs, pairs, kv_read)
-        memory = self.memory_time(tokens, kv_read)
-        return self.overhead(seqs) + (compute if compute > memory else memory) + self.allreduce_time(tokens) + swap
+        seqs = np_ + nd
+        padded = self.graph_batch(np_, nd)
+        rows = padded or tokens  # a graph computes its padded rows too
+        body = (self.gemm_time(rows, padded or seqs) + self.activation_time(rows, padded or seqs)
+                + self.allreduce_time(rows) + self.decode_attention_time(nd, batch.decode_context_tokens)
+                + self.prefill_attention_time(np_, batch.prefill_attn_pairs,
+                                              batch.prefill_context_tokens + batch.num_prefill_tokens))
+        if padded:
+            return self.overhead(seqs, True) + body + swap
+        host = self.host_time(np_, nd)
+        return self.overhead(seqs) + (body if body > host else host) + swap
 
+    # ---- runs of pure-decode steps in closed form -----------------------------------------------
     def _decode_lines(self, n: int, x0: int) -> tuple:
-        """(fixed, a, b, a_late, b_late, s): decode step i of n sequences holding x0 + i*n context
-        tokens costs fixed + max(compute, memory), which is a + b*i before step s, a_late + b_late*i after."""
+        """Decode step i of n sequences holding x0 + i*n context tokens, as _envelope's lines in i."""
         if n == self._last_lines[0] and x0 == self._last_lines[1]:  # a run is sized, then priced
             return self._last_lines[2]
         base = self._decode_base.get(n)
         if base is None:
-            base = (self.overhead(n) + self.allreduce_time(n), self.compute_time(n, n, 0, 0), self.memory_time(n, 0))
+            rows = self.graph_batch(0, n)
+            graph = rows > 0
+            rows = rows or n
+            rest = self.gemm_time(rows, rows) + self.activation_time(rows, rows) + self.allreduce_time(rows)
+            base = (self.overhead(n, graph), rest, graph)
             self._decode_base[n] = base
-        fixed, c_base, m_base = base
+        fixed, rest, graph = base
         c_slope = self.attn_s_per_pair + self.dequant_s_per_kv_token
         m_slope = self.kv_s_per_token
-        lines = (fixed, *_top_lines(c_base + c_slope * x0, c_slope * n, m_base + m_slope * x0, m_slope * n))
+        floor = self.attn_floor_s
+        if graph:  # fixed + rest + max(floor, c_slope * ctx, m_slope * ctx)
+            lines = ((floor, 0.0), (c_slope * x0, c_slope * n), (m_slope * x0, m_slope * n))
+            lines = _envelope(fixed + rest, lines)
+        else:  # fixed + max(host, rest + floor, rest + c_slope * ctx, rest + m_slope * ctx)
+            lines = ((max(self.host_time(0, n), rest + floor), 0.0), (rest + c_slope * x0, c_slope * n),
+                     (rest + m_slope * x0, m_slope * n))
+            lines = _envelope(fixed, lines)
         self._last_lines = (n, x0, lines)
         return lines
 
@@ -176,7 +264,7 @@ class StepModel:
         decode_context_tokens = context_tokens + i*num_seqs. Closed form in k."""
         if k <= 0 or num_seqs <= 0:
             return 0.0
-        return _run_time(*self._decode_lines(num_seqs, context_tokens), k)
+        return _run_time(self._decode_lines(num_seqs, context_tokens), k)
 
     def decode_run(self, num_seqs: int, context_tokens: int, k: int) -> tuple[float, float]:
         """(seconds for the k steps, seconds for the first) of a run as in decode_run_time."""
@@ -192,7 +280,7 @@ class StepModel:
         first = lines[0] + lines[1]
         if max_steps == 1:
             return 1, first, first
-        total = _run_time(*lines, max_steps)
+        total = _run_time(lines, max_steps)
         if total < budget_s:
             return max_steps, total, first
         return (*_steps_within(lines, budget_s), first)
@@ -212,7 +300,7 @@ def _steps_within(lines: tuple, budget_s: float) -> tuple[int, float]:
     a += fixed  # sum_{i<k} (a + b i) >= budget, in the first regime
     if a >= budget_s:
         return 1, a
-    run = partial(_run_time, *lines)
+    run = partial(_run_time, lines)
     if b > 0:
         k = math.ceil((-(a - b / 2) + math.sqrt((a - b / 2) ** 2 + 2 * b * budget_s)) / b)
     else:

@@ -52,7 +52,7 @@ def json_text(doc: dict) -> str:
 def write_outputs(out_dir: Path, files: dict[str, str], scenario=None, force: bool = False) -> Path:
     """The files into `out_dir`, all or nothing, replacing only an earlier kvsim folder unless
     `force` (never one holding the scenario's inputs): kvsim.results.writer.ResultsWriter."""
-    from kvsim.run import input_paths
+    from kvsim.pipeline import input_paths
 
     inputs = input_paths(scenario) if scenario is not None else ()
     writer = ResultsWriter(out_dir, force=force, inputs=inputs, streams=False)
@@ -63,7 +63,7 @@ def write_outputs(out_dir: Path, files: dict[str, str], scenario=None, force: bo
 def check_out(out_dir: Path, scenario, force: bool = False) -> None:
     """Refuse now, before any simulation, a folder that `write_outputs` would refuse at the end."""
     from kvsim.results.writer import check_target
-    from kvsim.run import input_paths
+    from kvsim.pipeline import input_paths
 
     check_target(Path(out_dir).expanduser().resolve(), force, input_paths(scenario))
 

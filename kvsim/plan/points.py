@@ -107,7 +107,7 @@ def check_fits(scenario, policies: Optional[list[str]] = None) -> None:
 
 def simulate(scenario) -> dict[str, dict]:
     """Every policy of the scenario simulated (no files): {policy: record}."""
-    from kvsim.run import run_scenario
+    from kvsim.pipeline import run_scenario
 
     result = run_scenario(scenario, write=False)
     return {name: point_record(s) for name, s in result.summaries.items()}

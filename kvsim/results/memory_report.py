@@ -1,14 +1,15 @@
 """`kvsim memory`: the per-GPU KV capacity breakdown, bytes and sequences that fit per length and
-policy, and the FLOPs a shared prefix saves, as data rows and as rich tables for the terminal."""
+policy, and the FLOPs a shared prefix saves, as data rows, as plain records (`memory_records`, behind
+`kvsim.memory` and the dashboard) and as rich tables for the terminal."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from kvsim.errors import KvsimError
-from kvsim.perf.memory import (GiB, check_capacity, compute_capacity, kv_bytes_per_token, max_model_len,
-                               prefill_flops, prefill_flops_saved)
+from kvsim.perf.memory import (KV_ELEM_BYTES, GiB, KvCapacity, check_capacity, compute_capacity,
+                               kv_bytes_per_token, max_model_len, prefill_flops, prefill_flops_saved)
 from kvsim.scenario.catalog import GpuSpec, ModelSpec
 
 SEQ_LENS = (1024, 4096, 16384, 32768, 131072)  # lengths of the `kvsim memory` table
@@ -37,16 +38,18 @@ def reserved_tokens(policy, seq_len: int, block_size: int, max_len: int) -> int:
     return max_len if policy.contiguous_reserve == "max_model_len" else seq_len
 
 
-def memory_table(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> list[MemoryRow]:
-    """Rows for every policy (crossed with `kv_dtypes` if given, else its own dtype) and table length."""
+def memory_table(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None, seq_lens=None) -> list[MemoryRow]:
+    """Rows for every policy (crossed with `kv_dtypes` if given, else its own dtype) and sequence length
+    (`seq_lens` capped at max_model_len, default the table's lengths)."""
     tp, max_len = scenario.hardware.tensor_parallel_size, max_model_len(scenario, model)
+    lens = table_lengths(max_len) if seq_lens is None else sorted({min(n, max_len) for n in seq_lens})
     rows = []
     for policy in scenario.policies:
         for dtype in kv_dtypes or (policy.kv_cache_dtype,):
             pol = replace_dtype(policy, dtype)
             cap = compute_capacity(scenario, pol, model, gpu)
             per_token = kv_bytes_per_token(model, dtype, tp)
-            for n in table_lengths(max_len):
+            for n in lens:
                 slots = reserved_tokens(pol, n, cap.block_size, max_len)
                 rows.append(MemoryRow(policy.name, policy.allocator, dtype, n, math.ceil(slots * per_token),
                                       cap.max_tokens // slots))
@@ -79,6 +82,49 @@ def prefix_savings(scenario, model: ModelSpec) -> tuple[int, int, float, float] 
             prefill_flops(model, total))
 
 
+def capacities(scenario, model: ModelSpec, gpu: GpuSpec,
+               kv_dtypes=None) -> list[tuple[str, list, KvCapacity, str | None]]:
+    """(kv dtype, policies using it, per-GPU breakdown, why it cannot serve or None) per kv dtype in
+    use (or each of `kv_dtypes`): the capacity depends on the dtype only."""
+    by_dtype: dict[str, list] = {}
+    for p in scenario.policies:
+        for d in kv_dtypes or (p.kv_cache_dtype,):
+            by_dtype.setdefault(d, []).append(p)
+    out = []
+    for dtype, pols in by_dtype.items():
+        pol = replace_dtype(pols[0], dtype)
+        cap = compute_capacity(scenario, pol, model, gpu)
+        try:
+            check_capacity(scenario, pol, model, gpu, cap)
+            problem = None
+        except KvsimError as exc:
+            problem = str(exc)
+        out.append((dtype, pols, cap, problem))
+    return out
+
+
+def memory_records(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None, seq_lens=None) -> dict:
+    """Everything `kvsim memory` prints, as plain JSON values (bytes, counts, FLOPs): the per-GPU
+    breakdown per kv dtype, bytes per token of every kv dtype, the bytes and sequences that fit per
+    policy and length (`seq_lens`, default the table's), and what a shared prefix saves."""
+    tp = scenario.hardware.tensor_parallel_size
+    capacity = [{"kv_cache_dtype": dtype, "policies": [p.name for p in pols], **asdict(cap),
+                 "kv_in_blocks": cap.num_blocks * cap.bytes_per_block,
+                 "bytes_per_token": kv_bytes_per_token(model, dtype, tp), "problem": problem}
+                for dtype, pols, cap, problem in capacities(scenario, model, gpu, kv_dtypes)]
+    saved = prefix_savings(scenario, model)
+    return {
+        "model": model.name, "gpu": gpu.name, "tensor_parallel_size": tp,
+        "max_model_len": max_model_len(scenario, model),
+        "capacity": capacity,
+        "bytes_per_token": [{"kv_cache_dtype": d, "bytes_per_token": kv_bytes_per_token(model, d, tp)}
+                            for d in ("auto", *KV_ELEM_BYTES)],
+        "sequences": [asdict(r) for r in memory_table(scenario, model, gpu, kv_dtypes, seq_lens)],
+        "prefix": None if saved is None else dict(zip(("prefix_len", "prompt_len", "flops_saved", "flops_full"),
+                                                      saved)),
+    }
+
+
 def _gib(x: float) -> str:
     return f"{x / GiB:,.2f} GiB" if x >= 0 else f"none ({-x / GiB:,.2f} GiB short)"
 
@@ -92,22 +138,15 @@ def render_memory(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> l
     from rich.markup import escape
     from rich.table import Table
 
-    by_dtype: dict[str, list] = {}  # capacity depends on the dtype only
-    for p in scenario.policies:
-        for d in kv_dtypes or (p.kv_cache_dtype,):
-            by_dtype.setdefault(d, []).append(p)
     tp = scenario.hardware.tensor_parallel_size
     head = Table(title=f"KV capacity per GPU: {model.name} on {gpu.name}, tp={tp}")
     head.add_column("")
     caps, notes = [], []
-    for dtype, pols in by_dtype.items():
+    for dtype, pols, cap, problem in capacities(scenario, model, gpu, kv_dtypes):
         head.add_column(f"{dtype} ({', '.join(p.name for p in pols)})", justify="right")
-        pol = replace_dtype(pols[0], dtype)
-        caps.append(compute_capacity(scenario, pol, model, gpu))
-        try:
-            check_capacity(scenario, pol, model, gpu, caps[-1])
-        except KvsimError as exc:
-            notes.append(escape(str(exc)))
+        caps.append(cap)
+        if problem:
+            notes.append(escape(problem))
     for i, (label, _) in enumerate(caps[0].rows()):
         head.add_row(label, *(_gib(c.rows()[i][1]) for c in caps))
     head.add_row("bytes per block", *(f"{c.bytes_per_block:,}" for c in caps))

@@ -258,10 +258,16 @@ def policy_colors(policies: list[str]) -> dict[str, str]:
     return {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(policies)}
 
 
+def bar_figures(summaries: dict[str, dict]) -> list[_Figure]:
+    """The bar chart's panels: the table's figures less BAR_EXCLUDED and any no policy has (no empty
+    panel, e.g. preemptions when there are none)."""
+    return [f for f in table_figures(summaries) if f.label not in BAR_EXCLUDED
+            and any(f.value(s) for s in summaries.values())]
+
+
 def _bars_figure(summaries: dict[str, dict], colors: dict[str, str]) -> _Plot:
     names = list(summaries)
-    figures = [f for f in table_figures(summaries) if f.label not in BAR_EXCLUDED
-               and any(f.value(summaries[p]) for p in names)]  # no empty panels (e.g. no preemptions)
+    figures = bar_figures(summaries)
     ncols = 4
     nrows = max(1, -(-len(figures) // ncols))
     fig = _subplots(nrows, ncols, [f.label for f in figures], "Policy comparison", 300 * nrows)
@@ -349,13 +355,8 @@ th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}th:first-child,td:f
 th{background:#f3f3f3}"""
 
 
-def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requests_csv_path,
-                      timeseries_csv_path, latencies: dict[str, dict[str, np.ndarray]] | None = None,
-                      meta: dict | None = None) -> None:
-    """One self-contained HTML page (plotly.js inlined once) comparing the policies of a run.
-
-    `latencies` (per policy, as `Metrics.latencies()`) saves reading requests.csv back; `meta` (as
-    summary.json's) names model, GPU, layout, arrivals and SLO for the verdict."""
+def _report_plots(summaries: dict[str, dict], requests_csv_path, timeseries_csv_path,
+                  latencies: dict[str, dict[str, np.ndarray]] | None = None, meta: dict | None = None) -> list[_Plot]:
     meta = meta or {}
     policies = list(summaries)
     colors = policy_colors(meta.get("policy_order") or policies)
@@ -377,6 +378,25 @@ def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requ
             _timeseries_figure(series, policies, (("running", "solid"), ("waiting", "dot")),
                                "Running (solid) and waiting (dotted) requests over time", colors),
         ]
+    return figures
+
+
+def report_figures(summaries: dict[str, dict], requests_csv_path, timeseries_csv_path,
+                   meta: dict | None = None) -> list[dict]:
+    """The report's figures as plotly.js `{"data": [...], "layout": {...}}` dicts (the dashboard shows these);
+    `meta` (summary.json's, or `ScenarioResult.meta`) gives the policy colours and SLO lines."""
+    return [{"data": f.data, "layout": f.layout}
+            for f in _report_plots(summaries, requests_csv_path, timeseries_csv_path, meta=meta)]
+
+
+def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requests_csv_path,
+                      timeseries_csv_path, latencies: dict[str, dict[str, np.ndarray]] | None = None,
+                      meta: dict | None = None) -> None:
+    """One self-contained HTML page (plotly.js inlined once) comparing the policies of a run.
+
+    `latencies` (per policy, as `Metrics.latencies()`) saves reading requests.csv back; `meta` (as
+    summary.json's) names model, GPU, layout, arrivals and SLO for the verdict."""
+    figures = _report_plots(summaries, requests_csv_path, timeseries_csv_path, latencies, meta)
     page = figures_page(f"kvsim report: {scenario_name}", verdict_lines(summaries, meta), figures,
                         _summary_table_html(summaries))
     Path(path).write_text(page, encoding="utf-8")

@@ -1,0 +1,209 @@
+"""The settings sidebar: the starting scenario, then one widget per scenario key, turned into `--set`
+overrides on the scenario's data and validated by the same strict schema as a file on disk.
+
+This module is the one place that says which widget sets which key (the tuples below; the widgets
+themselves come from the schema, kvdash.fields). The sidebar is drawn by Home.py on every page, so
+every page sees the same scenario: a page calls `current()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import streamlit as st
+import tomli_w
+
+from kvdash import errors, fields
+from kvdash.source import Base, choose_base, toml_value
+from kvsim.errors import KvsimError
+from kvsim.scenario.catalog import GPUS, MODELS
+from kvsim.scenario.config import PrefixConfig, Scenario, SloConfig, scenario_from_toml
+from kvsim.scenario.overrides import apply_overrides
+
+# ---- which widgets the sidebar shows: each is a scenario key, as `--set` and the TOML file name it
+HARDWARE = ("model.dtype", "hardware.tensor_parallel_size", "hardware.num_replicas", "hardware.router",
+            "hardware.gpu_memory_utilization")
+ENGINE = ("engine.max_num_seqs", "engine.max_num_batched_tokens", "engine.max_model_len", "engine.block_size",
+          "engine.enable_prefix_caching", "engine.preemption_mode")
+POLICY = ("allocator", "kv_cache_dtype", "enable_chunked_prefill", "max_num_batched_tokens", "enable_prefix_caching")
+WORKLOAD = ("workload.num_requests", "workload.duration_s", "workload.seed")
+ARRIVAL = {"poisson": ("rate",), "gamma": ("rate", "cv"), "trace": ("time_scale",)}  # by arrival.process
+LENGTHS = {"fixed": ("value",), "uniform": ("min", "max"), "lognormal": ("mean", "sigma", "min", "max"),
+           "trace": ()}  # by prompt_len.dist / output_len.dist
+PREFIX = fields.scalar_fields(PrefixConfig)
+SLO = fields.scalar_fields(SloConfig)  # every bound the schema has, whatever it names them
+STEPS = {"hardware.gpu_memory_utilization": 0.01, "workload.arrival.rate": 0.5, "workload.arrival.cv": 0.25,
+         "workload.arrival.time_scale": 0.1, "workload.duration_s": 60.0, "workload.prefix.fraction": 0.05,
+         "slo": 10.0}  # number-input steps, by key or section
+
+
+@dataclass(slots=True)
+class Current:
+    """The scenario every page shows: validated, with the overrides that made it from its start."""
+
+    scenario: Scenario
+    base: Base
+    overrides: list[str]
+    unset: list[str]
+    policies: list[str]  # the compared ones, in the scenario's order
+    data: dict = field(repr=False)
+
+    def toml(self, extra: tuple[str, ...] = ()) -> str:
+        """The settings as a scenario file (absolute paths), with `extra` overrides applied."""
+        return tomli_w.dumps(apply_overrides(self.data, extra))
+
+    def validated(self, extra: tuple[str, ...] = ()) -> tuple[str, Scenario]:
+        """(TOML text, Scenario) of the settings with `extra` overrides, validated as a file would be."""
+        text = self.toml(extra)
+        return text, scenario_from_toml(text, self.base.source, self.base.base_dir)
+
+    def download_toml(self) -> str:
+        """The settings as a file for `python -m kvsim`: uploaded files named as uploaded (keep them beside
+        it), other paths absolute on this machine."""
+        up = str(self.base.upload_dir) + "/"
+        text = self.toml().replace(f'"{up}', '"')
+        lines = [f"# kvsim scenario saved by the dashboard from {self.base.source}"]
+        changes = [*self.base.overrides, *self.overrides]
+        if changes:
+            lines.append("# with: " + " ".join(f"--set '{o}'" for o in changes).replace(up, ""))
+        if self.unset:
+            lines.append("# keys left unset: " + ", ".join(self.unset))
+        if len(self.policies) < len(self.base.scenario.policies):
+            lines.append("# policies kept: " + ", ".join(self.policies))
+        lines.append("# run: python -m kvsim THIS_FILE.toml")
+        return "\n".join(lines) + "\n" + text
+
+
+class _Form:
+    """Draws widgets for scenario keys and collects what they change as overrides (or unset keys)."""
+
+    def __init__(self, base: Base):
+        self.base, self.overrides, self.unset = base, [], []
+
+    def value(self, key: str):
+        """The starting scenario's value of `key` (the field's default where its section is absent)."""
+        node = self.base.scenario
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            node = node[int(part)] if part.isdigit() else getattr(node, part)
+            if node is None and i < len(parts) - 1:
+                return fields.field(key).default
+        return node
+
+    def widget(self, container, key: str, *, force: bool = False, **kwargs):
+        old = self.value(key)
+        step = STEPS.get(key) or STEPS.get(key.split(".")[0])
+        new = fields.widget(container, key, old, widget_key=f"{self.base.digest}:{key}", step=step, **kwargs)
+        if force or new != old:
+            if new is None:
+                self.unset.append(key)
+            else:
+                self.overrides.append(f"{key}={toml_value(new)}")
+        return new
+
+
+def _unset(data: dict, key: str) -> None:
+    *tables, name = key.split(".")
+    node = data
+    for t in tables:
+        node = node[int(t)] if t.isdigit() else node.get(t, {})
+    if isinstance(node, dict):
+        node.pop(name, None)
+
+
+def _model_and_hardware(form: _Form, box) -> None:
+    cfg = form.base.scenario.model
+    hf = Path(cfg.hf_config or ".")
+    here = cfg.name if cfg.name is not None else f"hf_config: {hf.parent.name}/{hf.name}"
+    options = list(MODELS) + ([here] if here not in MODELS else [])
+    model = box.selectbox("model", options, index=options.index(here), key=f"{form.base.digest}:model.name",
+                          help=fields.help_text("model.name"))
+    if model != here:
+        form.overrides.append(f"model={toml_value({'name': model, 'dtype': cfg.dtype})}")
+    form.widget(box, "hardware.gpu", options=list(GPUS))
+    for key in HARDWARE:
+        form.widget(box, key)
+
+
+def _policies(form: _Form, box) -> list[str]:
+    names = [p.name for p in form.base.scenario.policies]
+    chosen = box.multiselect("policies to compare", names, default=names, key=f"{form.base.digest}:policies",
+                             help="The scenario's [[policies]]: each one is simulated on the same requests.")
+    for i, name in enumerate(names):
+        if name in chosen:
+            sub = box.container(border=True)
+            sub.markdown(f"**{name}**")
+            for key in POLICY:
+                form.widget(sub, f"policies.{i}.{key}")
+    return chosen
+
+
+def _lengths(form: _Form, box, which: str) -> None:
+    dist = form.widget(box, f"workload.{which}.dist", label=f"{which} distribution")
+    cols = box.columns(2)
+    for j, key in enumerate(LENGTHS.get(dist, ())):
+        form.widget(cols[j % 2], f"workload.{which}.{key}", label=f"{which} {key}")
+
+
+def _workload(form: _Form, box) -> None:
+    for key in WORKLOAD:
+        form.widget(box, key)
+    process = form.widget(box, "workload.arrival.process", label="arrival process")
+    for key in ARRIVAL.get(process, ()):
+        form.widget(box, f"workload.arrival.{key}")
+    _lengths(form, box, "prompt_len")
+    _lengths(form, box, "output_len")
+    had = form.base.scenario.workload.prefix is not None
+    on = box.checkbox("shared prefixes", value=had, key=f"{form.base.digest}:workload.prefix",
+                      help="Groups of requests that share a system prompt ([workload.prefix]), so the "
+                           "prefix cache has something to find.")
+    if on:
+        for key in PREFIX:
+            form.widget(box, f"workload.prefix.{key}", force=not had)
+    elif had:
+        form.unset.append("workload.prefix")
+
+
+def sidebar() -> None:
+    """Draw the settings sidebar and keep the scenario it makes (or the error) for the page."""
+    st.session_state["kvsim.current"] = None
+    with errors.caught() as error:
+        bar = st.sidebar
+        bar.header("Scenario")
+        base = choose_base(bar)
+        form = _Form(base)
+        _model_and_hardware(form, bar.expander("Model and hardware", expanded=True))
+        chosen = _policies(form, bar.expander("Policies"))
+        _engine = bar.expander("Engine limits")
+        for key in ENGINE:
+            form.widget(_engine, key)
+        _workload(form, bar.expander("Workload"))
+        slo = bar.expander("SLO")
+        for key in SLO:
+            form.widget(slo, f"slo.{key}")
+        st.session_state["kvsim.current"] = build(base, form.overrides, form.unset, chosen)
+    st.session_state["kvsim.error"] = error.message
+
+
+def build(base: Base, overrides: list[str], unset: list[str], chosen: list[str]) -> Current:
+    """Apply the overrides, drop unset keys and unchosen policies, and validate the result."""
+    if not chosen:
+        raise KvsimError("policies: choose at least one policy to compare")
+    data = apply_overrides(base.data, overrides)
+    for key in unset:
+        _unset(data, key)
+    data["policies"] = [p for p in data["policies"] if p.get("name") in chosen]
+    current = Current(base.scenario, base, list(overrides), list(unset), list(chosen), data)
+    text = current.toml()
+    current.scenario = scenario_from_toml(text, base.source, base.base_dir)
+    return current
+
+
+def current() -> Current:
+    """The sidebar's scenario; when it is not valid, its one-line error is on the page and the page stops."""
+    cur = st.session_state.get("kvsim.current")
+    if cur is None:
+        st.error(st.session_state.get("kvsim.error") or "no scenario")
+        st.stop()
+    return cur

@@ -1,0 +1,139 @@
+"""Dashboard speed in a real browser: time from opening each page to its first figure, and from a
+widget change on the chat scenario to the refreshed preview.
+
+    python benchmarks/dashboard_speed.py              # needs chromium on PATH
+    python benchmarks/dashboard_speed.py --repeat 9 --screenshots docs/
+
+Starts `streamlit run app/Home.py` headless, drives headless Chromium over the DevTools protocol
+(tests/browser.py) and prints a markdown table of medians. "Cold" is the first page a fresh server
+serves (Python imports, first simulation); "warm" reopens the page in a new session (the preview
+cached). A refresh types a new gpu_memory_utilization (a value not seen before, so the preview is
+simulated again) and waits until the first figure holds new data and the script run is over. The
+issue's target: a widget change on a chat-sized scenario refreshes the preview within ~2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.browser import DRAWN, FIRST_FIGURE, Browser, find_chromium, streamlit_app  # noqa: E402
+
+FIRST_DATA = ("JSON.stringify(document.querySelector('[data-testid=\"stPlotlyChart\"] .js-plotly-plot')"
+              ".data.map(t => t.y))")
+PAGES = (("What-if", ""), ("Memory", "memory"))
+BASELINE = """import plotly.graph_objects as go
+import streamlit as st
+st.title("Baseline")
+st.plotly_chart(go.Figure({"data": [{"type": "bar", "x": ["a", "b"], "y": [1, 2]}]}), theme=None)
+"""  # the least a Streamlit page with one plotly figure costs in this browser
+
+
+def baseline(exe: str, repeat: int) -> list[float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "baseline.py"
+        script.write_text(BASELINE)
+        with streamlit_app(script) as url, Browser(exe, width=1400, height=2000) as browser:
+            browser.open(url, DRAWN, timeout=120)
+            return [browser.open(url, FIRST_FIGURE, timeout=60) for _ in range(repeat)]
+
+
+def set_number(browser: Browser, label: str, text: str) -> None:
+    """Type `text` into the number input labelled `label` and press Enter, as a user would."""
+    browser.evaluate(f"(() => {{ const el = document.querySelector('input[aria-label=\"{label}\"]');"
+                     " el.scrollIntoView(); el.focus(); el.select(); return true; })()")
+    browser.call("Input.insertText", text=text)
+    for kind in ("keyDown", "keyUp"):
+        browser.call("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter", windowsVirtualKeyCode=13,
+                     nativeVirtualKeyCode=13)
+
+
+def refresh_seconds(browser: Browser, label: str, text: str) -> tuple[float, float]:
+    """Seconds from pressing Enter until the first figure shows new data, and until all is redrawn."""
+    before = browser.evaluate(FIRST_DATA)
+    t0 = time.perf_counter()
+    set_number(browser, label, text)
+    browser.wait_for(f"({FIRST_DATA}) !== {json.dumps(before)}", timeout=60)
+    first = time.perf_counter() - t0
+    browser.wait_for(DRAWN, timeout=60)
+    return first, time.perf_counter() - t0
+
+
+def server_seconds(repeat: int) -> list[tuple[str, list[float]]]:
+    """The same steps without a browser (Streamlit's AppTest runs the scripts in this process)."""
+    from streamlit.testing.v1 import AppTest
+
+    t0 = time.perf_counter()
+    at = AppTest.from_file(str(ROOT / "app" / "Home.py"), default_timeout=120).run()
+    rows = [("What-if: script run, cold (imports, first preview)", [time.perf_counter() - t0])]
+    key = next(w for w in at.sidebar.number_input if w.key.endswith(":hardware.gpu_memory_utilization"))
+    for label, values in (("preview simulated", [0.79 - 0.01 * i for i in range(repeat)]),
+                          ("preview cached", [0.79 - 0.01 * i for i in range(repeat)])):
+        times = []
+        for v in values:
+            t0 = time.perf_counter()
+            at.sidebar.number_input(key=key.key).set_value(round(v, 2)).run()
+            times.append(time.perf_counter() - t0)
+        rows.append((f"What-if: script run after a widget change, {label}", times))
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        at.switch_page("views/memory.py").run()
+        times.append(time.perf_counter() - t0)
+        at.switch_page("views/whatif.py").run()
+    rows.append(("Memory: script run", times))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--screenshots", type=Path, help="write dashboard-<page>.png here (docs/ for the README)")
+    args = ap.parse_args()
+    exe = find_chromium()
+    if exe is None:
+        sys.exit("no chromium on PATH")
+    rows = []
+    with streamlit_app() as url, Browser(exe, width=1400, height=2000) as browser:
+        for title, path in PAGES:  # cold: the server's first session on each page
+            first = browser.open(f"{url}/{path}", FIRST_FIGURE, timeout=120)
+            drawn = first + browser.wait_for(DRAWN, timeout=120)
+            rows.append((f"{title}: open, cold", [first], [drawn]))
+        for title, path in PAGES:
+            firsts, drawns = [], []
+            for _ in range(args.repeat):
+                firsts.append(browser.open(f"{url}/{path}", FIRST_FIGURE, timeout=60))
+                drawns.append(firsts[-1] + browser.wait_for(DRAWN, timeout=60))
+            rows.append((f"{title}: open, warm", firsts, drawns))
+            if args.screenshots:
+                time.sleep(0.5)
+                browser.screenshot(args.screenshots / f"dashboard-{path or 'whatif'}.png")
+        browser.open(url, DRAWN, timeout=60)
+        for label in ("preview simulated (chat, 500 requests)", "preview cached"):
+            runs = [refresh_seconds(browser, "gpu_memory_utilization", f"{0.89 - 0.01 * i:.2f}")
+                    for i in range(args.repeat)]  # the second round revisits the first round's values
+            rows.append((f"What-if: widget change, {label}", [a for a, _ in runs], [b for _, b in runs]))
+    base = baseline(exe, args.repeat)
+    rows.append(("baseline: a page with one plotly figure and nothing else, warm", base, base))
+    print("In headless Chromium (software rendering):\n")
+    print("| step | first figure, s (median) | all figures drawn, s (median) | runs |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, firsts, drawns in rows:
+        print(f"| {name} | {statistics.median(firsts):.2f} | {statistics.median(drawns):.2f} | {len(firsts)} |")
+    print("\nThe server's part (the page scripts under AppTest, no browser):\n")
+    print("| step | s (median) | runs |")
+    print("| --- | ---: | ---: |")
+    for name, times in server_seconds(args.repeat):
+        print(f"| {name} | {statistics.median(times):.2f} | {len(times)} |")
+
+
+if __name__ == "__main__":
+    main()

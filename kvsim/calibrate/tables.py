@@ -1,0 +1,285 @@
+"""Measurements the step-time model is fitted to, read from the tables that hold them.
+
+Each reader turns a file into `Observation`s: one measured time and what the model needs to price the
+same work. Three table formats are recognized by their CSV header:
+
+- `kvsim profile` CSVs: whole engine steps (the `Batch` aggregates of each step shape);
+- Vidur operator profiles (`compute/<gpu>/<model>/mlp.csv`): per-layer GEMM time (qkv, o, gate_up and
+  down projections summed) and small-kernel time (norms, RoPE, activation, residual add), in ms, by
+  num_tokens and tensor-parallel size; the model's shape comes from the same row;
+- Vidur collective profiles (`network/<gpu>_*/all_reduce.csv`): one all-reduce, in ms, by message size
+  (bytes) and number of workers.
+
+`vllm bench serve --save-result` JSONs become observations through `serving_observations`, with a
+scenario that describes the server and workload they measured (fitted by simulating it).
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from kvsim.errors import KvsimError
+from kvsim.scenario.files import parse_json, read_text
+from kvsim.scenario.catalog import GPUS, MODELS, ModelSpec
+
+BATCH_FIELDS = ("num_prefill_seqs", "num_prefill_tokens", "prefill_attn_pairs", "prefill_context_tokens",
+                "num_decode_seqs", "decode_context_tokens")
+GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+SMALL_OPS = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
+_PATH_GPUS = {"h100": "H100-SXM", "a100": "A100-80GB", "h200": "H200"}
+# vllm bench serve figures (ms unless named) and where kvsim's summary holds the same figure.
+SERVING_FIGURES = {
+    "median_ttft_ms": ("ttft_s", "p50"), "p99_ttft_ms": ("ttft_s", "p99"), "mean_ttft_ms": ("ttft_s", "mean"),
+    "median_tpot_ms": ("tpot_s", "p50"), "mean_tpot_ms": ("tpot_s", "mean"), "p99_tpot_ms": ("tpot_s", "p99"),
+    "median_itl_ms": ("itl_s", "p50"), "mean_itl_ms": ("itl_s", "mean"), "p99_itl_ms": ("itl_s", "p99"),
+    "median_e2el_ms": ("e2e_s", "p50"), "mean_e2el_ms": ("e2e_s", "mean"), "p99_e2el_ms": ("e2e_s", "p99"),
+    "output_throughput": ("throughput", "output_tokens_per_s"),
+}
+
+
+@dataclass(slots=True, frozen=True)
+class Observation:
+    """One measured time. `counts` is what the model prices: a step's Batch aggregates (BATCH_FIELDS),
+    (num_tokens,) for a layer's GEMMs or small kernels, (message bytes,) for an all-reduce."""
+
+    kind: str  # step, gemm, elementwise, allreduce, serving
+    measured: float  # seconds (serving: the figure in kvsim's units)
+    gpu: str
+    source: str  # file:line
+    model: Optional[ModelSpec] = None
+    tp: int = 1
+    kv_cache_dtype: str = "auto"
+    graph_batch: int = 0  # steps: the CUDA graph's (padded) batch size, 0 when eager
+    counts: tuple = ()
+    phase: str = ""  # slice label: decode, prefill, mixed, gemm, elementwise, allreduce, serving
+    band: str = ""  # slice label: a batch-size band
+    grid: str = "fit"  # "heldout": a shape kept out of the fit, to test it on
+    group: str = ""  # observations of one group share a hold-out fold
+    serving: Optional[tuple] = None  # (scenario path, policy, summary key path)
+
+
+def token_band(tokens: int) -> str:
+    return "1-16" if tokens <= 16 else "17-128" if tokens <= 128 else "129-1024" if tokens <= 1024 else ">1024"
+
+
+def _float(value: str, where: str, column: str) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise KvsimError(f"{where}: {column}: not a number: {value!r}") from None
+    if not x == x or x < 0:
+        raise KvsimError(f"{where}: {column}: must be a non-negative number, got {value!r}")
+    return x
+
+
+def _int(value: str, where: str, column: str) -> int:
+    x = _float(value, where, column)
+    if x != int(x):
+        raise KvsimError(f"{where}: {column}: must be a whole number, got {value!r}")
+    return int(x)
+
+
+def _rows(path: Path, need: tuple) -> tuple[list[str], list[tuple[int, dict]]]:
+    """The header and (line number, row) pairs of a CSV whose header holds every column in `need`."""
+    lines = read_text(path, "table").splitlines()
+    reader = csv.DictReader(lines)
+    header = reader.fieldnames or []
+    missing = [c for c in need if c not in header]
+    if missing:
+        raise KvsimError(f"{path}: missing column {missing[0]}")
+    return header, [(i + 2, row) for i, row in enumerate(reader)]
+
+
+def table_kind(path: Path) -> str:
+    """"profile", "vidur-mlp" or "vidur-allreduce", from the CSV header."""
+    first = read_text(path, "table").partition("\n")[0]
+    header = next(csv.reader([first]), [])
+    if "source" in header and "step_s" in header:
+        return "profile"
+    if "time_stats.attn_pre_proj.median" in header:
+        return "vidur-mlp"
+    if "time_stats.all_reduce.median" in header:
+        return "vidur-allreduce"
+    raise KvsimError(f"{path}: not a kvsim profile, Vidur mlp.csv or Vidur all_reduce.csv table "
+                     f"(header starts {first[:60]!r})")
+
+
+def gpu_from_path(path: Path, gpu: Optional[str]) -> str:
+    if gpu:
+        return gpu
+    for part in reversed(Path(path).parts):
+        for key, preset in _PATH_GPUS.items():
+            if part.lower() == key or part.lower().startswith(key + "_"):
+                return preset
+    raise KvsimError(f"{path}: cannot tell the GPU from the path: give --gpu")
+
+
+def graph_batch_of(row: dict, where: str) -> int:
+    if "graph_batch" in row and row["graph_batch"] not in ("", None):
+        return _int(row["graph_batch"], where, "graph_batch")
+    if _int(row["cuda_graph"], where, "cuda_graph"):
+        from kvsim.perf.roofline import VLLM_GRAPH_SIZES
+        n = _int(row["num_decode_seqs"], where, "num_decode_seqs")
+        return next(b for b in VLLM_GRAPH_SIZES if b >= n)
+    return 0
+
+
+def read_profile(path: Path) -> list[Observation]:
+    need = ("source", "gpu", "model", "kv_cache_dtype", "tp", "cuda_graph", "phase", "step_s") + BATCH_FIELDS
+    _, rows = _rows(path, need)
+    models = {k.lower(): v for k, v in MODELS.items()}
+    out = []
+    for line, row in rows:
+        where = f"{path}:{line}"
+        model = models.get(row["model"].lower())
+        if model is None:
+            raise KvsimError(f"{where}: model: unknown model '{row['model']}' (presets: {', '.join(MODELS)})")
+        if row["gpu"] not in GPUS:
+            raise KvsimError(f"{where}: gpu: unknown GPU preset '{row['gpu']}' (presets: {', '.join(GPUS)})")
+        counts = tuple(_int(row[c], where, c) for c in BATCH_FIELDS)
+        tokens = counts[1] + counts[4]
+        phase = row["phase"]
+        if phase not in ("decode", "prefill", "mixed"):
+            raise KvsimError(f"{where}: phase: must be decode, prefill or mixed, got {phase!r}")
+        out.append(Observation(
+            "step", _float(row["step_s"], where, "step_s"), row["gpu"], where, model,
+            _int(row["tp"], where, "tp"), row["kv_cache_dtype"], graph_batch_of(row, where), counts, phase,
+            token_band(tokens), row.get("grid") or "fit"))
+    return out
+
+
+def _vidur_model(row: dict, where: str, name: str) -> ModelSpec:
+    heads = _int(row["n_head"], where, "n_head")
+    hidden = _int(row["n_embd"], where, "n_embd")
+    return ModelSpec(name=name, num_hidden_layers=1, hidden_size=hidden, num_attention_heads=heads,
+                     num_key_value_heads=_int(row["n_kv_head"], where, "n_kv_head"), head_dim=hidden // heads,
+                     intermediate_size=_int(row["n_expanded_embd"], where, "n_expanded_embd"),
+                     vocab_size=_int(row["vocab_size"], where, "vocab_size"), max_position_embeddings=4096)
+
+
+def read_vidur_mlp(path: Path, gpu: Optional[str] = None) -> list[Observation]:
+    """Per-layer GEMM and small-kernel observations; models without a gated MLP are skipped (kvsim's
+    model shapes are SwiGLU)."""
+    gpu = gpu_from_path(path, gpu)
+    need = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp", "num_tokens",
+            "num_tensor_parallel_workers")
+    header, rows = _rows(path, need)
+    rows = [(line, row) for line, row in rows if row["use_gated_mlp"].strip().lower() == "true"]
+    if not rows:
+        return []
+    ops = [f"time_stats.{op}.median" for op in GEMM_OPS + SMALL_OPS]
+    missing = [c for c in ops if c not in header]
+    if missing:
+        raise KvsimError(f"{path}: missing column {missing[0]}")
+    name = f"vidur:{Path(path).parent.name}"
+    out = []
+    for line, row in rows:
+        where = f"{path}:{line}"
+        model = _vidur_model(row, where, name)
+        tokens = _int(row["num_tokens"], where, "num_tokens")
+        tp = _int(row["num_tensor_parallel_workers"], where, "num_tensor_parallel_workers")
+        for kind, group in (("gemm", GEMM_OPS), ("elementwise", SMALL_OPS)):
+            ms = sum(_float(row[f"time_stats.{op}.median"], where, f"time_stats.{op}.median") for op in group)
+            out.append(Observation(kind, ms / 1e3, gpu, where, model, tp, counts=(tokens,), phase=kind,
+                                   band=token_band(tokens), group=f"{name}:{tokens}:{tp}"))
+    return out
+
+
+def read_vidur_allreduce(path: Path, gpu: Optional[str] = None) -> list[Observation]:
+    """All-reduce observations within one node (rows spanning more GPUs than `devices_per_node` are
+    skipped: kvsim's tensor parallelism runs over one node's NVLink)."""
+    gpu = gpu_from_path(path, gpu)
+    header, rows = _rows(path, ("time_stats.all_reduce.median", "num_workers", "size"))
+    out = []
+    for line, row in rows:
+        where = f"{path}:{line}"
+        size = _int(row["size"], where, "size")
+        workers = _int(row["num_workers"], where, "num_workers")
+        if "devices_per_node" in header and workers > _int(row["devices_per_node"], where, "devices_per_node"):
+            continue
+        ms = _float(row["time_stats.all_reduce.median"], where, "time_stats.all_reduce.median")
+        band = "<64KiB" if size < 1 << 16 else "<1MiB" if size < 1 << 20 else "<16MiB" if size < 1 << 24 else ">=16MiB"
+        out.append(Observation("allreduce", ms / 1e3, gpu, where, tp=workers, counts=(size,), phase="allreduce",
+                               band=band, group=f"{path}:{size}:{workers}"))
+    return out
+
+
+def merge_repeats(observations: list[Observation]) -> list[Observation]:
+    """Step observations of the same shape (several profile files) as one, at the median time."""
+    groups: dict[tuple, list[Observation]] = {}
+    for o in observations:
+        key = (o.kind, o.gpu, o.model, o.tp, o.kv_cache_dtype, o.graph_batch, o.counts, o.grid) \
+            if o.kind == "step" else (id(o),)
+        groups.setdefault(key, []).append(o)
+    out = []
+    for obs in groups.values():
+        first = obs[0]
+        if len(obs) == 1:
+            out.append(first)
+        else:
+            med = statistics.median(o.measured for o in obs)
+            out.append(Observation(first.kind, med, first.gpu, f"{first.source} (+{len(obs) - 1} more)", first.model,
+                                   first.tp, first.kv_cache_dtype, first.graph_batch, first.counts, first.phase,
+                                   first.band, first.grid, first.group))
+    return out
+
+
+def read_tables(paths, gpu: Optional[str] = None) -> list[Observation]:
+    """Every table's observations, repeated step shapes merged."""
+    out: list[Observation] = []
+    for path in map(Path, paths):
+        kind = table_kind(path)
+        if kind == "profile":
+            out += read_profile(path)
+        elif kind == "vidur-mlp":
+            out += read_vidur_mlp(path, gpu)
+        else:
+            out += read_vidur_allreduce(path, gpu)
+    return merge_repeats(out)
+
+
+@dataclass(slots=True)
+class BenchResult:
+    """The figures of a `vllm bench serve --save-result` JSON, in kvsim's units (seconds, tok/s)."""
+
+    path: Path
+    figures: dict[str, float] = field(default_factory=dict)
+    num_prompts: Optional[int] = None
+    request_rate: Optional[float] = None
+
+
+def read_bench_result(path: Path) -> BenchResult:
+    data = parse_json(read_text(path, "vllm bench serve result"), str(path))
+    if not isinstance(data, dict) or "completed" not in data or "output_throughput" not in data:
+        raise KvsimError(f"{path}: not a `vllm bench serve --save-result` JSON (no completed / output_throughput)")
+    res = BenchResult(Path(path))
+    for key in SERVING_FIGURES:
+        value = data.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            res.figures[key] = value / 1e3 if key.endswith("_ms") else float(value)
+    res.num_prompts = data.get("num_prompts")
+    rate = data.get("request_rate")
+    res.request_rate = float(rate) if isinstance(rate, (int, float)) else None
+    return res
+
+
+def serving_observations(scenario_path: Path, result_path: Path, policy: Optional[str] = None) -> list[Observation]:
+    """One observation per figure of a vllm bench serve result; the scenario (its first policy unless
+    named) describes the server and the workload the benchmark ran."""
+    from kvsim.scenario.config import load_scenario
+
+    scenario = load_scenario(scenario_path)
+    bench = read_bench_result(result_path)
+    names = [p.name for p in scenario.policies]
+    policy = policy or names[0]
+    if policy not in names:
+        raise KvsimError(f"{scenario_path}: no policy named {policy}")
+    group = f"serving:{result_path}"
+    return [Observation("serving", value, scenario.hardware.gpu, f"{result_path}:{key}",
+                        tp=scenario.hardware.tensor_parallel_size, phase="serving", band=key, group=group,
+                        serving=(str(scenario_path), policy, SERVING_FIGURES[key]))
+            for key, value in bench.figures.items() if value > 0]

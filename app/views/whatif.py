@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from kvdash import errors, runs, settings
-from kvsim.results.report import table_figures
+from kvsim.results.report import table_figures, verdict_lines
 
 st.title("What-if")
 cur = settings.current()
@@ -47,7 +47,7 @@ with errors.caught(st):
     else:
         what = f"Full run: all {total:,} requests" if total else "Full run"
     top[0].markdown(f"**{what}** · {', '.join(cur.policies)} · simulated in {result.wall_s:.2f} s")
-    # Verdict (planning's verdict module) goes here, above the table, once it lands.
+    st.markdown("  \n".join(verdict_lines(result.summaries, result.meta)))  # model, SLO, who meets it, what binds
 
     st.subheader("Policy comparison")
     st.dataframe(comparison_rows(result.summaries), hide_index=True,

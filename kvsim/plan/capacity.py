@@ -15,8 +15,8 @@ the SLO more names the bound, `compute` or `bandwidth`.
 Requests per point: the scenario's own count, capped at `DEFAULT_REQUESTS` (3000). A short
 window hides overload (the first requests find an empty engine, and a queue needs time to grow
 before the TTFT tail or the backlog shows it), so a knee found on N requests is high by roughly
-c / N: on chat.toml, against 6000 requests, 1000 put it 14-16% high, 2000 5%, 3000 3%, 4000 2%
-(benchmarks/results/plan_speed.md). 3000 keeps the chat plan near 17 CPU-seconds; `--requests`
+c / N: on chat.toml, against 6000 requests, 1000 put it 9-17% high, 2000 2-6%, 3000 2-4%, 4000
+1-2% (benchmarks/results/plan_speed.md). 3000 keeps the chat plan near 17 CPU-seconds; `--requests`
 trades time for that bias.
 """
 

@@ -84,8 +84,8 @@ class Progress:
 
 
 def cmd_run(args, console: Console) -> int:
-    from kvsim.results.report import comparison_table
     from kvsim.pipeline import run_scenario
+    from kvsim.results.report import comparison_table, verdict_lines
 
     scenario = scenario_from_args(args)
     if args.policy:
@@ -98,6 +98,8 @@ def cmd_run(args, console: Console) -> int:
     finally:
         progress.close()
     if not args.quiet:
+        for line in verdict_lines(result.summaries, result.meta):
+            console.print(line, markup=False, highlight=False)
         console.print(comparison_table(result.summaries, transpose=console.width < 150))
         for run in result.runs:
             console.print(f"[dim]{run.name}: simulated in {run.wall_s:.2f} s wall ({run.events} engine events)[/dim]")

@@ -16,6 +16,7 @@ from backends import load_backend
 from kvsim.engine.simulator import Replica, Simulation, make_allocator, make_scheduler
 from kvsim.perf.memory import check_fits, kv_capacity, max_model_len
 from kvsim.results.metrics import Metrics
+from kvsim.results.verdict import judge
 from kvsim.results.writer import ResultsWriter
 from kvsim.scenario.catalog import gpu_spec, model_spec
 from kvsim.scenario.config import results_dir
@@ -48,6 +49,16 @@ class ScenarioResult:
     summaries: dict[str, dict]
     runs: list[PolicyRun] = field(default_factory=list)
     capacity: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)  # summary.json's "meta": model, GPU, layout, arrivals, SLO
+
+
+def run_meta(scenario, model, gpu) -> dict:
+    """What ran, for summary.json and the report's opening lines."""
+    hw = scenario.hardware
+    return {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": hw.tensor_parallel_size,
+            "num_replicas": hw.num_replicas, "backend": scenario.backend.name, "seed": scenario.workload.seed,
+            "description": scenario.description, "arrival": scenario.workload.arrival.model_dump(),
+            "slo": scenario.slo.model_dump(), "policy_order": [p.name for p in scenario.policies]}
 
 
 def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
@@ -83,10 +94,14 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
         "enable_chunked_prefill": policy.enable_chunked_prefill,
         "enable_prefix_caching": scenario.prefix_caching(policy),
         "max_model_len": mml,
+        "max_num_seqs": scenario.engine.max_num_seqs,  # per replica
+        "max_num_batched_tokens": policy.max_num_batched_tokens or scenario.engine.max_num_batched_tokens,
+        "num_replicas": scenario.hardware.num_replicas,
     }
     summary = metrics.summary(duration_s=end, num_blocks=replicas[0].backend.num_blocks * len(replicas),
                               block_size=scenario.engine.block_size, bytes_per_block=capacity.bytes_per_block,
                               extra=extra)
+    summary["verdict"] = judge(summary).as_dict()
     return summary, sim
 
 
@@ -104,7 +119,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     if out_dir is None:
         out_dir = results_dir(scenario)
     writer = ResultsWriter(out_dir, force=force, inputs=input_paths(scenario)) if write else None
-    result = ScenarioResult(out_dir if write else None, {})
+    result = ScenarioResult(out_dir if write else None, {}, meta=run_meta(scenario, model, gpu))
     try:
         for policy in chosen:
             metrics = Metrics(policy.name, scenario.slo, scenario.output.timeseries_interval_s,
@@ -119,10 +134,8 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
                 writer.add_timeseries(policy.name, metrics.timeseries_rows())
                 writer.add_latencies(policy.name, metrics.latencies())
         if writer:
-            meta = {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": scenario.hardware.tensor_parallel_size,
-                    "num_replicas": scenario.hardware.num_replicas, "backend": scenario.backend.name,
-                    "seed": scenario.workload.seed, "description": scenario.description}
-            writer.commit(scenario.name or "scenario", result.summaries, meta, report_html=scenario.output.report_html)
+            writer.commit(scenario.name or "scenario", result.summaries, result.meta,
+                          report_html=scenario.output.report_html)
     except BaseException:
         if writer:
             writer.abort()

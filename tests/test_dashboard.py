@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 
 import kvsim
 from kvsim.cli import main
-from kvsim.results.report import BAR_FIGURES, FIGURES
+from kvsim.results.report import bar_figures, table_figures
 from kvsim.scenario.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,15 +88,15 @@ def assert_shows(at: AppTest, summaries: dict) -> None:
     for _, row in table.iterrows():
         s = summaries[row["policy"]]
         assert row["finished"] == s["requests"]["finished"] and row["rejected"] == s["requests"]["rejected"]
-        for f in FIGURES:
+        for f in table_figures(summaries):
             expected = f.value(s)
             if expected is None:
                 assert row[f.label] != row[f.label]  # NaN
             else:
                 assert row[f.label] == pytest.approx(expected, rel=1e-12)
     bars = figures(at)[0]["data"]
-    assert [t["x"] for t in bars] == [names] * len(BAR_FIGURES)
-    for f, trace in zip(BAR_FIGURES, bars):
+    assert [t["x"] for t in bars] == [names] * len(bar_figures(summaries))
+    for f, trace in zip(bar_figures(summaries), bars):
         assert trace["y"] == pytest.approx([f.value(summaries[p]) for p in names], rel=1e-12)
     ttft_cdf = figures(at)[1]["data"][0]  # read back from requests.csv, which keeps 12 significant digits
     assert max(values(ttft_cdf["x"])) == pytest.approx(summaries[ttft_cdf["name"]]["ttft_s"]["max"], rel=1e-11)

@@ -12,7 +12,7 @@ from kvsim.results.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS, LogHistog
 from kvsim.scenario.config import SloConfig
 from kvsim.sequence import Request, Sequence
 
-NO_SLO = SloConfig(ttft_ms=None, itl_ms=None, e2e_ms=None)
+NO_SLO = SloConfig(ttft_ms=None, tpot_ms=None, itl_ms=None, e2e_ms=None)
 
 
 def make_seq(rid, arrival, first_token, finish, out, *, prompt=100, scheduled=None, cached=0, preempt=0):
@@ -66,13 +66,13 @@ def test_throughput_preemptions_prefix_hits():
 
 
 def test_goodput_matches_hand_count():
-    slo = SloConfig(ttft_ms=500, itl_ms=50, e2e_ms=None)
+    slo = SloConfig(ttft_ms=500, tpot_ms=50, e2e_ms=None)
     m = Metrics("p", slo, 1.0)
-    m.on_finish(make_seq(0, 0.0, 0.4, 0.4 + 9 * 0.04, 10))  # ttft 400 ms, itl 40 ms: good
+    m.on_finish(make_seq(0, 0.0, 0.4, 0.4 + 9 * 0.04, 10))  # ttft 400 ms, tpot 40 ms: good
     m.on_finish(make_seq(1, 0.0, 0.6, 0.6 + 9 * 0.01, 10))  # ttft 600 ms: misses
-    m.on_finish(make_seq(2, 0.0, 0.1, 0.1 + 9 * 0.06, 10))  # itl 60 ms: misses
-    m.on_finish(make_seq(3, 0.0, 0.5, 0.5, 1))  # ttft exactly 500 ms, no itl: good
-    m.on_finish(make_seq(4, 5.0, 5.2, 5.2 + 99 * 0.05, 100))  # itl exactly 50 ms, long e2e (no bound): good
+    m.on_finish(make_seq(2, 0.0, 0.1, 0.1 + 9 * 0.06, 10))  # tpot 60 ms: misses
+    m.on_finish(make_seq(3, 0.0, 0.5, 0.5, 1))  # ttft exactly 500 ms, no tpot: good
+    m.on_finish(make_seq(4, 5.0, 5.2, 5.2 + 99 * 0.05, 100))  # tpot exactly 50 ms, long e2e (no bound): good
     rejected = make_seq(5, 1.0, -1.0, 1.0, 0, scheduled=-1.0)
     rejected.reject_reason = "prompt_too_long"
     m.on_reject(rejected)
@@ -84,8 +84,8 @@ def test_goodput_matches_hand_count():
 
 def test_slo_bounds_none_are_ignored():
     reqs = [make_seq(0, 0.0, 5.0, 50.0, 10), make_seq(1, 0.0, 0.1, 0.2, 2)]
-    for slo, good in ((NO_SLO, 2), (SloConfig(ttft_ms=None, itl_ms=None, e2e_ms=1000), 1),
-                      (SloConfig(ttft_ms=None, itl_ms=1000, e2e_ms=None), 1)):
+    for slo, good in ((NO_SLO, 2), (SloConfig(ttft_ms=None, tpot_ms=None, e2e_ms=1000), 1),
+                      (SloConfig(ttft_ms=None, tpot_ms=1000, e2e_ms=None), 1)):
         m = Metrics("p", slo, 1.0)
         for seq in reqs:
             m.on_finish(seq)

@@ -20,7 +20,7 @@ POLICIES = ("paged-bf16", "contiguous_fp8")
 
 def run_policy(writer, policy, n, slowdown):
     """A tiny fake simulation: n finished requests plus one rejection, with samples on two replicas."""
-    m = Metrics(policy, SloConfig(), 0.5, requests_file=writer.requests_file)
+    m = Metrics(policy, SloConfig(percentile=90), 0.5, requests_file=writer.requests_file)
     for i in range(n):
         seq = Sequence(Request(i, i * 0.1, 128, 8))
         seq.first_scheduled_time = i * 0.1
@@ -148,8 +148,8 @@ def test_comparison_table_one_row_per_policy(tmp_path):
     for name in POLICIES:
         assert name in text
     assert "20/1" in text  # finished/rejected
-    ttft_p99 = summaries[POLICIES[1]]["ttft_s"]["p99"] * 1e3
-    assert f"{ttft_p99:,.1f}" in text
+    ttft_p99 = summaries[POLICIES[1]]["slo"]["at_percentile"]["ttft_ms"]  # the figure the SLO judges
+    assert f"{ttft_p99:,.1f}" in text and "TTFT p90 ms (≤2000)" in text
 
 
 def test_transposed_comparison_fits_a_narrow_terminal(tmp_path):
@@ -160,7 +160,7 @@ def test_transposed_comparison_fits_a_narrow_terminal(tmp_path):
     console.print(narrow)
     text = console.export_text()
     assert "…" not in text and "20/1" in text
-    assert f"{summaries[POLICIES[1]]['ttft_s']['p99'] * 1e3:,.1f}" in text
+    assert f"{summaries[POLICIES[1]]['slo']['at_percentile']['ttft_ms']:,.1f}" in text
 
 
 def test_comparison_table_handles_empty_summary():
@@ -218,3 +218,24 @@ def test_in_memory_latencies_equal_the_csv_columns(tmp_path):
         assert len(mem["mean_itl_s"]) < len(mem["ttft_s"]) == 30  # one-token requests have no ITL
         for col, values in from_csv[p].items():
             assert len(values) == len(mem[col]) and np.allclose(values, mem[col], rtol=1e-11, atol=0), (p, col)
+
+
+def test_report_opens_with_the_verdict_and_draws_the_slo(tmp_path):
+    meta = {"model": "Llama-3.1-8B", "gpu": "H100-SXM", "tensor_parallel_size": 2, "num_replicas": 3,
+            "arrival": {"process": "poisson", "rate": 4.0}, "policy_order": ["other", *POLICIES],
+            "slo": {"ttft_ms": 2000.0, "tpot_ms": 100.0, "itl_ms": None, "e2e_ms": None, "percentile": 90.0}}
+    writer = ResultsWriter(tmp_path / "res")
+    with writer:
+        summaries = {p: run_policy(writer, p, 20, k + 1) for k, p in enumerate(POLICIES)}
+        writer.commit("demo", summaries, meta)
+    page = (tmp_path / "res" / "report.html").read_text()
+    head = page[:page.index("<table>")]
+    assert "Llama-3.1-8B on H100-SXM, TP 2 × 3 replicas; poisson 4 req/s" in head
+    assert "SLO at p90: TTFT ≤ 2000 ms, TPOT ≤ 100 ms" in head and "policies meet the SLO" in head
+    assert '"type":"log"' in page  # TTFT axis
+    assert "SLO TTFT \\u2264 2000 ms" in page and "SLO TPOT \\u2264 100 ms" in page  # bound lines on the CDFs
+    assert "% of KV capacity" in page
+    assert '"text":"preemptions"' not in page  # none in this run: no empty panel
+    # colours follow the scenario's order of policies, whichever are shown
+    from kvsim.results.report import PALETTE
+    assert f'"color":"{PALETTE[1]}"' in page and f'"color":"{PALETTE[0]}"' not in page

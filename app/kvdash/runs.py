@@ -32,6 +32,7 @@ class RunResult:
     files: dict  # results-folder file name -> bytes
     figures: list  # the report's figures, plotly.js {"data", "layout"} dicts
     wall_s: float
+    meta: dict  # summary.json's "meta": model, GPU, layout, arrivals, SLO, policy order
 
 
 def run_to_memory(toml_text: str, source: str, base_dir: Path, progress=None) -> RunResult:
@@ -41,9 +42,9 @@ def run_to_memory(toml_text: str, source: str, base_dir: Path, progress=None) ->
     with tempfile.TemporaryDirectory(prefix="run-", dir=temp_dir()) as tmp:
         out = Path(tmp) / "results"
         result = kvsim.run(scenario, out_dir=out, progress=progress)
-        figures = report_figures(result.summaries, out / "requests.csv", out / "timeseries.csv")
+        figures = report_figures(result.summaries, out / "requests.csv", out / "timeseries.csv", result.meta)
         files = {name: (out / name).read_bytes() for name, _ in DOWNLOADS if (out / name).is_file()}
-    return RunResult(toml_text, result.summaries, files, figures, time.perf_counter() - t0)
+    return RunResult(toml_text, result.summaries, files, figures, time.perf_counter() - t0, result.meta)
 
 
 @st.cache_data(max_entries=16, show_spinner="Simulating the preview…")  # a report.html is ~5 MB (plotly.js)

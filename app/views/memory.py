@@ -9,7 +9,7 @@ import streamlit as st
 import kvsim
 from kvdash import errors, settings
 from kvsim.results.memory_report import table_lengths
-from kvsim.results.report import _colors as policy_colors
+from kvsim.results.report import policy_colors
 
 GIB = 2**30
 BREAKDOWN = (("weights", "weights"), ("activations", "activations"), ("reserve", "fixed reserve"),

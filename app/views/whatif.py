@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from kvdash import errors, runs, settings
-from kvsim.results.report import FIGURES
+from kvsim.results.report import table_figures, verdict_lines
 
 st.title("What-if")
 cur = settings.current()
@@ -21,7 +21,7 @@ def comparison_rows(summaries: dict) -> list[dict]:
     for name, s in summaries.items():
         req = s.get("requests", {})
         rows.append({"policy": name, "finished": req.get("finished"), "rejected": req.get("rejected"),
-                     **{f.label: f.value(s) for f in FIGURES}})
+                     **{f.label: f.value(s) for f in table_figures(summaries)}})
     return rows
 
 
@@ -47,11 +47,12 @@ with errors.caught(st):
     else:
         what = f"Full run: all {total:,} requests" if total else "Full run"
     top[0].markdown(f"**{what}** · {', '.join(cur.policies)} · simulated in {result.wall_s:.2f} s")
-    # Verdict (planning's verdict module) goes here, above the table, once it lands.
+    st.markdown("  \n".join(verdict_lines(result.summaries, result.meta)))  # model, SLO, who meets it, what binds
 
     st.subheader("Policy comparison")
     st.dataframe(comparison_rows(result.summaries), hide_index=True,
-                 column_config={f.label: st.column_config.NumberColumn(format=f"%.{f.digits}f") for f in FIGURES})
+                 column_config={f.label: st.column_config.NumberColumn(format=f"%.{f.digits}f")
+                                for f in table_figures(result.summaries)})
     for i, fig in enumerate(result.figures):
         st.plotly_chart(go.Figure(fig), theme=None, key=f"kvsim.report_fig_{i}")
 

@@ -1,5 +1,165 @@
 """The `plan` and `sweep` commands."""
 
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvsim.errors import KvsimError
+from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+    return parse
+
+
+def _executor_arguments(p) -> None:
+    p.add_argument("--workers", type=_positive(int), help="local worker processes (default: every core)")
+    p.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster: 'auto', or an address "
+                                                    "(needs pip install 'kvsim[cluster]')")
+    p.add_argument("--quiet", action="store_true", help="no tables, no progress bar")
+    p.add_argument("--force", action="store_true", help="let --out replace a folder kvsim did not write "
+                                                        "(never one holding the scenario's inputs)")
+
 
 def add_commands(sub) -> None:
     """Register this package's subcommands on the `kvsim` parser."""
+    plan = sub.add_parser("plan", help="maximum sustainable rate per policy under the SLO; with --target-rate, "
+                                       "the cheapest deployments")
+    add_scenario_arguments(plan)
+    plan.add_argument("--policy", action="append", help="only this policy (repeatable; with --target-rate: the "
+                                                        "policy deployed, default the first)")
+    plan.add_argument("--seeds", type=_positive(int), default=3, help="seeds per rate (default 3)")
+    plan.add_argument("--resolution", type=_positive(float), default=0.02,
+                      help="relative rate resolution of the search (default 0.02: ±2%%)")
+    plan.add_argument("--requests", type=_positive(int), help="requests per simulated point "
+                                                              "(default: the scenario's, at most 3000)")
+    plan.add_argument("--target-rate", type=_positive(float), metavar="R",
+                      help="search deployments (GPU, TP, replicas) meeting the SLO at R req/s")
+    plan.add_argument("--gpu", action="append", help="candidate GPU preset (repeatable; default: all)")
+    plan.add_argument("--tp", action="append", type=_positive(int), help="candidate TP degree (repeatable; default 1 2 4 8)")
+    plan.add_argument("--max-replicas", type=_positive(int), default=64)
+    plan.add_argument("--top", type=_positive(int), default=3, help="deployments whose own max rate is searched")
+    plan.add_argument("--out", type=Path, help="write plan.json, plan.csv and points.csv into this folder")
+    _executor_arguments(plan)
+    plan.set_defaults(handler=cmd_plan)
+    sweep = sub.add_parser("sweep", help="simulate a grid of --set key=v1,v2 values (or --from points.csv)")
+    add_scenario_arguments(sweep)
+    sweep.add_argument("--from", dest="points_file", type=Path, help="CSV of points: a header of dotted keys, "
+                                                                      "a row per point")
+    sweep.add_argument("--out", type=Path, help="folder for sweep.csv and sweep.html "
+                                                "(default: <output.dir>/<scenario name>-sweep)")
+    _executor_arguments(sweep)
+    sweep.set_defaults(handler=cmd_sweep)
+
+
+class Bar:
+    """A `progress(done, total)` callback drawing a transient rich progress bar."""
+
+    def __init__(self, console, label: str, enabled: bool):
+        self.console, self.label, self.enabled, self.bar, self.task = console, label, enabled, None, None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from rich.progress import Progress
+            self.bar = Progress(console=self.console, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(self.label, total=total)
+        self.bar.update(self.task, completed=done, total=total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _print_lines(console, lines) -> None:
+    for line in lines:
+        console.print(line, markup=False, highlight=False)
+
+
+def cmd_plan(args, console) -> int:
+    from kvsim.plan import output
+    from kvsim.plan.capacity import plan
+    from kvsim.plan.deploy import TP_DEGREES, deploy
+
+    scenario = scenario_from_args(args)
+    names = {p.name for p in scenario.policies}
+    unknown = set(args.policy or ()) - names
+    if unknown:
+        raise KvsimError(f"--policy: no policy named {', '.join(sorted(unknown))} in {scenario.source}")
+    if args.out is not None:
+        output.check_out(args.out, scenario, args.force)
+    bar = Bar(console, "planning", not args.quiet and console.is_terminal)
+    common = dict(seeds=args.seeds, resolution=args.resolution, num_requests=args.requests, workers=args.workers,
+                  ray=args.ray, progress=bar)
+    try:
+        if args.target_rate is not None:
+            if args.policy and len(args.policy) > 1:
+                raise KvsimError("--target-rate deploys one policy: give --policy once")
+            result = deploy(scenario, args.target_rate, gpus=args.gpu, tensor_parallel=tuple(args.tp or TP_DEGREES),
+                            policy=(args.policy or [None])[0], top=args.top, max_replicas=args.max_replicas, **common)
+        else:
+            result = plan(scenario, policies=args.policy, **common)
+    finally:
+        bar.close()
+    if not args.quiet:
+        if args.target_rate is not None:
+            _print_lines(console, output.deploy_lines(result))
+            console.print(output.deploy_table(result))
+            if result.skipped:
+                console.print(f"[dim]{len(result.skipped)} layouts left out: "
+                              + "; ".join(f"{s['gpu']} TP{s['tensor_parallel_size']}: {s['reason']}"
+                                          for s in result.skipped) + "[/dim]", highlight=False)
+        else:
+            _print_lines(console, output.plan_lines(result))
+            console.print(output.plan_table(result))
+    if args.out is not None:
+        written = output.write_plan(args.out, result, scenario, args.force)
+        if not args.quiet:
+            console.print(f"results: {written}")
+    return 0
+
+
+def cmd_sweep(args, console) -> int:
+    from kvsim.plan import output
+    from kvsim.plan.pages import sweep_page
+    from kvsim.plan.sweep import grid_points, points_from_csv, sweep
+    from kvsim.scenario.config import load_scenario
+
+    scenario = load_scenario(args.scenario)  # the --set values are the grid's axes, applied per point
+    if args.points_file is not None:
+        keys, points = points_from_csv(args.points_file)
+        if args.overrides:  # --set beside --from: the same for every point
+            _, fixed = grid_points(args.overrides)
+            if len(fixed) != 1:
+                raise KvsimError("with --from, --set takes one value per key")
+            points = [fixed[0] + p for p in points]
+    elif args.overrides:
+        keys, points = grid_points(args.overrides)
+    else:
+        raise KvsimError("sweep: give --set key=v1,v2,... (repeatable) or --from points.csv")
+    out = args.out or Path(scenario.output.dir) / f"{scenario.name or 'scenario'}-sweep"
+    output.check_out(out, scenario, args.force)
+    bar = Bar(console, f"sweeping {len(points)} points", not args.quiet and console.is_terminal)
+    try:
+        result = sweep(scenario, points, keys=keys, workers=args.workers, ray=args.ray, progress=bar)
+    finally:
+        bar.close()
+    written = output.write_outputs(out, {"sweep.csv": output.csv_text(result.rows, result.columns),
+                                         "sweep.html": sweep_page(result)}, scenario, args.force)
+    if not args.quiet:
+        console.print(result.to_frame()[["point", *keys, "policy", "sustainable", "ttft_ms_at_pct",
+                                         "tpot_ms_at_pct", "goodput_rps", "binding"]].to_string(index=False),
+                      markup=False, highlight=False)
+        console.print(f"results: {written}")
+    return 0

@@ -6,6 +6,14 @@ log-spaced histogram, and the time series keeps one row per replica per `timeser
 The simulator calls `on_finish`, `on_reject`, `record_run_itl`/`record_itls` and `sample`; `summary`
 gives the dict that goes into `summary.json` under the policy's name. requests.csv holds times with
 12 significant digits (0.1 µs on a day-long run): shortest-repr floats cost 3 s a million rows.
+
+SLO figures (`summary["slo"]`, judged by kvsim.results.verdict): a request is good when it meets
+every per-request bound of the SLO (TTFT, TPOT, E2E); goodput and attainment count good requests.
+The figure at the SLO's percentile P is the nearest-rank value over every request received, a
+rejected one counting as infinitely late: the smallest x such that at least P% of the requests had
+a value <= x (None when more than 100 - P % were rejected). Token-level ITL is read from its
+histogram at P. `summary["arrivals"]` says whether the engine kept up: the backlog is the requests
+that had arrived but were not yet scheduled when the last one arrived.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ TIMESERIES_COLUMNS = (
     "kv_blocks_free", "reserved_unused_tokens", "external_fragmentation", "batch_tokens",
 )
 PERCENTILES = (50, 90, 99)
+SLO_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 ITL_BUFFER = 1 << 16
 TIME = "%.12g"  # requests.csv's float format
 
@@ -43,6 +52,18 @@ def _stats(values: np.ndarray) -> dict:
     pct = np.percentile(values, PERCENTILES)
     return {"mean": float(values.mean()), "max": float(values.max()),
             **{f"p{q}": float(v) for q, v in zip(PERCENTILES, pct)}}
+
+
+def nearest_rank(values: np.ndarray, num_missing: int, q: float) -> Optional[float]:
+    """The q-th percentile by nearest rank of `values` plus `num_missing` infinite ones: the smallest
+    x with at least q% of all at or below it; None when that is one of the infinite ones."""
+    n = len(values) + num_missing
+    if n == 0:
+        return None
+    k = max(1, math.ceil(round(q * n / 100.0, 9)))  # rounding: 99% of 100 is rank 99, not 100
+    if k > len(values):
+        return None
+    return float(np.partition(values, k - 1)[k - 1])
 
 
 class LogHistogram:
@@ -150,8 +171,8 @@ class Metrics:
         """`requests_file`: a text file (opened with newline="") that gets one requests.csv row per request."""
         self.policy = policy
         self.slo = slo
-        self._ttft_ms, self._itl_ms, self._e2e_ms = (math.inf if v is None else v
-                                                     for v in (slo.ttft_ms, slo.itl_ms, slo.e2e_ms))
+        self._ttft_ms, self._tpot_ms, self._e2e_ms = (math.inf if v is None else v
+                                                      for v in (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms))
         self.interval = timeseries_interval_s
         self.requests_file = requests_file
         self.requests_csv = csv.writer(requests_file) if requests_file is not None else None
@@ -163,6 +184,8 @@ class Metrics:
         self.ttft = array("d")
         self.e2e = array("d")
         self.tpot = array("d")  # per-request mean ITL, requests with >= 2 output tokens only
+        self.first_scheduled = array("d")  # of finished requests, for the backlog at the last arrival
+        self.first_arrival, self.last_arrival = math.inf, -math.inf
         self.itl = LogHistogram()
         self._itl_runs: list = []  # (gap, count, gap, count) records not yet binned, flat
         self._itl_gaps: list[float] = []  # single gaps not yet binned
@@ -195,9 +218,14 @@ class Metrics:
         self.e2e.append(e2e)
         if tpot is not None:
             self.tpot.append(tpot)
+        self.first_scheduled.append(seq.first_scheduled_time)
+        if arrival < self.first_arrival:
+            self.first_arrival = arrival
+        if arrival > self.last_arrival:
+            self.last_arrival = arrival
         self.num_finished += 1
-        if ttft * 1e3 <= self._ttft_ms and e2e * 1e3 <= self._e2e_ms and (tpot is None or tpot * 1e3 <= self._itl_ms):
-            self.num_good += 1  # meets every bound the SLO gives (an absent one is infinite); one token has no ITL to miss
+        if ttft * 1e3 <= self._ttft_ms and e2e * 1e3 <= self._e2e_ms and (tpot is None or tpot * 1e3 <= self._tpot_ms):
+            self.num_good += 1  # meets every per-request bound (an absent one is infinite); one token has no TPOT to miss
         self.prompt_tokens += seq.request.prompt_len
         self.output_tokens += n_out
         self.prefix_hit_tokens += seq.num_cached_tokens
@@ -212,6 +240,9 @@ class Metrics:
     def on_reject(self, seq: Sequence) -> None:
         reason = seq.reject_reason or "unknown"
         self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
+        arrival = seq.request.arrival_time
+        self.first_arrival = min(self.first_arrival, arrival)
+        self.last_arrival = max(self.last_arrival, arrival)
         self.preemptions += seq.num_preemptions
         self._write_rejected_row(seq)
 
@@ -328,6 +359,33 @@ class Metrics:
 
     # ---- summary
 
+    def _slo_summary(self, rejected: int) -> dict:
+        """Each SLO figure at the SLO's percentile (ms; rejected requests infinitely late) beside its bound."""
+        slo, q = self.slo, self.slo.percentile
+        self._flush_itl()
+        itl = self.itl.percentile(q)
+        figures = {
+            "ttft_ms": nearest_rank(np.frombuffer(self.ttft, dtype=np.float64), rejected, q),
+            "tpot_ms": nearest_rank(np.frombuffer(self.tpot, dtype=np.float64), rejected, q),
+            "itl_ms": itl,
+            "e2e_ms": nearest_rank(np.frombuffer(self.e2e, dtype=np.float64), rejected, q),
+        }
+        received = self.num_finished + rejected
+        return {"percentile": q,
+                "bounds": {k: getattr(slo, k) for k in SLO_KEYS},
+                "at_percentile": {k: None if v is None else v * 1e3 for k, v in figures.items()},
+                "served_fraction": self.num_finished / received if received else None}
+
+    def _arrivals_summary(self, received: int) -> dict:
+        """The arrival window, the rate offered over it, and the backlog when the last request arrived."""
+        if not received:
+            return {"window_s": None, "offered_rps": None, "backlog_at_last_arrival": 0, "backlog_fraction": None}
+        window = self.last_arrival - self.first_arrival
+        offered = (received - 1) / window if window > 0 else None
+        backlog = int(np.count_nonzero(np.frombuffer(self.first_scheduled, dtype=np.float64) > self.last_arrival))
+        return {"window_s": window, "offered_rps": offered, "backlog_at_last_arrival": backlog,
+                "backlog_fraction": backlog / received}
+
     def _kv_summary(self, num_blocks: int, block_size: int, bytes_per_block: int) -> dict:
         """Peak is the largest one replica reached; the mean is time-weighted over each replica's
         samples (a value holds until the next sample) and averaged over replicas by time."""
@@ -364,6 +422,8 @@ class Metrics:
                            "total_tokens_per_s": per_s(self.prompt_tokens + self.output_tokens)},
             "goodput_rps": per_s(self.num_good),
             "slo_attainment": self.num_good / received if received else None,
+            "slo": self._slo_summary(rejected),
+            "arrivals": self._arrivals_summary(received),
             "peak_running": self.peak_running,
             "peak_waiting": self.peak_waiting,
             "admission_blocked_s": dict(sorted(self.admission_blocked_s.items())),

@@ -3,6 +3,10 @@
 `write_report_html` turns a results folder's summaries and CSVs into one HTML page with plotly.js
 inlined; `comparison_table` puts the headline figures of every policy side by side for the terminal. Figures are plain plotly.js JSON (data and layout dicts): plotly's
 Python object model would add half a second to every run and nothing to the page.
+
+Both open with the verdict (`verdict_lines`: model, GPU, TP x replicas, offered rate and SLO, then
+which policies meet the SLO, by how much and what binds, from kvsim.results.verdict), and every
+table shows the figures the SLO judges. `policy_colors` gives each policy its colour on every page.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from kvsim.results.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS
+from kvsim.results.metrics import REQUEST_COLUMNS, SLO_KEYS, TIMESERIES_COLUMNS
+from kvsim.results.verdict import LABELS, judge, percentile_label
 
 MAX_CDF_POINTS = 2000
 PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880",
@@ -33,6 +38,7 @@ class _Figure:
     path: tuple[str, ...]  # keys into a policy's summary
     scale: float = 1.0
     digits: int = 1
+    unbounded: bool = False  # None means "beyond every finite value" (an SLO figure: too many rejected)
 
     def value(self, summary: dict):
         x = summary
@@ -44,32 +50,100 @@ class _Figure:
 
     def text(self, summary: dict) -> str:
         v = self.value(summary)
-        return "–" if v is None else f"{v:,.{self.digits}f}"
+        if v is None:
+            return "∞" if self.unbounded and (summary.get("requests") or {}).get("received") else "–"
+        return f"{v:,.{self.digits}f}"
 
 
-FIGURES = (
+HEAD_FIGURES = (
     _Figure("req/s", ("throughput", "requests_per_s"), digits=2),
     _Figure("out tok/s", ("throughput", "output_tokens_per_s"), digits=0),
     _Figure("goodput req/s", ("goodput_rps",), digits=2),
+    _Figure("SLO attain %", ("slo_attainment",), 100.0),
     _Figure("TTFT p50 ms", ("ttft_s", "p50"), 1e3),
-    _Figure("TTFT p99 ms", ("ttft_s", "p99"), 1e3),
+)
+TAIL_FIGURES = (
     _Figure("ITL p99 ms", ("itl_s", "p99"), 1e3),
     _Figure("E2E p99 s", ("e2e_s", "p99"), digits=2),
     _Figure("peak KV %", ("kv", "peak_used_fraction"), 100.0),
     _Figure("preemptions", ("preemptions",), digits=0),
     _Figure("prefix hit %", ("prefix_hit_rate",), 100.0),
 )
-BAR_FIGURES = tuple(f for f in FIGURES if f.label not in ("E2E p99 s", "prefix hit %"))
+FIGURES = HEAD_FIGURES + TAIL_FIGURES  # and, between them, the SLO's figures (slo_figures)
+BAR_EXCLUDED = ("E2E p99 s", "prefix hit %", "SLO attain %")
+
+
+def slo_figures(summaries: dict[str, dict]) -> tuple[_Figure, ...]:
+    """The figures the SLO judges, at its percentile (ms), labelled with their bounds; TTFT and
+    TPOT at p99 when the SLO bounds neither."""
+    first = next(iter(summaries.values()), {})
+    slo = first.get("slo") or {}
+    q, bounds = slo.get("percentile", 99.0), slo.get("bounds") or {}
+    keys = [k for k in SLO_KEYS if bounds.get(k) is not None] or ["ttft_ms", "tpot_ms"]
+    return tuple(_Figure(f"{LABELS[k]} {percentile_label(q)} ms" + (f" (≤{bounds[k]:g})" if bounds.get(k) else ""),
+                         ("slo", "at_percentile", k), unbounded=True) for k in keys)
+
+
+def table_figures(summaries: dict[str, dict]) -> tuple[_Figure, ...]:
+    return HEAD_FIGURES + slo_figures(summaries) + TAIL_FIGURES
+
+
+def _verdict_cell(summary: dict) -> str:
+    if not summary.get("slo"):
+        return "–"
+    v = judge(summary)
+    if not v.stable:
+        return "✗ unstable"
+    margin = v.margin  # the share of the tightest bound to spare (negative: over it)
+    return ("✓" if v.met else "✗") + ("" if margin is None else f" {margin:+.0%}")
 
 
 def _table_rows(summaries: dict[str, dict]) -> tuple[list[str], list[list[str]]]:
     """Header and one row of text cells per policy."""
-    header = ["policy", "finished/rejected", *(f.label for f in FIGURES)]
+    figures = table_figures(summaries)
+    header = ["policy", "SLO margin", "finished/rejected", *(f.label for f in figures)]
     rows = []
     for name, s in summaries.items():
         req = s.get("requests", {})
-        rows.append([name, f"{req.get('finished', 0)}/{req.get('rejected', 0)}", *(f.text(s) for f in FIGURES)])
+        rows.append([name, _verdict_cell(s), f"{req.get('finished', 0)}/{req.get('rejected', 0)}",
+                     *(f.text(s) for f in figures)])
     return header, rows
+
+
+def _rate_text(arrival: dict, offered) -> str:
+    process = arrival.get("process")
+    if process == "trace":
+        scale = arrival.get("time_scale", 1.0)
+        text = "trace replay" + (f" (time × {scale:g})" if scale != 1.0 else "")
+    else:
+        text = f"{process} {arrival.get('rate', 0):g} req/s" + (f" (cv {arrival['cv']:g})" if process == "gamma" else "")
+    return text + ("" if offered is None else f", offered {offered:.2f} req/s")
+
+
+def slo_text(slo: dict) -> str:
+    """e.g. 'SLO at p99: TTFT ≤ 2000 ms, TPOT ≤ 60 ms'."""
+    bounds = [f"{LABELS[k]} ≤ {slo[k]:g} ms" for k in SLO_KEYS if slo.get(k) is not None]
+    return f"SLO at {percentile_label(slo.get('percentile', 99.0))}: " + (", ".join(bounds) or "no latency bound")
+
+
+def verdict_lines(summaries: dict[str, dict], meta: dict | None = None) -> list[str]:
+    """What ran and against which SLO, then per policy: meets the SLO or not, by how much, what binds."""
+    meta = meta or {}
+    lines = []
+    if meta.get("model"):
+        tp, replicas = meta.get("tensor_parallel_size", 1), meta.get("num_replicas", 1)
+        offered = next((s.get("arrivals", {}).get("offered_rps") for s in summaries.values()), None)
+        lines.append(f"{meta['model']} on {meta.get('gpu')}, TP {tp} × {replicas} replica{'s' if replicas > 1 else ''}; "
+                     f"{_rate_text(meta.get('arrival') or {}, offered)}")
+    if meta.get("slo"):
+        lines.append(slo_text(meta["slo"]))
+    verdicts = {name: judge(s) for name, s in summaries.items() if s.get("slo")}
+    passing = [n for n, v in verdicts.items() if v.sustainable]
+    if verdicts:
+        lines.append(f"{len(passing)} of {len(verdicts)} policies meet the SLO" + (f": {', '.join(passing)}" if passing else ""))
+    for name, v in verdicts.items():
+        lines.append(f"{'✓' if v.sustainable else '✗'} {name}: {v.summary_text()}; binds: {v.binding_detail}")
+    return lines
 
 
 def comparison_table(summaries: dict[str, dict], transpose: bool = False) -> Table:
@@ -177,39 +251,64 @@ def _subplots(rows: int, cols: int, titles: list[str], title: str, height: int, 
     return _Plot(layout, [])
 
 
-def _colors(policies: list[str]) -> dict[str, str]:
+def policy_colors(policies: list[str]) -> dict[str, str]:
+    """One colour per policy, by its place in the scenario's list of policies (pass them all, in the
+    scenario's order, even when a page shows some): the same policy has the same colour on every
+    report, plan and sweep page and in the dashboard."""
     return {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(policies)}
 
 
+def bar_figures(summaries: dict[str, dict]) -> list[_Figure]:
+    """The bar chart's panels: the table's figures less BAR_EXCLUDED and any no policy has (no empty
+    panel, e.g. preemptions when there are none)."""
+    return [f for f in table_figures(summaries) if f.label not in BAR_EXCLUDED
+            and any(f.value(s) for s in summaries.values())]
+
+
 def _bars_figure(summaries: dict[str, dict], colors: dict[str, str]) -> _Plot:
-    ncols = 4
-    nrows = -(-len(BAR_FIGURES) // ncols)
-    fig = _subplots(nrows, ncols, [f.label for f in BAR_FIGURES], "Policy comparison", 300 * nrows)
     names = list(summaries)
-    for i, f in enumerate(BAR_FIGURES):
+    figures = bar_figures(summaries)
+    ncols = 4
+    nrows = max(1, -(-len(figures) // ncols))
+    fig = _subplots(nrows, ncols, [f.label for f in figures], "Policy comparison", 300 * nrows)
+    for i, f in enumerate(figures):
         values = [f.value(summaries[p]) for p in names]
         fig.add({"type": "bar", "x": names, "y": values, "marker": {"color": [colors[p] for p in names]},
                  "showlegend": False, "hovertemplate": "%{x}: %{y}<extra>" + f.label + "</extra>"}, i + 1)
     return fig
 
 
-def _cdf_figure(latencies: dict[str, dict[str, np.ndarray]], colors: dict[str, str]) -> _Plot:
-    panels = (("ttft_s", "TTFT (s)"), ("mean_itl_s", "per-request mean ITL (s)"), ("e2e_s", "E2E latency (s)"))
-    fig = _subplots(1, len(panels), [t for _, t in panels], "Latency CDFs (finished requests)", 420)
+def _cdf_figure(latencies: dict[str, dict[str, np.ndarray]], colors: dict[str, str], slo: dict) -> _Plot:
+    """TTFT (log axis), TPOT and E2E CDFs, with the SLO's bounds (dashed) and its percentile (dotted)."""
+    panels = (("ttft_s", "TTFT (s, log)", "ttft_ms"), ("mean_itl_s", "TPOT: per-request mean ITL (s)", "tpot_ms"),
+              ("e2e_s", "E2E latency (s)", "e2e_ms"))
+    q = slo.get("percentile", 99.0)
+    fig = _subplots(1, len(panels), [t for _, t, _ in panels], "Latency CDFs (finished requests)", 420)
     for policy, cols in latencies.items():
-        for j, (col, _) in enumerate(panels):
+        for j, (col, _, _) in enumerate(panels):
             x, y = cdf_points(cols[col])
             fig.add({"type": "scatter", "x": x, "y": y, "mode": "lines", "name": policy, "legendgroup": policy,
                      "showlegend": j == 0, "line": {"color": colors.get(policy)}}, j + 1)
-    for j, (_, title) in enumerate(panels):
-        fig.axis("x", j + 1, title={"text": title})
-    fig.axis("y", 1, title={"text": "fraction of requests"})
+    shapes = fig.layout.setdefault("shapes", [])
+    for j, (_, title, key) in enumerate(panels):
+        fig.axis("x", j + 1, title={"text": title}, **({"type": "log"} if key == "ttft_ms" else {}))
+        axes = {"xref": "x" + _suffix(j + 1), "yref": "y" + _suffix(j + 1)}
+        shapes.append({"type": "line", "x0": 0, "x1": 1, "y0": q / 100, "y1": q / 100, **axes, "xref": axes["xref"] + " domain",
+                       "line": {"dash": "dot", "color": "#888", "width": 1}})
+        if slo.get(key) is not None:  # a trace, not a shape: data coordinates on a log axis too
+            bound = slo[key] / 1e3
+            fig.add({"type": "scatter", "x": [bound, bound], "y": [0, 1], "mode": "lines", "showlegend": False,
+                     "name": f"SLO {LABELS[key]} ≤ {slo[key]:g} ms", "hoverinfo": "name",
+                     "line": {"dash": "dash", "color": "#d62728", "width": 1.5}}, j + 1)
+    fig.axis("y", 1, title={"text": f"fraction of requests (dotted: {percentile_label(q)})"})
     return fig
 
 
 def _timeseries_figure(series: dict[tuple[str, int], dict[str, np.ndarray]], policies: list[str],
-                       lines: tuple[tuple[str, str], ...], title: str, colors: dict[str, str]) -> _Plot:
-    """One panel per policy; each of `lines` (column, dash style) drawn per replica."""
+                       lines: tuple[tuple[str, str], ...], title: str, colors: dict[str, str],
+                       scale: dict[str, float] | None = None, ceiling: tuple[float, str] | None = None) -> _Plot:
+    """One panel per policy; each of `lines` (column, dash style) drawn per replica, times the
+    policy's `scale` when given; `ceiling` (value, label) is drawn as a line in every panel."""
     fig = _subplots(len(policies), 1, policies, title, max(320, 240 * len(policies)), shared_x=True,
                     vertical_spacing=min(0.08, 0.3 / max(1, len(policies))))
     replicas = {p: sorted(r for q, r in series if q == p) for p in policies}
@@ -218,8 +317,14 @@ def _timeseries_figure(series: dict[tuple[str, int], dict[str, np.ndarray]], pol
             data = series[(policy, replica)]
             suffix = f" r{replica}" if len(replicas[policy]) > 1 else ""
             for col, dash in lines:
-                fig.add({"type": "scatter", "x": data["time_s"], "y": data[col], "mode": "lines",
+                y = data[col] * scale[policy] if scale else data[col]
+                fig.add({"type": "scatter", "x": data["time_s"], "y": y, "mode": "lines",
                          "name": f"{policy}{suffix} {col}", "line": {"dash": dash, "color": colors.get(policy)}}, row)
+        if ceiling is not None:
+            fig.layout.setdefault("shapes", []).append(
+                {"type": "line", "xref": "x" + _suffix(row) + " domain", "yref": "y" + _suffix(row), "x0": 0, "x1": 1,
+                 "y0": ceiling[0], "y1": ceiling[0], "line": {"dash": "dash", "color": "#d62728", "width": 1.5}})
+            fig.axis("y", row, title={"text": ceiling[1]}, rangemode="tozero")
     fig.axis("x", len(policies), title={"text": "simulated time (s)"})
     return fig
 
@@ -244,45 +349,66 @@ def _summary_table_html(summaries: dict[str, dict]) -> str:
 
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:24px;color:#222}
+ul.verdict{font-size:15px;line-height:1.5;list-style:none;padding-left:0}
 table{border-collapse:collapse;font-size:13px;margin-bottom:24px}
 th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}th:first-child,td:first-child{text-align:left}
 th{background:#f3f3f3}"""
 
 
 def _report_plots(summaries: dict[str, dict], requests_csv_path, timeseries_csv_path,
-                  latencies: dict[str, dict[str, np.ndarray]] | None = None) -> list[_Plot]:
+                  latencies: dict[str, dict[str, np.ndarray]] | None = None, meta: dict | None = None) -> list[_Plot]:
+    meta = meta or {}
     policies = list(summaries)
-    colors = _colors(policies)
+    colors = policy_colors(meta.get("policy_order") or policies)
     series = _read_timeseries(Path(timeseries_csv_path))
     if latencies is None:
         latencies = _read_latencies(Path(requests_csv_path))
-    figures = [_bars_figure(summaries, colors), _cdf_figure(latencies, colors)]
+    first = next(iter(summaries.values()), {}).get("slo") or {}
+    slo = meta.get("slo") or {**(first.get("bounds") or {}), "percentile": first.get("percentile", 99.0)}
+    figures = [_bars_figure(summaries, colors), _cdf_figure(latencies, colors, slo)]
     if policies:
+        kv_pct = {}  # blocks of one replica as % of its capacity (fp8 blocks hold twice the tokens)
+        for p, s in summaries.items():
+            blocks = (s.get("kv") or {}).get("num_blocks") or 0
+            kv_pct[p] = 100.0 * (s.get("num_replicas") or 1) / blocks if blocks else 0.0
         figures += [
             _timeseries_figure(series, policies, (("kv_blocks_used", "solid"), ("kv_blocks_cached", "dash")),
-                               "KV blocks used (solid) and cached (dashed) over time", colors),
+                               "KV cache used (solid) and cached (dashed), % of capacity", colors, kv_pct,
+                               (100.0, "% of KV capacity")),
             _timeseries_figure(series, policies, (("running", "solid"), ("waiting", "dot")),
                                "Running (solid) and waiting (dotted) requests over time", colors),
         ]
     return figures
 
 
-def report_figures(summaries: dict[str, dict], requests_csv_path, timeseries_csv_path) -> list[dict]:
-    """The report's figures as plotly.js `{"data": [...], "layout": {...}}` dicts (the dashboard shows these)."""
+def report_figures(summaries: dict[str, dict], requests_csv_path, timeseries_csv_path,
+                   meta: dict | None = None) -> list[dict]:
+    """The report's figures as plotly.js `{"data": [...], "layout": {...}}` dicts (the dashboard shows these);
+    `meta` (summary.json's, or `ScenarioResult.meta`) gives the policy colours and SLO lines."""
     return [{"data": f.data, "layout": f.layout}
-            for f in _report_plots(summaries, requests_csv_path, timeseries_csv_path)]
+            for f in _report_plots(summaries, requests_csv_path, timeseries_csv_path, meta=meta)]
 
 
 def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requests_csv_path,
-                      timeseries_csv_path, latencies: dict[str, dict[str, np.ndarray]] | None = None) -> None:
+                      timeseries_csv_path, latencies: dict[str, dict[str, np.ndarray]] | None = None,
+                      meta: dict | None = None) -> None:
     """One self-contained HTML page (plotly.js inlined once) comparing the policies of a run.
 
-    `latencies` (per policy, as `Metrics.latencies()`) saves reading requests.csv back."""
-    figures = _report_plots(summaries, requests_csv_path, timeseries_csv_path, latencies)
+    `latencies` (per policy, as `Metrics.latencies()`) saves reading requests.csv back; `meta` (as
+    summary.json's) names model, GPU, layout, arrivals and SLO for the verdict."""
+    figures = _report_plots(summaries, requests_csv_path, timeseries_csv_path, latencies, meta)
+    page = figures_page(f"kvsim report: {scenario_name}", verdict_lines(summaries, meta), figures,
+                        _summary_table_html(summaries))
+    Path(path).write_text(page, encoding="utf-8")
+
+
+def figures_page(title: str, lines: list[str], figures: list[_Plot], table_html: str = "") -> str:
+    """A self-contained HTML page: a title, lines of text, an HTML table and plotly figures (plotly.js inlined once)."""
     plotly_js = (files("plotly") / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
     divs = [f"<script>{plotly_js}</script>"] + [_figure_html(fig, f"kvsim-fig-{i}") for i, fig in enumerate(figures)]
-    name = html.escape(scenario_name)
-    page = (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>kvsim: {name}</title>'
-            f"<style>{_STYLE}</style></head><body>\n<h1>kvsim report: {name}</h1>\n"
-            f"{_summary_table_html(summaries)}\n" + "\n".join(divs) + "\n</body></html>\n")
-    Path(path).write_text(page, encoding="utf-8")
+    name = html.escape(title)
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{name}</title>'
+            f"<style>{_STYLE}</style></head><body>\n<h1>{name}</h1>\n"
+            f'<ul class="verdict">{items}</ul>\n'
+            f"{table_html}\n" + "\n".join(divs) + "\n</body></html>\n")

@@ -8,6 +8,8 @@ kvsim never deletes what it did not write: every results folder holds a marker f
 (`.kvsim-results.json`, listing the files kvsim wrote), and the target is replaced only when it is
 new, empty, or such a folder holding nothing else. `force` replaces any other folder, but never one
 that holds the working directory, the home folder or one of the run's input files.
+`ResultsWriter(out_dir, streams=False).commit_files({...})` writes other outputs (plan and sweep
+tables) the same way.
 """
 
 from __future__ import annotations
@@ -124,7 +126,8 @@ class _GuardedFile:
 class ResultsWriter:
     """Writes a run's results into a temporary sibling of `out_dir`, renamed into place on commit."""
 
-    def __init__(self, out_dir: Path, *, force: bool = False, inputs=()):
+    def __init__(self, out_dir: Path, *, force: bool = False, inputs=(), streams: bool = True):
+        """`streams`: open requests.csv and timeseries.csv for a run (False: `commit_files` only)."""
         try:
             self.out_dir = Path(out_dir).expanduser().resolve()
         except (OSError, RuntimeError) as exc:
@@ -138,12 +141,13 @@ class ResultsWriter:
         try:
             self._make_parents(self.out_dir.parent)
             self.tmp_dir = self._fresh_dir("tmp")
-            self.requests_file = _GuardedFile(self.tmp_dir / "requests.csv", self.out_dir)  # Metrics writes rows
-            self._timeseries_file = _GuardedFile(self.tmp_dir / "timeseries.csv", self.out_dir)
-            self.requests_csv = csv.writer(self.requests_file)
-            self.requests_csv.writerow(REQUEST_COLUMNS)
-            self._timeseries_csv = csv.writer(self._timeseries_file)
-            self._timeseries_csv.writerow(TIMESERIES_COLUMNS)
+            if streams:
+                self.requests_file = _GuardedFile(self.tmp_dir / "requests.csv", self.out_dir)  # Metrics writes rows
+                self._timeseries_file = _GuardedFile(self.tmp_dir / "timeseries.csv", self.out_dir)
+                self.requests_csv = csv.writer(self.requests_file)
+                self.requests_csv.writerow(REQUEST_COLUMNS)
+                self._timeseries_csv = csv.writer(self._timeseries_file)
+                self._timeseries_csv.writerow(TIMESERIES_COLUMNS)
         except OSError as exc:
             self.abort()
             raise _cannot_write(self.out_dir, exc) from None
@@ -186,14 +190,26 @@ class ResultsWriter:
 
     def commit(self, scenario_name: str, summaries: dict[str, dict], meta: dict, *, report_html: bool = True) -> Path:
         """Write summary.json (and report.html) and the marker, then swap the folder in for `out_dir`."""
-        try:
-            self._close()
+        def write() -> None:
             doc = {"scenario": scenario_name, "meta": meta, "policies": summaries}
             (self.tmp_dir / "summary.json").write_text(json.dumps(doc, sort_keys=True, indent=2) + "\n")
             if report_html:
                 write_report_html(self.tmp_dir / "report.html", scenario_name, summaries,
                                   self.tmp_dir / "requests.csv", self.tmp_dir / "timeseries.csv",
-                                  self._latencies if set(self._latencies) == set(summaries) else None)
+                                  self._latencies if set(self._latencies) == set(summaries) else None, meta=meta)
+        return self._commit(write)
+
+    def commit_files(self, files: dict[str, str]) -> Path:
+        """Write each named text file and the marker, then swap the folder in for `out_dir` (as `commit`)."""
+        def write() -> None:
+            for name, text in files.items():
+                (self.tmp_dir / name).write_text(text, encoding="utf-8")
+        return self._commit(write)
+
+    def _commit(self, write) -> Path:
+        try:
+            self._close()
+            write()
             files = sorted(p.name for p in self.tmp_dir.iterdir())
             marker = {"format": "kvsim-results", "version": FORMAT, "files": files}
             (self.tmp_dir / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")

@@ -226,6 +226,36 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in (
 )}
 
 
+@dataclass(slots=True, frozen=True)
+class GpuPrice:
+    usd_per_hour: float  # one GPU, on demand
+    source: str
+    date: str
+
+
+# On-demand list prices of one GPU in a multi-GPU cloud instance, US regions. Prices move monthly and
+# differ 2x between clouds: set your own in the scenario's [cost] section (cost.gpu_hour_usd).
+_LISTED = "representative on-demand list price per GPU (GPU cloud price pages: Lambda, RunPod, CoreWeave)"
+GPU_PRICES: dict[str, GpuPrice] = {
+    "A100-80GB": GpuPrice(1.79, _LISTED, "2025-06"),
+    "H100-SXM": GpuPrice(2.99, _LISTED, "2025-06"),
+    "H200": GpuPrice(3.79, _LISTED, "2025-06"),
+    "L40S": GpuPrice(0.99, _LISTED, "2025-06"),
+    "B200": GpuPrice(5.99, _LISTED, "2025-06"),
+    "MI300X": GpuPrice(2.49, _LISTED, "2025-06"),
+}
+
+
+def gpu_price(scenario, gpu: str) -> GpuPrice | None:
+    """The hourly price of one `gpu`: the scenario's [cost] section first, then GPU_PRICES."""
+    cost = getattr(scenario, "cost", None)
+    if cost is not None:
+        for name, usd in cost.gpu_hour_usd.items():
+            if name.lower() == gpu.lower():
+                return GpuPrice(usd, cost.source or f"{scenario.source} [cost]", cost.date or "")
+    return {k.lower(): v for k, v in GPU_PRICES.items()}.get(gpu.lower())
+
+
 def gpu_spec(scenario) -> GpuSpec:
     """The scenario's GPU preset (case-insensitive) with any [hardware] overrides applied."""
     hw = scenario.hardware

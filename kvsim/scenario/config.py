@@ -209,13 +209,14 @@ class LengthDist(_Section):
 
 
 class ArrivalConfig(_Section):
-    """Poisson or gamma (bursty: cv > 1) arrivals at `rate` requests/s, or the trace's own times."""
+    """Poisson, gamma (bursty: cv > 1) or deterministic (evenly spaced) arrivals at `rate`
+    requests/s, or the trace's own times."""
 
-    process: Literal["poisson", "gamma", "trace"] = Field("poisson", description=(
-        "poisson (exponential gaps), gamma (gaps with coefficient of variation cv; cv > 1 is bursty) or "
-        "trace (the trace's own arrival times)."))
+    process: Literal["poisson", "gamma", "deterministic", "trace"] = Field("poisson", description=(
+        "poisson (exponential gaps), gamma (gaps with coefficient of variation cv; cv > 1 is bursty), "
+        "deterministic (every gap 1/rate: capacity in closed form) or trace (the trace's own arrival times)."))
     rate: Optional[Annotated[float, Field(ge=L.MIN_RATE, le=L.MAX_RATE)]] = Field(None, description=(
-        "Mean arrival rate in requests per second (poisson and gamma)."))
+        "Mean arrival rate in requests per second (poisson, gamma and deterministic)."))
     cv: Annotated[float, Field(ge=L.MIN_CV, le=L.MAX_CV)] = Field(1.0, description=(
         "gamma: coefficient of variation of the gaps (1 = Poisson, 2 = bursty)."))
     time_scale: Annotated[float, Field(ge=L.MIN_SCALE, le=L.MAX_SCALE)] = Field(1.0, description=(
@@ -288,12 +289,40 @@ class WorkloadConfig(_Section):
 
 
 class SloConfig(_Section):
-    """A request meets the SLO when every given bound holds (milliseconds)."""
+    """Latency bounds (milliseconds; leave one out for no bound) and the percentile they are judged at.
 
-    ttft_ms: Optional[Millis] = Field(2000.0, description="Time to first token bound in ms (none: no bound).")
-    itl_ms: Optional[Millis] = Field(100.0, description=(  # mean inter-token latency of the request (TPOT)
-        "Bound in ms on a request's mean inter-token latency (TPOT) (none: no bound)."))
-    e2e_ms: Optional[Millis] = Field(None, description="End-to-end latency bound in ms (none by default).")
+    Per request: `ttft_ms` (time to first token), `tpot_ms` (time per output token: the request's
+    mean gap between tokens after the first) and `e2e_ms`. A request is *good* when it meets every
+    per-request bound; goodput and `slo_attainment` count good requests. Per token: `itl_ms` bounds
+    every inter-token gap of every request (token-level ITL), so it is judged only at the percentile.
+    The scenario *meets its SLO* when, at `percentile`, every given figure is within its bound and
+    at least that share of requests was served; rejected requests count as infinitely late
+    (kvsim.results.verdict).
+    """
+
+    ttft_ms: Optional[Millis] = Field(2000.0, description="Per request: time to first token bound in ms (none: no bound).")
+    tpot_ms: Optional[Millis] = Field(100.0, description=(
+        "Per request: bound in ms on the mean gap between a request's output tokens after the first (TPOT) "
+        "(none: no bound)."))
+    itl_ms: Optional[Millis] = Field(None, description=(
+        "Per token: bound in ms on every gap between two tokens of a request (token-level ITL), judged at "
+        "`percentile` (none by default)."))
+    e2e_ms: Optional[Millis] = Field(None, description="Per request: end-to-end latency bound in ms (none by default).")
+    percentile: Annotated[float, Field(gt=0, le=100)] = Field(99.0, description=(
+        "The percentile every bound is judged at: the scenario meets its SLO when each figure at this percentile "
+        "(rejected requests counting as infinitely late) is within its bound."))
+
+
+class CostConfig(_Section):
+    """GPU hourly prices for `kvsim plan --target-rate`; they replace the presets' prices
+    (kvsim.scenario.catalog.GPU_PRICES)."""
+
+    gpu_hour_usd: Annotated[dict[PlainName, Annotated[float, Field(gt=0, le=1e6)]], Field(max_length=64)] = Field(
+        {}, description="US$ per GPU per hour, by GPU preset name, e.g. { \"H100-SXM\" = 2.49 }.")
+    source: Annotated[str, Field(max_length=L.MAX_TEXT_CHARS), AfterValidator(_text)] = Field(
+        "", description="Where the prices come from.")
+    date: Annotated[str, Field(max_length=L.MAX_NAME_CHARS), AfterValidator(_text)] = Field(
+        "", description="When the prices were read.")
 
 
 class OutputConfig(_Section):
@@ -335,7 +364,8 @@ class Scenario(_Section):
     policies: Annotated[list[PolicyConfig], Field(min_length=1, max_length=64)] = Field(description=(
         "KV-cache policies to compare ([[policies]] tables), each replaying the same requests."))
     workload: WorkloadConfig = Field(description="The requests to replay.")
-    slo: SloConfig = Field(SloConfig(), description="Latency bounds for goodput.")
+    slo: SloConfig = Field(SloConfig(), description="Latency bounds and the percentile they are judged at.")
+    cost: Optional[CostConfig] = Field(None, description="GPU prices for kvsim plan --target-rate.")
     output: OutputConfig = Field(OutputConfig(), description="The results folder.")
     backend: BackendConfig = Field(BackendConfig(), description="The step-time backend.")
     # Set by load_scenario, not by the file: where relative paths start, and the file for errors.

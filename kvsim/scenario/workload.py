@@ -4,8 +4,9 @@
 scenario and seed always give the same stream.
 
 - Arrivals: `poisson` (exponential gaps, mean 1/rate; the first request arrives after one gap),
-  `gamma` (shape 1/cv², mean gap 1/rate, so cv > 1 is bursty) or `trace` (the trace's times, the
-  first at 0, gaps multiplied by `arrival.time_scale`).
+  `gamma` (shape 1/cv², mean gap 1/rate, so cv > 1 is bursty), `deterministic` (every gap 1/rate,
+  the first after one gap: capacity in closed form) or `trace` (the trace's times, the first at 0,
+  gaps multiplied by `arrival.time_scale`).
 - Lengths: `fixed`, `uniform` integers in [min, max], `lognormal` (`mean` of the lengths in tokens,
   `sigma` of the underlying normal, so mu = ln(mean) - sigma²/2; rounded, clipped to [min or 1, max or 2^31])
   or `trace` (the row's value). Synthetic arrivals with trace lengths take the rows in order and
@@ -124,6 +125,8 @@ def _arrival_chunks(cfg: ArrivalConfig, trace: Optional[Trace], rng: np.random.G
     while True:
         if cfg.process == "poisson":
             gaps = rng.exponential(mean_gap, CHUNK)
+        elif cfg.process == "deterministic":
+            gaps = np.full(CHUNK, mean_gap)
         else:
             gaps = rng.gamma(shape, mean_gap / shape, CHUNK)
         times = t + np.cumsum(gaps)

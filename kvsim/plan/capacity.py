@@ -1,0 +1,286 @@
+"""`kvsim plan`: each policy's maximum sustainable arrival rate under the scenario's SLO.
+
+Per policy and seed a `Search` (kvsim/plan/search.py) brackets and bisects the rate; a rate is
+*sustainable* when the SLO is met at its percentile and the engine is stable
+(kvsim/results/verdict.py). Seeds are independent replications of the workload, so the seeds'
+knees k_1..k_n give the answer: `max_rate` is their mean and the interval is
+mean ± t(0.975, n-1) · s / sqrt(n), widened by the search resolution (± res · mean).
+Then every seed is simulated once more at `max_rate` (the SLO figures at that rate), and the
+binding constraint at the knee is the one named most often by the seeds' first unsustainable
+rate. Headroom is max_rate / r0 - 1 for the scenario's own rate r0. When nothing held admission
+back there (the engine's step time binds), the first seed's first unsustainable rate is simulated
+once more with twice the GPU's FLOP/s and once with twice its HBM bandwidth: the one that helps
+the SLO more names the bound, `compute` or `bandwidth`.
+
+Requests per point: the scenario's own count, capped at `DEFAULT_REQUESTS` (3000). A short
+window hides overload (the first requests find an empty engine, and a queue needs time to grow
+before the TTFT tail or the backlog shows it), so a knee found on N requests is high by roughly
+c / N: on chat.toml, against 6000 requests, 1000 put it 9-17% high, 2000 2-6%, 3000 2-4%, 4000
+1-2% (benchmarks/results/plan_speed.md). 3000 keeps the chat plan near 17 CPU-seconds; `--requests`
+trades time for that bias.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from kvsim.plan.executors import make_executor, run_all
+from kvsim.plan.points import FIGURES, base_rate, check_fits, evaluate_point, mean_or_none
+from kvsim.plan.search import Search, expected_points, run_searches
+from kvsim.scenario.workload import expected_count
+
+DEFAULT_REQUESTS = 3000
+# t(0.975, df) for df = 1..10; larger df: the normal quantile plus a small correction.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def t975(df: int) -> float:
+    return _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df
+
+
+def interval(knees: list[float], resolution: float) -> tuple[float, float, float]:
+    """(mean, low, high) of the seeds' knees: t interval of the mean, widened by the resolution."""
+    mean = float(np.mean(knees))
+    half = resolution * mean
+    if len(knees) > 1:
+        half += t975(len(knees) - 1) * float(np.std(knees, ddof=1)) / math.sqrt(len(knees))
+    return mean, max(0.0, mean - half), mean + half
+
+
+def check_search_args(seeds: int, resolution: float, num_requests: Optional[int]) -> None:
+    """One line for search settings that cannot work."""
+    from kvsim.errors import KvsimError
+
+    if not (isinstance(seeds, int) and seeds >= 1):
+        raise KvsimError(f"seeds must be a positive integer, got {seeds!r}")
+    if not 0 < resolution < 0.5:
+        raise KvsimError(f"resolution must be in (0, 0.5), got {resolution!r}")
+    if num_requests is not None and not (isinstance(num_requests, int) and num_requests >= 1):
+        raise KvsimError(f"requests per point must be a positive integer, got {num_requests!r}")
+
+
+def default_requests(scenario) -> int:
+    count = expected_count(scenario)
+    return DEFAULT_REQUESTS if count is None else max(1, min(count, DEFAULT_REQUESTS))
+
+
+@dataclass(slots=True)
+class PolicyCapacity:
+    """One policy's (or deployment layout's) answer. Rates in requests/s, figures as point records."""
+
+    policy: str
+    max_rate: float  # mean of the seeds' knees
+    ci_low: float
+    ci_high: float
+    seed_max_rates: list[float]
+    censored: bool  # some seed was still sustainable at the highest rate tried
+    scenario_rate: float  # the scenario's own rate r0
+    headroom: float  # max_rate / scenario_rate - 1 (negative: r0 is beyond capacity)
+    sustainable_at_scenario_rate: bool  # every seed sustainable at r0
+    binding: Optional[str]  # at the knee: kv_cache, max_num_seqs, token_budget, step_time
+    binding_detail: Optional[str]
+    at_max_rate: dict  # mean over seeds of the point figures at max_rate, plus "sustainable_share"
+    first_unsustainable_rate: Optional[float] = None  # mean over seeds (None: censored)
+
+    def row(self) -> dict:
+        """A flat row: the answer and the SLO figures at max_rate."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("at_max_rate", "seed_max_rates")}
+        out["seed_max_rates"] = " ".join(f"{r:.6g}" for r in self.seed_max_rates)
+        out.update({f"at_max_{k}": v for k, v in self.at_max_rate.items()})
+        return out
+
+
+class Frames:
+    """`to_frame()` (a row per answer, `rows()`) and `points_frame()` (a row per simulated point) as pandas DataFrames."""
+
+    __slots__ = ()
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows())
+
+    def points_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.points)
+
+
+@dataclass(slots=True)
+class PlanResult(Frames):
+    """`kvsim.plan`'s answer: one `PolicyCapacity` per policy and every point simulated."""
+
+    scenario: str
+    meta: dict  # model, gpu, tensor_parallel_size, num_replicas, slo, seeds, num_requests, resolution
+    policies: list[PolicyCapacity]
+    points: list[dict] = field(default_factory=list)  # policy, seed, rate, phase + point figures
+
+    def rows(self) -> list[dict]:
+        return [p.row() for p in self.policies]
+
+    def to_dict(self) -> dict:
+        return {"scenario": self.scenario, "meta": self.meta,
+                "policies": [asdict(p) for p in self.policies], "points": self.points}
+
+
+def _public(record: dict) -> dict:
+    return {k: record[k] for k in FIGURES}
+
+
+def point_row(label: str, seed: int, rate: float, phase: str, record: dict, key: str = "policy") -> dict:
+    return {key: label, "seed": seed, "rate": rate, "phase": phase, **_public(record)}
+
+
+def mean_figures(records: list[dict]) -> dict:
+    """Mean of each numeric point figure over seeds; the share of sustainable ones."""
+    out = {"sustainable_share": sum(bool(r["sustainable"]) for r in records) / len(records)}
+    for k in FIGURES:
+        if k in ("sustainable", "slo_met", "stable", "binding", "binding_detail"):
+            continue
+        out[k] = mean_or_none(r[k] for r in records)
+    return out
+
+
+def knee_binding(searches: list[Search]) -> tuple[Optional[str], Optional[str]]:
+    """The binding constraint named most often at the seeds' first unsustainable rates."""
+    records = [s.hi_record for s in searches if s.hi_record is not None]
+    if not records:
+        return None, None
+    name = Counter(r["binding"] for r in records).most_common(1)[0][0]
+    return name, next(r["binding_detail"] for r in records if r["binding"] == name)
+
+
+def summarize(label: str, searches: list[Search], at_max: list[dict], r0: float, resolution: float) -> PolicyCapacity:
+    knees = [s.knee for s in searches]
+    mean, low, high = interval(knees, resolution)
+    binding, detail = knee_binding(searches)
+    at_r0 = [rec for s in searches for rate, rec in s.tried if rate == s.start]
+    his = [s.hi for s in searches if s.hi is not None]
+    return PolicyCapacity(label, mean, low, high, knees, any(s.censored for s in searches), r0,
+                          mean / r0 - 1.0 if r0 else math.inf, all(r["sustainable"] for r in at_r0),
+                          binding, detail, mean_figures(at_max) if at_max else {},
+                          float(np.mean(his)) if len(his) == len(searches) else None)
+
+
+class Ticker:
+    """Counts points done against an estimate, for a `progress(done, total)` callback."""
+
+    def __init__(self, progress: Optional[Callable[[int, int], None]], total: int):
+        self.progress, self.total, self.done = progress, total, 0
+
+    def __call__(self, *_):
+        self.done += 1
+        self.total = max(self.total, self.done)
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+
+def capacity_search(executor, scenario, labels: list, seeds: list[int], resolution: float, tick, *,
+                    start: float, num_requests: Callable, trace_rate=None, overrides_of=lambda label: None,
+                    policy_of=lambda label: label, headroom_rate: Optional[float] = None,
+                    confirm: bool = True, key: str = "policy") -> tuple[list[PolicyCapacity], list[dict]]:
+    """The search for each label (a policy, or a deployment layout) over seeds, starting at `start`
+    req/s with `num_requests(label)` requests a point; with `confirm`, each seed once more at the
+    label's max rate. Returns the answers (headroom against `headroom_rate`, default `start`) and
+    the point rows."""
+    searches = {label: [Search((label, seed), start, resolution) for seed in seeds] for label in labels}
+
+    def point(label, rate: float, seed: int) -> tuple:
+        return (evaluate_point, scenario, policy_of(label), rate, seed, num_requests(label), trace_rate,
+                overrides_of(label))
+
+    run_searches(executor, [s for group in searches.values() for s in group],
+                 lambda search, rate: point(search.key[0], rate, search.key[1]), tick)
+    mean_knee = {label: float(np.mean([s.knee for s in group])) for label, group in searches.items()}
+    checks = [(label, seed) for label in labels for seed in seeds if confirm and mean_knee[label] > 0]
+    at_max = run_all(executor, evaluate_point, [point(label, mean_knee[label], seed)[1:] for label, seed in checks],
+                     lambda i, r: tick())
+    by_label: dict = {label: [] for label in labels}
+    rows = []
+    for label, group in searches.items():
+        for seed, s in zip(seeds, group):
+            rows += [point_row(label, seed, rate, "search", rec, key) for rate, rec in s.tried]
+    for (label, seed), rec in zip(checks, at_max):
+        by_label[label].append(rec)
+        rows.append(point_row(label, seed, mean_knee[label], "at_max_rate", rec, key))
+    r0 = start if headroom_rate is None else headroom_rate
+    answers = [summarize(label, searches[label], by_label[label], r0, resolution) for label in labels]
+    return answers, rows
+
+
+def _margin(record: dict) -> float:
+    m = record["slo_margin"]
+    return (1.0 if record["sustainable"] else 0.0) + (-1e9 if m is None else m)
+
+
+def name_step_time(executor, scenario, answers: list[PolicyCapacity], seed: int, num_requests: int, trace_rate,
+                   tick) -> list[dict]:
+    """Compute or bandwidth, for each answer whose knee is bound by step time (module docstring)."""
+    from kvsim.scenario.catalog import gpu_spec
+
+    gpu = gpu_spec(scenario)
+    faster = {"compute": {"bf16_tflops": 2 * gpu.bf16_tflops, "fp8_tflops": 2 * gpu.fp8_tflops,
+                          "fp32_tflops": 2 * gpu.fp32_tflops},
+              "bandwidth": {"hbm_bandwidth_gbps": 2 * gpu.hbm_bandwidth_gbps}}
+    todo = [a for a in answers if a.binding == "step_time" and a.first_unsustainable_rate]
+    tasks = [(scenario, a.policy, a.first_unsustainable_rate, seed, num_requests, trace_rate, {"hardware": hw})
+             for a in todo for hw in faster.values()]
+    records = run_all(executor, evaluate_point, tasks, lambda i, r: tick())
+    rows = []
+    for i, a in enumerate(todo):
+        by_kind = dict(zip(faster, records[2 * i:2 * i + 2]))
+        for kind, rec in by_kind.items():
+            rows.append(point_row(a.policy, seed, a.first_unsustainable_rate, f"twice_{kind}", rec))
+        gain = {k: _margin(r) for k, r in by_kind.items()}
+        if gain["compute"] == gain["bandwidth"]:
+            continue
+        kind = max(gain, key=gain.get)
+        a.binding = kind
+        a.binding_detail = (f"{'compute' if kind == 'compute' else 'HBM bandwidth'}: nothing held admission back, and at "
+                            f"{a.first_unsustainable_rate:.3g} req/s twice the "
+                            f"{'FLOP/s' if kind == 'compute' else 'bandwidth'} helps the SLO most "
+                            f"(margin {_text(by_kind['compute'])} with 2x FLOP/s, {_text(by_kind['bandwidth'])} with 2x bandwidth)")
+    return rows
+
+
+def _text(record: dict) -> str:
+    m = record["slo_margin"]
+    return "unbounded" if m is None else f"{m:+.0%}"
+
+
+def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, resolution: float = 0.02,
+         num_requests: Optional[int] = None, workers: Optional[int] = None, ray: Optional[str] = None,
+         executor=None, progress: Optional[Callable[[int, int], None]] = None) -> PlanResult:
+    """Each policy's maximum sustainable rate; see the module docstring."""
+    from kvsim.results.verdict import STABILITY_TOLERANCE
+    from kvsim.scenario.catalog import gpu_spec, model_spec
+
+    check_search_args(seeds, resolution, num_requests)
+    chosen = [p.name for p in scenario.policies if policies is None or p.name in policies]
+    check_fits(scenario, chosen)
+    n = num_requests or default_requests(scenario)
+    r0 = base_rate(scenario, n)  # a trace: the mean rate of the rows each point replays
+    trace_rate = r0 if scenario.workload.arrival.process == "trace" else None
+    seed_list = [scenario.workload.seed + i for i in range(seeds)]
+    tick = Ticker(progress, len(chosen) * seeds * (expected_points(resolution) + 1))
+    own = executor is None
+    executor = executor or make_executor(workers, ray)
+    try:
+        answers, rows = capacity_search(executor, scenario, chosen, seed_list, resolution, tick, start=r0,
+                                        num_requests=lambda label: n, trace_rate=trace_rate)
+        rows += name_step_time(executor, scenario, answers, seed_list[0], n, trace_rate, tick)
+    finally:
+        if own:
+            executor.close()
+    hw = scenario.hardware
+    meta = {"model": model_spec(scenario).name, "gpu": gpu_spec(scenario).name,
+            "tensor_parallel_size": hw.tensor_parallel_size, "num_replicas": hw.num_replicas,
+            "arrival": scenario.workload.arrival.model_dump(), "scenario_rate": r0,
+            "slo": scenario.slo.model_dump(), "seeds": seed_list, "num_requests": n, "resolution": resolution,
+            "stability_tolerance": STABILITY_TOLERANCE, "policy_order": [p.name for p in scenario.policies]}
+    return PlanResult(scenario.name or "scenario", meta, answers, rows)

@@ -1,0 +1,157 @@
+"""Plan and sweep answers as files (plan.json, plan.csv, points.csv, sweep.csv), through the results
+writer (all or nothing, never over a folder kvsim did not write), and as terminal tables."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Iterable
+
+from rich.table import Table
+
+from kvsim.results.report import slo_text
+from kvsim.results.verdict import LABELS, percentile_label
+from kvsim.results.writer import ResultsWriter
+
+
+def _cell(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return ""
+    return "" if value is None else value
+
+
+def csv_text(rows: list[dict], columns: Iterable[str] | None = None) -> str:
+    """Rows as CSV text (columns: the given ones, else the union in first-seen order); floats by repr."""
+    if columns is None:
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_cell(row.get(c)) for c in columns])
+    return out.getvalue()
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def json_text(doc: dict) -> str:
+    return json.dumps(_json_safe(doc), indent=2, sort_keys=True) + "\n"
+
+
+def write_outputs(out_dir: Path, files: dict[str, str], scenario=None, force: bool = False) -> Path:
+    """The files into `out_dir`, all or nothing, replacing only an earlier kvsim folder unless
+    `force` (never one holding the scenario's inputs): kvsim.results.writer.ResultsWriter."""
+    from kvsim.pipeline import input_paths
+
+    inputs = input_paths(scenario) if scenario is not None else ()
+    writer = ResultsWriter(out_dir, force=force, inputs=inputs, streams=False)
+    with writer:
+        return writer.commit_files(files)
+
+
+def check_out(out_dir: Path, scenario, force: bool = False) -> None:
+    """Refuse now, before any simulation, a folder that `write_outputs` would refuse at the end."""
+    from kvsim.results.writer import check_target
+    from kvsim.pipeline import input_paths
+
+    check_target(Path(out_dir).expanduser().resolve(), force, input_paths(scenario))
+
+
+def write_plan(out_dir: Path, result, scenario=None, force: bool = False) -> Path:
+    """plan.json (the whole answer), plan.csv (a row per policy or deployment), points.csv."""
+    doc = result.to_dict()
+    points = doc.pop("points")
+    return write_outputs(out_dir, {"plan.json": json_text(doc), "plan.csv": csv_text(result.rows()),
+                                   "points.csv": csv_text(points)}, scenario, force)
+
+
+# ---- terminal
+
+def _num(x, digits=2, pct=False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if isinstance(x, float) and math.isinf(x):
+        return "∞"
+    return f"{x:+.0%}" if pct else f"{x:,.{digits}f}"
+
+
+def plan_lines(result) -> list[str]:
+    m = result.meta
+    lines = [f"{m['model']} on {m['gpu']}, TP {m['tensor_parallel_size']} × {m['num_replicas']} replica"
+             f"{'s' if m['num_replicas'] > 1 else ''}; scenario rate {m['scenario_rate']:.3g} req/s",
+             slo_text(m["slo"]) + f"; sustainable = SLO met and backlog ≤ {m['stability_tolerance']:.0%} at the last arrival",
+             f"{len(m['seeds'])} seeds × {m['num_requests']} requests a point, ±{m['resolution']:.0%} rate resolution; "
+             f"{len(result.points)} points simulated"]
+    best = max(result.policies, key=lambda p: p.max_rate, default=None)
+    for p in result.policies:
+        if p.max_rate == 0:
+            lowest = min(pt["rate"] for pt in result.points if pt["policy"] == p.policy)
+            lines.append(f"{p.policy}: not sustainable at any rate tried, down to {lowest:.3g} req/s "
+                         f"(requests alone miss the SLO; at the lowest rate: {p.binding_detail})")
+    if best is not None and best.max_rate > 0:
+        lines.append(f"most: {best.policy} sustains {best.max_rate:.3g} req/s (95% CI {best.ci_low:.3g}–{best.ci_high:.3g}), "
+                     f"{best.headroom:+.0%} against the scenario's rate; binds at the knee: {best.binding_detail}")
+    return lines
+
+
+def _slo_columns(slo: dict) -> list[tuple[str, str]]:
+    q = percentile_label(slo.get("percentile", 99.0))
+    return [(f"{k}_at_pct", f"{LABELS[k]} {q} ms at max") for k in LABELS if slo.get(k) is not None]
+
+
+def plan_table(result) -> Table:
+    slo_cols = _slo_columns(result.meta["slo"])
+    table = Table(title="kvsim plan: maximum sustainable rate per policy")
+    labels = ["policy", "max req/s", "95% CI", "headroom", "at scenario rate", *(c[1] for c in slo_cols),
+              "binds at the knee"]
+    for i, label in enumerate(labels):
+        table.add_column(label, justify="left" if i in (0, 4, len(labels) - 1) else "right", no_wrap=i == 0)
+    for p in result.policies:
+        more = ">" if p.censored else ""
+        table.add_row(p.policy, more + _num(p.max_rate), f"{_num(p.ci_low)}–{_num(p.ci_high)}", _num(p.headroom, pct=True),
+                      "✓ sustainable" if p.sustainable_at_scenario_rate else "✗ not sustainable",
+                      *(_num(p.at_max_rate.get(c[0]), 0) for c in slo_cols), p.binding or "–")
+    return table
+
+
+def deploy_lines(result) -> list[str]:
+    m = result.meta
+    lines = [f"{m['model']}, policy {m['policy']}, target {result.target_rate:g} req/s; " + slo_text(m["slo"]),
+             f"{len(m['seeds'])} seeds × {m['num_requests']} requests a point; {len(result.points)} points simulated; "
+             f"$/M tokens at the target rate ({m['mean_prompt_tokens']:.0f} input, {m['mean_output_tokens']:.0f} "
+             f"output tokens a request on average), each charging the whole hour"]
+    passing = [d for d in result.deployments if d.meets_target]
+    if passing:
+        d = passing[0]
+        lines.append(f"cheapest: {d.label} ({d.num_gpus} GPUs) at ${d.usd_per_hour:.2f}/h, "
+                     f"${d.usd_per_m_output:.3f} per million output tokens")
+    else:
+        lines.append("no layout meets the SLO at the target rate")
+    return lines
+
+
+def deploy_table(result) -> Table:
+    table = Table(title=f"kvsim plan: deployments for {result.target_rate:g} req/s, cheapest first")
+    cols = ["GPU", "TP × replicas", "GPUs", "meets", "max req/s", "95% CI", "$/hour", "$/M in", "$/M out", "headroom",
+            "binds"]
+    for i, c in enumerate(cols):
+        table.add_column(c, justify="left" if i in (0, 1, 10) else "right", no_wrap=i < 2)
+    for d in result.deployments:
+        ci = "–" if d.ci_low is None else f"{_num(d.ci_low)}–{_num(d.ci_high)}"
+        table.add_row(d.gpu, f"{d.tensor_parallel_size} × {d.num_replicas}", str(d.num_gpus), "✓" if d.meets_target else "✗",
+                      _num(d.max_rate) if d.max_rate is not None else
+                      (f"≥{result.target_rate:g}" if d.meets_target else f"<{result.target_rate:g}"),
+                      ci, _num(d.usd_per_hour), _num(d.usd_per_m_input, 3), _num(d.usd_per_m_output, 3),
+                      _num(d.headroom, pct=True), d.binding or "–")
+    return table

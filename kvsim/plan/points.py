@@ -1,0 +1,125 @@
+"""One simulated point of a plan or sweep: a scenario at a given load and seed, reduced to a flat record.
+
+`at_load(scenario, rate, seed, num_requests)` rewrites the workload so that requests arrive at
+`rate` per second: the Poisson or gamma rate itself, or for a trace a time compression
+(`workload.arrival.time_scale`) relative to the trace's own rate (`base_rate`). `evaluate_point`
+runs one policy of it (a pure function of its arguments: any worker gives the same record) and
+`point_record` keeps the figures a capacity answer needs.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from kvsim.results.verdict import judge
+from kvsim.scenario.config import scenario_from_dict
+
+# The record's figures, in CSV column order (after the point's own columns).
+FIGURES = (
+    "sustainable", "slo_met", "stable", "slo_margin", "ttft_ms_at_pct", "tpot_ms_at_pct", "itl_ms_at_pct",
+    "e2e_ms_at_pct", "served_fraction", "backlog_fraction", "offered_rps", "throughput_rps",
+    "output_tokens_per_s", "input_tokens_per_s", "goodput_rps", "slo_attainment", "ttft_p50_ms", "ttft_p99_ms",
+    "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms", "peak_running", "kv_peak_fraction", "preemptions", "rejected",
+    "binding", "binding_detail",
+)
+
+
+def base_rate(scenario, num_requests: Optional[int] = None) -> float:
+    """The scenario's own arrival rate (requests/s): the configured rate, or a trace's mean rate
+    over the first `num_requests` rows (default: the requests it replays) at its own time_scale."""
+    arrival = scenario.workload.arrival
+    if arrival.process != "trace":
+        return arrival.rate
+    from kvsim.scenario.traces import load_trace
+
+    trace = load_trace(scenario)
+    n = num_requests or scenario.workload.num_requests or len(trace)
+    n = min(len(trace), n)
+    times = trace.arrival_s[:n] * arrival.time_scale
+    span = float(times[-1] - times[0]) if n > 1 else 0.0
+    return (n - 1) / span if span > 0 else 1.0
+
+
+def at_load(scenario, rate: float, seed: Optional[int] = None, num_requests: Optional[int] = None,
+            policies: Optional[list[str]] = None, trace_rate: Optional[float] = None, overrides: dict | None = None):
+    """The scenario with requests arriving at `rate`/s (see the module docstring), `seed`,
+    `num_requests` requests (no duration cut) and only the named policies; `overrides` is a dict
+    of section updates merged in first (e.g. {"hardware": {"gpu": "H200"}})."""
+    data = scenario.model_dump()  # None stays None (an absent SLO bound), not the default
+    for section, values in (overrides or {}).items():
+        data.setdefault(section, {}).update(values)
+    wl = data["workload"]
+    arrival = wl["arrival"]
+    if arrival["process"] == "trace":
+        own = trace_rate if trace_rate is not None else base_rate(scenario)
+        arrival["time_scale"] = scenario.workload.arrival.time_scale * own / rate
+    else:
+        arrival["rate"] = rate
+    if seed is not None:
+        wl["seed"] = seed
+    if num_requests is not None:
+        wl["num_requests"] = num_requests
+        wl["duration_s"] = None
+    if policies is not None:
+        data["policies"] = [p for p in data["policies"] if p["name"] in policies]
+    return scenario_from_dict(data, scenario.source, scenario.base_dir)
+
+
+def _ms(x) -> Optional[float]:
+    return None if x is None else x * 1e3
+
+
+def point_record(summary: dict) -> dict:
+    """The figures of FIGURES from one policy's summary (times in ms)."""
+    v = judge(summary)
+    slo = summary["slo"]["at_percentile"]
+    thr = summary["throughput"]
+    duration, finished = summary["duration_s"], summary["requests"]["finished"]
+    input_tps = None
+    if thr["total_tokens_per_s"] is not None and thr["output_tokens_per_s"] is not None:
+        input_tps = thr["total_tokens_per_s"] - thr["output_tokens_per_s"]
+    return {
+        "sustainable": v.sustainable, "slo_met": v.met, "stable": v.stable, "slo_margin": v.margin,
+        "ttft_ms_at_pct": slo["ttft_ms"], "tpot_ms_at_pct": slo["tpot_ms"], "itl_ms_at_pct": slo["itl_ms"],
+        "e2e_ms_at_pct": slo["e2e_ms"], "served_fraction": v.served_fraction, "backlog_fraction": v.backlog_fraction,
+        "offered_rps": summary["arrivals"]["offered_rps"], "throughput_rps": thr["requests_per_s"],
+        "output_tokens_per_s": thr["output_tokens_per_s"], "input_tokens_per_s": input_tps,
+        "goodput_rps": summary["goodput_rps"], "slo_attainment": summary["slo_attainment"],
+        "ttft_p50_ms": _ms(summary["ttft_s"]["p50"]), "ttft_p99_ms": _ms(summary["ttft_s"]["p99"]),
+        "tpot_p99_ms": _ms(summary["tpot_s"]["p99"]), "itl_p99_ms": _ms(summary["itl_s"]["p99"]),
+        "e2e_p99_ms": _ms(summary["e2e_s"]["p99"]), "peak_running": summary["peak_running"],
+        "kv_peak_fraction": summary["kv"]["peak_used_fraction"], "preemptions": summary["preemptions"],
+        "rejected": summary["requests"]["rejected"], "binding": v.binding, "binding_detail": v.binding_detail,
+        "_prompt_tokens_per_request": (input_tps * duration / finished) if input_tps is not None and finished else None,
+    }
+
+
+def check_fits(scenario, policies: Optional[list[str]] = None) -> None:
+    """Raise KvsimError (one line) now if a policy's KV cache cannot hold the model, not in a worker."""
+    from kvsim.perf.memory import check_fits as fits
+    from kvsim.scenario.catalog import gpu_spec, model_spec
+
+    fits(scenario, model_spec(scenario), gpu_spec(scenario),
+         [p for p in scenario.policies if policies is None or p.name in policies])
+
+
+def simulate(scenario) -> dict[str, dict]:
+    """Every policy of the scenario simulated (no files): {policy: record}."""
+    from kvsim.pipeline import run_scenario
+
+    result = run_scenario(scenario, write=False)
+    return {name: point_record(s) for name, s in result.summaries.items()}
+
+
+def evaluate_point(scenario, policy: str, rate: float, seed: int, num_requests: int,
+                   trace_rate: Optional[float] = None, overrides: dict | None = None) -> dict:
+    """One policy of the scenario at `rate` req/s with `seed`: its record (see point_record)."""
+    sc = at_load(scenario, rate, seed, num_requests, [policy], trace_rate, overrides)
+    return simulate(sc)[policy]
+
+
+def mean_or_none(values) -> Optional[float]:
+    vals = [v for v in values if v is not None]
+    return float(np.mean(vals)) if vals else None

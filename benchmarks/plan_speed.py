@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvsim.plan.capacity import plan  # noqa: E402
-from kvsim.plan.deploy import deploy  # noqa: E402
-from kvsim.plan.executors import InlineExecutor, PoolExecutor, RayExecutor  # noqa: E402
-from kvsim.plan.output import csv_text  # noqa: E402
+from kvsim.planning.capacity import plan  # noqa: E402
+from kvsim.planning.deploy import deploy  # noqa: E402
+from kvsim.planning.executors import InlineExecutor, PoolExecutor, RayExecutor  # noqa: E402
+from kvsim.planning.output import csv_text  # noqa: E402
 from kvsim.scenario.config import load_scenario  # noqa: E402
 
 CHAT = ROOT / "scenarios" / "chat.toml"

@@ -11,9 +11,6 @@ machinery when first called, so `import kvsim` stays cheap.
 
 from __future__ import annotations
 
-import sys
-import types
-
 __version__ = "0.1.0"
 
 
@@ -48,15 +45,15 @@ def plan(scenario, *, policies=None, seeds=3, resolution=0.02, num_requests=None
     (`ray="auto"` or an address; "local": the Ray this process started). `progress(done, total)`
     is called after every simulated point.
 
-    Returns a `kvsim.plan.capacity.PlanResult`: `.policies` holds a `PolicyCapacity` per policy
+    Returns a `kvsim.planning.capacity.PlanResult`: `.policies` holds a `PolicyCapacity` per policy
     (`policy`, `max_rate`, `ci_low`, `ci_high` (95%), `seed_max_rates`, `censored`,
     `scenario_rate`, `headroom`, `sustainable_at_scenario_rate`, `binding`, `binding_detail`,
     `at_max_rate`: the point figures at max_rate averaged over seeds); `.points` every simulated
-    point (policy, seed, rate, phase and the figures of kvsim.plan.points.FIGURES: SLO figures at the
+    point (policy, seed, rate, phase and the figures of kvsim.planning.points.FIGURES: SLO figures at the
     percentile, goodput, throughput, KV peak, binding...); `.to_frame()` and `.points_frame()` give
     pandas DataFrames, `.to_dict()` the plan.json document.
     """
-    from kvsim.plan.capacity import plan as run_plan
+    from kvsim.planning.capacity import plan as run_plan
 
     return run_plan(_scenario(scenario), policies=policies, seeds=seeds, resolution=resolution,
                     num_requests=num_requests, workers=workers, ray=ray, progress=progress)
@@ -69,14 +66,14 @@ def deploy(scenario, target_rate, *, gpus=None, tensor_parallel=(1, 2, 4, 8), po
 
     Candidates: `gpus` (default: every preset) × `tensor_parallel` degrees; prices from the
     scenario's [cost] section, else kvsim.scenario.catalog.GPU_PRICES. Returns a
-    `kvsim.plan.deploy.DeployResult`: `.deployments` (passing ones first, cheapest first), each a
+    `kvsim.planning.deploy.DeployResult`: `.deployments` (passing ones first, cheapest first), each a
     `Deployment` (`gpu`, `tensor_parallel_size`, `num_replicas`, `num_gpus`, `policy`,
     `meets_target`, `replica_max_rate`, `max_rate`/`ci_low`/`ci_high`/`headroom` (searched for
     the `top` cheapest, else None), `usd_per_hour`, `usd_per_m_input`, `usd_per_m_output`,
     `price_source`, `binding`, `binding_detail`, `at_target`: figures at the target rate);
     `.skipped` layouts with the reason; `.points`; `.to_frame()`, `.points_frame()`, `.to_dict()`.
     """
-    from kvsim.plan.deploy import deploy as run_deploy
+    from kvsim.planning.deploy import deploy as run_deploy
 
     return run_deploy(_scenario(scenario), target_rate, gpus=gpus, tensor_parallel=tuple(tensor_parallel),
                       policy=policy, seeds=seeds, resolution=resolution, num_requests=num_requests, top=top,
@@ -87,11 +84,11 @@ def sweep(scenario, points, *, workers=None, ray=None, progress=None):
     """Simulate a grid (`points`: a dict {dotted.key: [values]}, every combination) or a list of
     points (each a list of 'dotted.key=value' overrides), as `kvsim sweep`.
 
-    Returns a `kvsim.plan.sweep.SweepResult`: `.rows`, a row per point × policy (`point`, each
-    swept key's value, `policy` and the figures of kvsim.plan.points.FIGURES), `.to_frame()` a
+    Returns a `kvsim.planning.sweep.SweepResult`: `.rows`, a row per point × policy (`point`, each
+    swept key's value, `policy` and the figures of kvsim.planning.points.FIGURES), `.to_frame()` a
     pandas DataFrame with `.columns` in order. The same rows whatever `workers` or `ray`.
     """
-    from kvsim.plan.sweep import sweep as run_sweep
+    from kvsim.planning.sweep import sweep as run_sweep
 
     return run_sweep(_scenario(scenario), points, workers=workers, ray=ray, progress=progress)
 
@@ -122,16 +119,3 @@ def validate(scenario, measured, *, policies=None) -> list[dict]:
     if not hasattr(scenario, "policies"):
         scenario = load_scenario(scenario)
     return run_validation(scenario, measured, policies)
-
-
-class _Api(types.ModuleType):
-    """Keeps `kvsim.plan` the function above when the `kvsim.plan` package is imported (the import
-    system would otherwise set the package attribute to the subpackage)."""
-
-    def __setattr__(self, name, value):
-        if name == "plan" and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Api

@@ -22,7 +22,7 @@ from kvsim.errors import KvsimError
 from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
 
 # Packages above `run` that add commands of their own: each has `add_commands(subparsers)`.
-COMMAND_MODULES = ("kvsim.plan.cli", "kvsim.calibrate.cli")
+COMMAND_MODULES = ("kvsim.planning.cli", "kvsim.calibrate.cli")
 
 
 def _parser() -> argparse.ArgumentParser:

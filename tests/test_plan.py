@@ -8,11 +8,11 @@ import pytest
 
 from conftest import make_scenario
 from kvsim.cli import main
-from kvsim.plan.capacity import plan
-from kvsim.plan.deploy import deploy
-from kvsim.plan.executors import InlineExecutor, PoolExecutor
-from kvsim.plan.output import csv_text
-from kvsim.plan.sweep import grid_points, split_values, sweep
+from kvsim.planning.capacity import plan
+from kvsim.planning.deploy import deploy
+from kvsim.planning.executors import InlineExecutor, PoolExecutor
+from kvsim.planning.output import csv_text
+from kvsim.planning.sweep import grid_points, split_values, sweep
 
 STEP_S, OUTPUT_LEN, TTFT_BOUND_S, N = 0.01, 10, 0.05, 200
 FAST = {"hbm_bandwidth_gbps": 1e6, "bf16_tflops": 1e6, "fp8_tflops": 1e6, "fp32_tflops": 1e6}  # the schema's caps
@@ -209,7 +209,7 @@ def test_plan_names_compute_or_bandwidth_when_step_time_binds(tmp_path, calibrat
 
 def test_points_from_csv(tmp_path):
     from kvsim.errors import KvsimError
-    from kvsim.plan.sweep import points_from_csv
+    from kvsim.planning.sweep import points_from_csv
 
     f = tmp_path / "p.csv"
     f.write_text("workload.arrival.rate,policies.*.kv_cache_dtype\n4,fp8\n\n8,auto\n")
@@ -222,7 +222,7 @@ def test_points_from_csv(tmp_path):
 
 
 def test_an_slo_no_single_request_meets_gives_zero_and_says_so():
-    from kvsim.plan.output import plan_lines
+    from kvsim.planning.output import plan_lines
 
     sc = make_scenario(slo={"ttft_ms": 1, "tpot_ms": None})  # no prefill takes 1 ms
     result = plan(sc, seeds=1, resolution=0.1, executor=InlineExecutor())

@@ -4,7 +4,7 @@ meet the scenario's SLO at R requests/s, with their cost per hour and per millio
 1. Layouts: every candidate GPU × tensor-parallel degree whose KV cache holds one max_model_len
    sequence beside the weights (kvsim.perf.memory.kv_capacity) and that splits the attention heads
    evenly; the rest are listed with the reason.
-2. One replica of each layout: its maximum sustainable rate r1 (the plan search, kvsim/plan/capacity.py,
+2. One replica of each layout: its maximum sustainable rate r1 (the plan search, kvsim/planning/capacity.py,
    with the first seed only and a coarse `SCOUT_RESOLUTION`: r1 only picks where step 3 starts).
    A layout that would need more than `max_replicas` replicas (R / r1 > max_replicas) is dropped.
 3. Replicas: start at n = ceil(R / r1) and simulate n replicas at R (every seed must be
@@ -32,11 +32,11 @@ from typing import Callable, Optional
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.plan.capacity import (Frames, PolicyCapacity, Ticker, capacity_search, check_search_args, default_requests,
+from kvsim.planning.capacity import (Frames, PolicyCapacity, Ticker, capacity_search, check_search_args, default_requests,
                                  mean_figures, point_row)
-from kvsim.plan.executors import make_executor, run_all
-from kvsim.plan.points import at_load, base_rate, evaluate_point
-from kvsim.plan.search import expected_points
+from kvsim.planning.executors import make_executor, run_all
+from kvsim.planning.points import at_load, base_rate, evaluate_point
+from kvsim.planning.search import expected_points
 from kvsim.scenario.catalog import GPUS, GpuSpec, gpu_price, gpu_spec, model_spec, tp_problem
 
 TP_DEGREES = (1, 2, 4, 8)

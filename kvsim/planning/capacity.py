@@ -1,6 +1,6 @@
 """`kvsim plan`: each policy's maximum sustainable arrival rate under the scenario's SLO.
 
-Per policy and seed a `Search` (kvsim/plan/search.py) brackets and bisects the rate; a rate is
+Per policy and seed a `Search` (kvsim/planning/search.py) brackets and bisects the rate; a rate is
 *sustainable* when the SLO is met at its percentile and the engine is stable
 (kvsim/results/verdict.py). Seeds are independent replications of the workload, so the seeds'
 knees k_1..k_n give the answer: `max_rate` is their mean and the interval is
@@ -29,9 +29,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from kvsim.plan.executors import make_executor, run_all
-from kvsim.plan.points import FIGURES, base_rate, check_fits, evaluate_point, mean_or_none
-from kvsim.plan.search import Search, expected_points, run_searches
+from kvsim.planning.executors import make_executor, run_all
+from kvsim.planning.points import FIGURES, base_rate, check_fits, evaluate_point, mean_or_none
+from kvsim.planning.search import Search, expected_points, run_searches
 from kvsim.scenario.workload import expected_count
 
 DEFAULT_REQUESTS = 3000

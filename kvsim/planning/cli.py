@@ -88,9 +88,9 @@ def _print_lines(console, lines) -> None:
 
 
 def cmd_plan(args, console) -> int:
-    from kvsim.plan import output
-    from kvsim.plan.capacity import plan
-    from kvsim.plan.deploy import TP_DEGREES, deploy
+    from kvsim.planning import output
+    from kvsim.planning.capacity import plan
+    from kvsim.planning.deploy import TP_DEGREES, deploy
 
     scenario = scenario_from_args(args)
     names = {p.name for p in scenario.policies}
@@ -131,9 +131,9 @@ def cmd_plan(args, console) -> int:
 
 
 def cmd_sweep(args, console) -> int:
-    from kvsim.plan import output
-    from kvsim.plan.pages import sweep_page
-    from kvsim.plan.sweep import grid_points, points_from_csv, sweep
+    from kvsim.planning import output
+    from kvsim.planning.pages import sweep_page
+    from kvsim.planning.sweep import grid_points, points_from_csv, sweep
     from kvsim.scenario.config import load_scenario
 
     scenario = load_scenario(args.scenario)  # the --set values are the grid's axes, applied per point

@@ -10,7 +10,7 @@ DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
 
 def x_key(result) -> str:
-    from kvsim.plan.sweep import RATE_KEY
+    from kvsim.planning.sweep import RATE_KEY
 
     if RATE_KEY in result.keys:
         return RATE_KEY

@@ -3,9 +3,9 @@
 `--set key=v1,v2,v3` gives an axis (commas inside [...], {...} or quotes do not split); the grid is
 every combination, the first axis varying slowest. `--from points.csv` takes the points as rows
 (a header of keys, one value per cell). Every point is validated before anything runs. Points run
-on the executors of kvsim/plan/executors.py and are collected by index, so the CSV is the same
+on the executors of kvsim/planning/executors.py and are collected by index, so the CSV is the same
 bytes from one worker, many, or Ray. The table has a row per point × policy: the point's index,
-its inputs, the policy and the figures of kvsim/plan/points.py. The HTML page draws each policy's
+its inputs, the policy and the figures of kvsim/planning/points.py. The HTML page draws each policy's
 SLO figures and goodput against the arrival rate (or the first numeric axis).
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from kvsim.errors import KvsimError
-from kvsim.plan.executors import make_executor, run_all
-from kvsim.plan.points import FIGURES, check_fits, simulate
+from kvsim.planning.executors import make_executor, run_all
+from kvsim.planning.points import FIGURES, check_fits, simulate
 from kvsim.scenario.config import scenario_from_dict
 from kvsim.scenario.files import read_text
 from kvsim.scenario.overrides import apply_overrides, parse_override, parse_value

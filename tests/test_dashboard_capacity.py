@@ -95,6 +95,10 @@ def test_capacity_page_is_kvsim_plan(tmp_path, downloads):
     assert not figures(at)
     widget(at, "number_input", "engine.max_num_seqs").set_value(128).run()
     assert figures(at)[0] == bars
+    at.button(key="kvsim.capacity.cli_settings").click().run()  # kvsim plan's defaults, for its exact numbers
+    assert [at.session_state[k] for k in FAST] == [3, 0.02, 3000]  # chat.toml's 3000 requests
+    assert figures(at)[0] == bars
+    assert any("(these are the last settings searched)" in c.value for c in at.caption)
 
 
 def test_deployment_search_is_kvsim_plan_target_rate(tmp_path, downloads):
@@ -117,6 +121,8 @@ def test_deployment_search_is_kvsim_plan_target_rate(tmp_path, downloads):
     assert list(table["$/hour"]) == [d["usd_per_hour"] for d in deployments]
     assert list(table["$/M output"]) == [d["usd_per_m_output"] for d in deployments]
     assert list(table["$/M input"]) == [d["usd_per_m_input"] for d in deployments]
+    assert list(table["max req/s"]) == [f"{d['max_rate']:.3g}" if d["max_rate"] is not None else
+                                        f"{'≥' if d['meets_target'] else '<'}20" for d in deployments]
     passing = [d for d in deployments if d["meets_target"]]
     assert passing and figures(at)[-1]["data"][0]["x"] == [d["usd_per_m_output"] for d in passing]
     assert "--target-rate 20 --policy paged-fp8 --gpu A100-80GB --gpu H100-SXM --tp 1 --tp 2" in at.caption[-1].value

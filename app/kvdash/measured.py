@@ -65,7 +65,7 @@ def extract_zip(data: bytes, archive: str, dest: Path) -> None:
         for info in infos:
             _check_entry(info, archive)
         if sum(i.file_size for i in infos) > MAX_UNPACKED_BYTES:
-            raise KvsimError(f"{archive}: unpacks to more than the dashboard's {MAX_UNPACKED_BYTES >> 20} MiB")
+            raise KvsimError(f"{archive}: unpacks to more than the dashboard's {MAX_UNPACKED_BYTES:,} bytes")
         budget = MAX_UNPACKED_BYTES
         root = dest.resolve()
         for info in infos:
@@ -82,7 +82,7 @@ def extract_zip(data: bytes, archive: str, dest: Path) -> None:
                         budget -= len(chunk)
                         if budget < 0:  # the archive understated its sizes
                             raise KvsimError(f"{archive}: unpacks to more than the dashboard's "
-                                             f"{MAX_UNPACKED_BYTES >> 20} MiB")
+                                             f"{MAX_UNPACKED_BYTES:,} bytes")
                         out.write(chunk)
             except FileExistsError:
                 raise KvsimError(f"{archive}: {info.filename!r} is in the archive twice") from None

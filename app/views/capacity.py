@@ -13,7 +13,8 @@ import os
 import plotly.graph_objects as go
 import streamlit as st
 
-from kvdash import errors, plans, settings
+from kvdash import errors, plans, runs, settings
+from kvsim.planning.capacity import DEFAULT_REQUESTS
 from kvsim.planning.output import deploy_lines, plan_files, plan_lines
 from kvsim.results.report import policy_colors, slo_text
 from kvsim.results.verdict import LABELS, percentile_label
@@ -28,7 +29,12 @@ st.title("Capacity")
 cur = settings.current()
 
 
-def search_settings() -> tuple[plans.Settings, int]:
+def as_the_command_line(requests: int) -> None:
+    st.session_state.update({"kvsim.capacity.seeds": 3, "kvsim.capacity.resolution": 0.02,
+                             "kvsim.capacity.requests": requests})
+
+
+def search_settings(cli_requests: int) -> tuple[plans.Settings, int]:
     cols = st.columns(4)
     seeds = cols[0].number_input("seeds", 1, 20, plans.DEFAULT.seeds, key="kvsim.capacity.seeds",
                                  help="Independent replications of the workload per rate (`kvsim plan --seeds`, "
@@ -45,6 +51,12 @@ def search_settings() -> tuple[plans.Settings, int]:
     workers = cols[3].number_input("worker processes", 1, 256, os.cpu_count() or 1, key="kvsim.capacity.workers",
                                    help="Local processes running the simulations (`--workers`); the answers are "
                                         "the same whatever the number.")
+    cols = st.columns([3, 1], vertical_alignment="center")
+    cols[0].caption(f"Quick settings put the knee a little high (a queue needs time to grow); `kvsim plan`'s defaults, "
+                    f"3 seeds, ±2% and {cli_requests:,} requests a point here, give its exact numbers (chat: ~15-30 s "
+                    "on 2 cores).")
+    cols[1].button("Use the command line's settings", on_click=as_the_command_line, args=(cli_requests,),
+                   key="kvsim.capacity.cli_settings")
     return plans.Settings(int(seeds), float(res), int(n)), int(workers)
 
 
@@ -121,11 +133,16 @@ def plan_rows(result) -> list[dict]:
 
 
 def deploy_rows(result) -> list[dict]:
+    """`kvsim plan --target-rate`'s table: a maximum rate is searched for the `top` cheapest passing layouts;
+    the others show whether they meet the target (≥ R or < R)."""
+    r = result.target_rate
     return [{"GPU": d.gpu, "TP × replicas": f"{d.tensor_parallel_size} × {d.num_replicas}", "GPUs": d.num_gpus,
-             "meets": "✓" if d.meets_target else "✗", "max req/s": d.max_rate, "CI low": d.ci_low,
-             "CI high": d.ci_high, "$/hour": d.usd_per_hour, "$/M input": d.usd_per_m_input,
-             "$/M output": d.usd_per_m_output, "headroom": None if d.headroom is None else d.headroom * 100,
-             "binds": d.binding, "price source": d.price_source} for d in result.deployments]
+             "meets": "✓" if d.meets_target else "✗",
+             "max req/s": f"{d.max_rate:.3g}" if d.max_rate is not None else f"{'≥' if d.meets_target else '<'}{r:g}",
+             "95% CI": "–" if d.ci_low is None else f"{d.ci_low:.3g}–{d.ci_high:.3g}",
+             "$/hour": d.usd_per_hour, "$/M input": d.usd_per_m_input, "$/M output": d.usd_per_m_output,
+             "headroom": "–" if d.headroom is None else f"{d.headroom:+.0%}", "binds": d.binding,
+             "price source": d.price_source} for d in result.deployments]
 
 
 def cost_figure(result) -> dict:
@@ -151,17 +168,20 @@ def downloads(result, prefix: str) -> None:
                             on_click="ignore", key=f"kvsim.dl_{prefix}_{name}")
 
 
-def number_columns(rows: list[dict], pct=("headroom",)) -> dict:
+def number_columns(rows: list[dict]) -> dict:
+    """Display formats of a table's numeric columns, by their names."""
     out = {}
-    for name in rows[0] if rows else ():
-        if name in pct:
+    for name, value in (rows[0] if rows else {}).items():
+        if not isinstance(value, float):
+            continue
+        if name == "headroom":
             out[name] = st.column_config.NumberColumn(format="%+.0f%%")
         elif name.startswith("$"):
             out[name] = st.column_config.NumberColumn(format="%.3f")
-        elif "req/s" in name or name.startswith("CI"):
-            out[name] = st.column_config.NumberColumn(format="%.3g")
         elif " ms " in name:
             out[name] = st.column_config.NumberColumn(format="%.0f")
+        else:
+            out[name] = st.column_config.NumberColumn(format="%.3g")
     return out
 
 
@@ -229,7 +249,8 @@ st.caption(f"{scenario.name}: {scenario.model.name or 'hf_config model'} on {hw.
            f"{hw.num_replicas} replica{'s' if hw.num_replicas > 1 else ''}; {slo_text(scenario.slo.model_dump())}. "
            "Sustainable = the SLO met at its percentile and the engine keeping up with the arrivals.")
 with st.expander("Search settings", expanded=True):
-    search, workers = search_settings()
+    count = runs.request_count(*here)  # None: a duration, not a count
+    search, workers = search_settings(min(count or DEFAULT_REQUESTS, DEFAULT_REQUESTS))
 
 st.subheader("Maximum sustainable rate per policy")
 with errors.caught(st):

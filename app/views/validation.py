@@ -51,7 +51,7 @@ def example():
 def uploaded():
     """(scenario key, measured path, name, measured digest, policies) of an upload, or None before one."""
     upload = st.file_uploader("Measured run: a results folder as .zip, or a JSON", type=["zip", "json"],
-                              key="kvsim.validation.upload", max_upload_size=measured.MAX_ZIP_BYTES >> 20,
+                              key="kvsim.validation.upload", max_upload_size=max(1, measured.MAX_ZIP_BYTES >> 20),
                               help="A .zip of the results folder of a `triton` backend run of the sidebar's scenario "
                                    "(its summary.json is what is compared), that summary.json itself, or a "
                                    f"`vllm bench serve --save-result` JSON; at most {measured.MAX_ZIP_BYTES >> 20} MiB.")

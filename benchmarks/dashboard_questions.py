@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "app"))
 from tests.test_dashboard import open_app, widget  # noqa: E402
 
 
-def page(sidebar: dict, requests: int, shipped: str = "chat"):
+def page(sidebar: dict, shipped: str = "chat"):
     """The Capacity page after the sidebar widgets are set, with the command line's search settings."""
     at = open_app()
     if shipped != "chat":
@@ -34,10 +34,9 @@ def page(sidebar: dict, requests: int, shipped: str = "chat"):
     for (kind, key), value in sidebar.items():
         widget(at, kind, key).set_value(value)
         at.run()
-    at.session_state["kvsim.capacity.resolution"] = 0.02
-    at.session_state["kvsim.capacity.requests"] = requests
-    at.session_state["kvsim.capacity.plan"] = None  # no first-visit plan: the button below starts it
-    return at.switch_page("views/capacity.py").run()
+    at.session_state["kvsim.capacity.plan"] = None  # skip the first visit's quick plan: the buttons below search
+    at.switch_page("views/capacity.py").run()
+    return at.button(key="kvsim.capacity.cli_settings").click().run()  # kvsim plan's defaults
 
 
 def press(at, label: str):
@@ -70,30 +69,32 @@ def rates_text(at) -> str:
 
 
 def question_a() -> tuple:
-    at = page({}, 3000)
+    at = page({})
     wall = press(at, "Find the maximum rates")
     return (rates_text(at), wall, "kvsim plan scenarios/chat.toml", same_plan(at, cli_plan("chat")))
 
 
 def question_b() -> tuple:
-    at = page({("selectbox", "model.name"): "Llama-3.1-70B"}, 3000)
+    at = page({("selectbox", "model.name"): "Llama-3.1-70B"})
     at.number_input(key="kvsim.capacity.target_rate").set_value(20.0)
     at.selectbox(key="kvsim.capacity.policy").set_value("paged")
     at.multiselect(key="kvsim.capacity.gpus").set_value(["H100-SXM"])
     wall = press(at, "Search deployments")
     [table] = [d.value.to_dict("records") for d in at.dataframe if "TP × replicas" in d.value.columns]
-    answer = "; ".join(f"TP {r['TP × replicas']} = {r['GPUs']} GPUs {r['meets']} max {r['max req/s']:.3g} req/s, "
+    answer = "; ".join(f"TP {r['TP × replicas']} = {r['GPUs']} GPUs {r['meets']} max {r['max req/s']} req/s, "
                        f"${r['$/hour']:.2f}/h, ${r['$/M output']:.3f}/M output tokens" for r in table)
     args = ("--set", 'model.name="Llama-3.1-70B"', "--target-rate", "20", "--policy", "paged", "--gpu", "H100-SXM")
     plan = cli_plan("chat", *args)
-    same = [(r["GPU"], r["GPUs"], r["max req/s"], r["$/hour"]) for r in table] == \
-        [(d["gpu"], d["num_gpus"], d["max_rate"], d["usd_per_hour"]) for d in plan["deployments"]]
+    same = [(r["GPU"], r["GPUs"], r["$/hour"], r["$/M output"], r["max req/s"]) for r in table] == \
+        [(d["gpu"], d["num_gpus"], d["usd_per_hour"], d["usd_per_m_output"],
+          f"{d['max_rate']:.3g}" if d["max_rate"] is not None else "≥20" if d["meets_target"] else "<20")
+         for d in plan["deployments"]]
     return answer, wall, "kvsim plan scenarios/chat.toml " + " ".join(args), same
 
 
 def question_c() -> tuple:
     sidebar = {("selectbox", "workload.prompt_len.dist"): "fixed", ("number_input", "workload.prompt_len.value"): 32768}
-    at = page(sidebar, 400, shipped="long_context")
+    at = page(sidebar, shipped="long_context")
     wall = press(at, "Find the maximum rates")
     args = ("--set", 'workload.prompt_len.dist="fixed"', "--set", "workload.prompt_len.value=32768")
     return (rates_text(at), wall, "kvsim plan scenarios/long_context.toml " + " ".join(args),
@@ -101,7 +102,7 @@ def question_c() -> tuple:
 
 
 def question_d(gpu: str) -> tuple:
-    at = page({("selectbox", "hardware.gpu"): gpu}, 3000)
+    at = page({("selectbox", "hardware.gpu"): gpu})
     wall = press(at, "Find the maximum rates")
     args = ("--set", f'hardware.gpu="{gpu}"')
     return rates_text(at), wall, "kvsim plan scenarios/chat.toml " + " ".join(args), same_plan(at, cli_plan("chat", *args))

@@ -200,7 +200,7 @@ def show_plan(result) -> None:
 def show_deploy(result) -> None:
     st.markdown("  \n".join(deploy_lines(result)))
     rows = deploy_rows(result)
-    st.dataframe(rows, hide_index=True, column_config=number_columns(rows))
+    st.dataframe(rows, hide_index=True, column_config=number_columns(rows), height="content")
     if any(d.meets_target for d in result.deployments):
         show(cost_figure(result), "cost")
     if result.skipped:

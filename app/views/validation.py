@@ -108,7 +108,7 @@ def show(records: list[dict], policy_order: list[str]) -> None:
     number = {"measured": st.column_config.NumberColumn(format="localized"),
               "predicted": st.column_config.NumberColumn(format="localized"),
               "error": st.column_config.NumberColumn("error (%)", format="%+.1f%%")}
-    st.dataframe(table(serving), hide_index=True, column_config=number)
+    st.dataframe(table(serving), hide_index=True, column_config=number, height="content")
     steps = [r for r in records if r["kind"] == "step"]
     if steps:
         st.caption("The GPU run's steps by phase: measured in all beside the analytic price of the same steps")

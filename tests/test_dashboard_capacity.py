@@ -6,11 +6,14 @@ deployment search usable."""
 import csv
 import io
 import json
+import shlex
+import subprocess
+import sys
 
 import pytest
 from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 
-from tests.test_dashboard import cli, downloaded_toml_from_state, figures, one_error, open_app, widget
+from tests.test_dashboard import ROOT, cli, downloaded_toml_from_state, figures, one_error, open_app, widget
 
 FAST = {"kvsim.capacity.seeds": 2, "kvsim.capacity.resolution": 0.1, "kvsim.capacity.requests": 300}
 FAST_CLI = ("--seeds", "2", "--resolution", "0.1", "--requests", "300")
@@ -55,6 +58,9 @@ def test_capacity_page_is_kvsim_plan(tmp_path, downloads):
     at.switch_page("views/capacity.py").run()  # the first visit searches with the page's settings
     assert not at.exception and not at.error
     assert [t.value for t in at.title] == ["Capacity"]
+    shown = next(c.value for c in at.caption if c.value.startswith("Same numbers"))
+    assert shown.split("`")[1] == ("python -m kvsim plan scenarios/chat.toml --set engine.max_num_seqs=128 --policy paged "
+                                   "--policy paged-fp8 --seeds 2 --resolution 0.1 --requests 300 --out DIR")
     cli(tmp_path, downloaded_toml_from_state(at), *FAST_CLI, "--quiet", "--out", "out", command="plan")
     plan_json = (tmp_path / "out/plan.json").read_bytes()
     assert offered(at, downloads, "plan.json") == plan_json  # the download is the CLI's file
@@ -110,8 +116,12 @@ def test_deployment_search_is_kvsim_plan_target_rate(tmp_path, downloads):
     [submit] = [b for b in at.button if b.label == "Search deployments"]
     submit.click().run()
     assert not at.exception and not at.error
-    cli(tmp_path, downloaded_toml_from_state(at), "--target-rate", "20", "--policy", "paged-fp8", "--gpu", "A100-80GB",
-        "--gpu", "H100-SXM", "--tp", "1", "--tp", "2", *FAST_CLI, "--quiet", "--out", "out", command="plan")
+    shown = next(c.value for c in at.caption if c.value.startswith("Same numbers") and "--target-rate" in c.value)
+    command = shown.split("`")[1]  # the command the page gives, run as it says
+    assert command == ("python -m kvsim plan scenarios/chat.toml --target-rate 20 --policy paged-fp8 --gpu A100-80GB "
+                       "--gpu H100-SXM --tp 1 --tp 2 --seeds 2 --resolution 0.1 --requests 300 --out DIR")
+    subprocess.run([sys.executable, *shlex.split(command.replace("DIR", str(tmp_path / "out")))[1:], "--quiet"],
+                   cwd=ROOT, check=True, capture_output=True)
     plan_json = (tmp_path / "out/plan.json").read_bytes()
     assert offered(at, downloads, "plan.json", index=1) == plan_json
     deployments = json.loads(plan_json)["deployments"]
@@ -125,7 +135,6 @@ def test_deployment_search_is_kvsim_plan_target_rate(tmp_path, downloads):
                                         f"{'≥' if d['meets_target'] else '<'}20" for d in deployments]
     passing = [d for d in deployments if d["meets_target"]]
     assert passing and figures(at)[-1]["data"][0]["x"] == [d["usd_per_m_output"] for d in passing]
-    assert "--target-rate 20 --policy paged-fp8 --gpu A100-80GB --gpu H100-SXM --tp 1 --tp 2" in at.caption[-1].value
 
 
 def test_a_model_that_does_not_fit_is_one_line_and_the_deployment_search_still_runs():

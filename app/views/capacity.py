@@ -9,6 +9,7 @@ settings (kvdash.plans); the first visit runs the quick default plan once, so th
 """
 
 import os
+import shlex
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -231,6 +232,19 @@ def deploy_targets(scenario) -> plans.Targets | None:
     return plans.Targets(float(rate), policy, tuple(g for g in GPUS if g in gpus), tuple(sorted(tps)), int(most))
 
 
+def command(args: str, policies: bool) -> str:
+    """`kvsim plan` with `args` on the sidebar's scenario: the shipped file with the sidebar's changes as
+    `--set` (and `--policy` for the ones compared, when `policies`), else the scenario file offered above."""
+    b = cur.base
+    shipped = b.source.startswith("scenarios/") and not b.overrides and not cur.unset
+    if not shipped:
+        return f"python -m kvsim plan SCENARIO.toml {args}` (SCENARIO.toml: the scenario file offered above)"
+    sets = "".join(f" --set {shlex.quote(o)}" for o in cur.overrides)
+    if policies and len(cur.policies) < len(b.scenario.policies):
+        sets += "".join(f" --policy {p}" for p in cur.policies)
+    return f"python -m kvsim plan {b.source}{sets} {args}`"
+
+
 def remembered(name: str, key: tuple, pressed: bool, first_visit: bool = False):
     """The search to show: this one when its button was pressed (or on a first visit, if allowed), else
     the session's last one of `name` if it searched this very scenario."""
@@ -248,6 +262,9 @@ hw = scenario.hardware
 st.caption(f"{scenario.name}: {scenario.model.name or 'hf_config model'} on {hw.gpu}, TP {hw.tensor_parallel_size} × "
            f"{hw.num_replicas} replica{'s' if hw.num_replicas > 1 else ''}; {slo_text(scenario.slo.model_dump())}. "
            "Sustainable = the SLO met at its percentile and the engine keeping up with the arrivals.")
+st.download_button("scenario TOML", cur.download_toml(), file_name=f"{scenario.name or 'scenario'}.toml",
+                   mime="application/toml", on_click="ignore", key="kvsim.capacity.dl_toml",
+                   help="These settings as a scenario file for `python -m kvsim plan`")
 with st.expander("Search settings", expanded=True):
     count = runs.request_count(*here)  # None: a duration, not a count
     search, workers = search_settings(min(count or DEFAULT_REQUESTS, DEFAULT_REQUESTS))
@@ -262,9 +279,8 @@ with errors.caught(st):
     else:
         (_, settings_used) = want
         result = plans.plan(*here, settings_used, _workers=workers)
-        st.caption(f"Same numbers: `python -m kvsim plan SCENARIO.toml {settings_used.cli()} --out DIR` on the "
-                   "scenario file the What-if page offers" + ("" if settings_used == search else
-                                                               " (these are the last settings searched)"))
+        st.caption("Same numbers: `" + command(f"{settings_used.cli()} --out DIR", policies=True)
+                   + ("" if settings_used == search else " (these are the last settings searched)"))
         show_plan(result)
 
 st.subheader("Deployment search: the cheapest layouts at a target rate")
@@ -277,6 +293,6 @@ with errors.caught(st):
     else:
         (_, settings_used, targets_used) = want
         result = plans.deploy(*here, settings_used, targets_used, _workers=workers)
-        st.caption(f"Same numbers: `python -m kvsim plan SCENARIO.toml {targets_used.cli(tuple(GPUS))} "
-                   f"{settings_used.cli()} --out DIR`")
+        st.caption("Same numbers: `" + command(f"{targets_used.cli(tuple(GPUS))} {settings_used.cli()} --out DIR",
+                                               policies=False))
         show_deploy(result)

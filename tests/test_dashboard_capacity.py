@@ -137,9 +137,14 @@ def test_deployment_search_is_kvsim_plan_target_rate(tmp_path, downloads):
     assert passing and figures(at)[-1]["data"][0]["x"] == [d["usd_per_m_output"] for d in passing]
 
 
-def test_a_model_that_does_not_fit_is_one_line_and_the_deployment_search_still_runs():
+def test_a_model_that_does_not_fit_is_one_line_and_the_deployment_search_still_offered():
     at = capacity_page({("selectbox", "model.name"): "Llama-3.1-70B"})
     message = one_error(at)
+    assert not at.get("progress")  # no bar left behind by the failed search
     assert message.startswith("scenarios/chat.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at tp=1) "
                               "does not fit on H100-SXM")
-    assert [b.label for b in at.button if b.label == "Search deployments"]
+    at.multiselect(key="kvsim.capacity.gpus").set_value([])
+    [submit] = [b for b in at.button if b.label == "Search deployments"]
+    submit.click().run()  # the rate search's line stays, and the deployment search says what is missing
+    assert [e.value for e in at.error] == [message, "deployment search: choose at least one candidate GPU and one "
+                                                    "TP degree"]

@@ -85,10 +85,11 @@ def plan(toml_text: str, source: str, base_dir: str, inputs_digest: str, setting
     """`kvsim.plan` of the scenario (`inputs_digest` keys the uploaded files it reads)."""
     scenario = _scenario(toml_text, source, base_dir)
     bar = Bar("Finding each policy's maximum sustainable rate")
-    result = kvsim.plan(scenario, seeds=settings.seeds, resolution=settings.resolution,
-                        num_requests=settings.num_requests, workers=_workers, progress=bar)
-    bar.close()
-    return result
+    try:
+        return kvsim.plan(scenario, seeds=settings.seeds, resolution=settings.resolution,
+                          num_requests=settings.num_requests, workers=_workers, progress=bar)
+    finally:
+        bar.close()  # also when the search fails (one error line) or a widget change stops it
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -97,9 +98,10 @@ def deploy(toml_text: str, source: str, base_dir: str, inputs_digest: str, setti
     """`kvsim.deploy` of the scenario: the cheapest layouts meeting its SLO at the target rate."""
     scenario = _scenario(toml_text, source, base_dir)
     bar = Bar(f"Searching deployments for {targets.target_rate:g} req/s")
-    result = kvsim.deploy(scenario, targets.target_rate, gpus=list(targets.gpus),
-                          tensor_parallel=targets.tensor_parallel, policy=targets.policy, seeds=settings.seeds,
-                          resolution=settings.resolution, num_requests=settings.num_requests, top=targets.top,
-                          max_replicas=targets.max_replicas, workers=_workers, progress=bar)
-    bar.close()
-    return result
+    try:
+        return kvsim.deploy(scenario, targets.target_rate, gpus=list(targets.gpus),
+                            tensor_parallel=targets.tensor_parallel, policy=targets.policy, seeds=settings.seeds,
+                            resolution=settings.resolution, num_requests=settings.num_requests, top=targets.top,
+                            max_replicas=targets.max_replicas, workers=_workers, progress=bar)
+    finally:
+        bar.close()

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from kvdash import errors, plans, runs, settings
+from kvsim.errors import KvsimError
 from kvsim.planning.capacity import DEFAULT_REQUESTS
 from kvsim.planning.output import deploy_lines, plan_files, plan_lines
 from kvsim.results.report import policy_colors, slo_text
@@ -229,6 +230,8 @@ def deploy_targets(scenario) -> plans.Targets | None:
         go_ = st.form_submit_button("Search deployments", type="primary")
     if not go_:
         return None
+    if not gpus or not tps:
+        raise KvsimError("deployment search: choose at least one candidate GPU and one TP degree")
     return plans.Targets(float(rate), policy, tuple(g for g in GPUS if g in gpus), tuple(sorted(tps)), int(most))
 
 

@@ -5,7 +5,10 @@ unpacks nothing."""
 
 import io
 import json
+import shlex
 import stat
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -70,14 +73,18 @@ def test_built_in_example_is_kvsim_validate(tmp_path):
     toml = (ROOT / "scenarios/validate_h100.toml").read_text()
     assert_shows(at, cli_records(tmp_path / "example", toml, EXAMPLE))
     assert [i.value for i in at.info][0].startswith("The example was measured for scenarios/validate_h100.toml")
+    assert at.caption[0].value.endswith("`python -m kvsim validate scenarios/validate_h100.toml --measured "
+                                        "benchmarks/results/validate_h100`")
 
     at.button(key="kvsim.validation.use_example").click().run()  # into the sidebar, then a setting changed
     assert at.sidebar.selectbox(key="kvsim.shipped").value == "validate_h100" and not at.info
     widget(at, "number_input", "hardware.gpu_memory_utilization").set_value(0.8).run()
-    toml = downloaded_toml_from_state(at)
-    assert "gpu_memory_utilization = 0.8" in toml
-    (tmp_path / "changed").mkdir()
-    records = cli_records(tmp_path / "changed", toml, EXAMPLE)
+    command = at.caption[0].value.split("`")[1]  # run as the page gives it
+    assert command == ("python -m kvsim validate scenarios/validate_h100.toml --set hardware.gpu_memory_utilization=0.8 "
+                       "--measured benchmarks/results/validate_h100")
+    subprocess.run([sys.executable, *shlex.split(command)[1:], "--out", str(tmp_path / "changed.json")], cwd=ROOT,
+                   check=True, capture_output=True)
+    records = json.loads((tmp_path / "changed.json").read_text())["records"]
     assert next(r for r in records if r["figure"] == "KV blocks")["predicted"] < 28459  # less memory, fewer blocks
     assert_shows(at, records)
 

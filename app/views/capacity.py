@@ -9,7 +9,6 @@ settings (kvdash.plans); the first visit runs the quick default plan once, so th
 """
 
 import os
-import shlex
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -235,17 +234,11 @@ def deploy_targets(scenario) -> plans.Targets | None:
     return plans.Targets(float(rate), policy, tuple(g for g in GPUS if g in gpus), tuple(sorted(tps)), int(most))
 
 
-def command(args: str, policies: bool) -> str:
-    """`kvsim plan` with `args` on the sidebar's scenario: the shipped file with the sidebar's changes as
-    `--set` (and `--policy` for the ones compared, when `policies`), else the scenario file offered above."""
-    b = cur.base
-    shipped = b.source.startswith("scenarios/") and not b.overrides and not cur.unset
-    if not shipped:
-        return f"python -m kvsim plan SCENARIO.toml {args}` (SCENARIO.toml: the scenario file offered above)"
-    sets = "".join(f" --set {shlex.quote(o)}" for o in cur.overrides)
-    if policies and len(cur.policies) < len(b.scenario.policies):
-        sets += "".join(f" --policy {p}" for p in cur.policies)
-    return f"python -m kvsim plan {b.source}{sets} {args}`"
+def same_numbers(args: str, policies: bool) -> str:
+    """'Same numbers: `python -m kvsim plan ...`' with `args` on the sidebar's scenario."""
+    scenario = cur.arguments(policies)
+    note = "" if scenario else " (SCENARIO.toml: the scenario file above)"
+    return f"Same numbers: `python -m kvsim plan {scenario or 'SCENARIO.toml'} {args}`{note}"
 
 
 def remembered(name: str, key: tuple, pressed: bool, first_visit: bool = False):
@@ -282,7 +275,7 @@ with errors.caught(st):
     else:
         (_, settings_used) = want
         result = plans.plan(*here, settings_used, _workers=workers)
-        st.caption("Same numbers: `" + command(f"{settings_used.cli()} --out DIR", policies=True)
+        st.caption(same_numbers(f"{settings_used.cli()} --out DIR", policies=True)
                    + ("" if settings_used == search else " (these are the last settings searched)"))
         show_plan(result)
 
@@ -296,6 +289,5 @@ with errors.caught(st):
     else:
         (_, settings_used, targets_used) = want
         result = plans.deploy(*here, settings_used, targets_used, _workers=workers)
-        st.caption("Same numbers: `" + command(f"{targets_used.cli(tuple(GPUS))} {settings_used.cli()} --out DIR",
-                                               policies=False))
+        st.caption(same_numbers(f"{targets_used.cli(tuple(GPUS))} {settings_used.cli()} --out DIR", policies=False))
         show_deploy(result)

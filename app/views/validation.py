@@ -20,6 +20,7 @@ from kvsim.scenario.files import read_text
 
 EXAMPLE = SCENARIO_DIR.parent / "benchmarks" / "results" / "validate_h100"
 EXAMPLE_SCENARIO = "validate_h100"
+EXAMPLE_NAME = "benchmarks/results/validate_h100"
 SOURCES = ("built-in example: an H100 run of validate_h100", "upload a measured run")
 GOOD = 0.10  # the shaded band: kvsim calibrate's default hold-out bound
 
@@ -33,7 +34,8 @@ def use_example_scenario() -> None:
 
 
 def example():
-    """(scenario key, measured path, name, measured digest, policies) of the built-in example."""
+    """(scenario key, measured path, name, measured digest, policies, command-line scenario) of the built-in
+    example."""
     if cur.scenario.name == EXAMPLE_SCENARIO:
         scenario = (cur.toml(), cur.base.source, str(cur.base.base_dir), cur.base.digest)
     else:
@@ -45,11 +47,13 @@ def example():
                      f"holds {cur.scenario.name}). Load it into the sidebar to change its settings.")
         cols[1].button(f"Use {EXAMPLE_SCENARIO} in the sidebar", on_click=use_example_scenario,
                        key="kvsim.validation.use_example")
-    return scenario, str(EXAMPLE), "benchmarks/results/validate_h100", measured.digest_of(EXAMPLE), None
+    args = cur.arguments() if cur.scenario.name == EXAMPLE_SCENARIO else scenario[1]
+    return scenario, str(EXAMPLE), EXAMPLE_NAME, measured.digest_of(EXAMPLE), None, args
 
 
 def uploaded():
-    """(scenario key, measured path, name, measured digest, policies) of an upload, or None before one."""
+    """(scenario key, measured path, name, measured digest, policies, command-line scenario) of an upload, or
+    None before one."""
     upload = st.file_uploader("Measured run: a results folder as .zip, or a JSON", type=["zip", "json"],
                               key="kvsim.validation.upload", max_upload_size=max(1, measured.MAX_ZIP_BYTES >> 20),
                               help="A .zip of the results folder of a `triton` backend run of the sidebar's scenario "
@@ -66,7 +70,10 @@ def uploaded():
         policies = (st.selectbox("policy the vLLM server ran", cur.policies, key="kvsim.validation.policy",
                                  help="A bench result measures one server: the scenario's policy with its settings."),)
     scenario = (cur.toml(), cur.base.source, str(cur.base.base_dir), cur.base.digest)
-    return scenario, str(path), upload.name, digest, policies
+    args = cur.arguments(policies=False)
+    if args and policies:
+        args += f" --policy {policies[0]}"
+    return scenario, str(path), upload.name, digest, policies, args
 
 
 def error_figure(records: list[dict], colors: dict) -> dict:
@@ -120,9 +127,10 @@ with errors.caught(st):
     source = st.radio("Measured run", choices, horizontal=True, key="kvsim.validation.source")
     got = example() if source == SOURCES[0] else uploaded()
     if got is not None:
-        scenario, path, name, digest, policies = got
+        scenario, path, name, digest, policies, args = got
         with measured.named(path, name):
             records = measured.validate(*scenario, path, digest, policies)
-        st.caption(f"{scenario[1]} simulated by the analytic backend against {name}: "
-                   f"`python -m kvsim validate SCENARIO.toml --measured {name}` prints the same table")
+        note = "" if args else " (SCENARIO.toml: the scenario file the What-if page offers)"
+        st.caption(f"{scenario[1]} simulated by the analytic backend against {name}; the same table: "
+                   f"`python -m kvsim validate {args or 'SCENARIO.toml'} --measured {name}`{note}")
         show(records, list(dict.fromkeys(r["policy"] for r in records)))  # the scenario's order

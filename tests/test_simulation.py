@@ -167,7 +167,9 @@ def test_8_bit_kv_runs_more_sequences_when_memory_bound(gpu):
         q = s[name]
         assert q["kv"]["num_blocks"] > 1.9 * bf16["kv"]["num_blocks"]
         assert q["peak_running"] > 1.5 * bf16["peak_running"], name
-        assert q["preemptions"] < bf16["preemptions"], name
+        # Preemptions are cheap now that a preempted sequence re-hits its own cached blocks, so
+        # their count says little; the queue drains sooner.
+        assert q["ttft_s"]["mean"] < bf16["ttft_s"]["mean"], name
         assert q["duration_s"] < bf16["duration_s"], name
 
 

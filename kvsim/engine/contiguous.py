@@ -74,6 +74,9 @@ class ContiguousAllocator:
     def get_computed_blocks(self, seq: Sequence) -> list[int]:
         return []
 
+    def cached_prefix_blocks(self, seq: Sequence) -> int:
+        return 0
+
     # ---- allocation ----------------------------------------------------------------------
     def _first_fit(self, n: int) -> int:
         for i, (start, length) in enumerate(self.extents):

@@ -108,7 +108,7 @@ class Simulation:
         least = min(self.replicas, key=_load)
         if self.router == "prefix_affinity" and seq.request.token_ids is not None:
             # The replica caching the longest prefix of the prompt, unless it is much busier.
-            best = max(self.replicas, key=lambda r: (len(r.scheduler.allocator.get_computed_blocks(seq)), -_load(r)))
+            best = max(self.replicas, key=lambda r: (r.scheduler.allocator.cached_prefix_blocks(seq), -_load(r)))
             if _load(best) <= AFFINITY_LOAD_FACTOR * _load(least) + AFFINITY_LOAD_SLACK:
                 return best
         return least

@@ -19,8 +19,8 @@ scenario and seed always give the same stream.
   `token_ids` is the group's prefix: one read-only int32 array, the same object for every member,
   with values in [0, 32000) that depend only on the seed and the group index. Requests outside a
   group have `token_ids=None`, unless the trace carries block ids (Mooncake) and the prompt lengths
-  come from it: then `token_ids` is the row's prompt expanded from its block ids (after the group's
-  prefix, if any).
+  come from it: then `token_ids` is the row's prompt named by its block ids (`KeyedTokens`, expanded
+  into token ids only when read), after the group's prefix if any.
 
 Random numbers come in vectorized chunks from independent generators (arrivals, prompt lengths,
 output lengths, groups: `SeedSequence(seed).spawn(4)`), so changing a length distribution leaves
@@ -35,8 +35,8 @@ from typing import Iterator, Optional
 import numpy as np
 
 from kvsim.scenario.config import ArrivalConfig, LengthDist, PrefixConfig
-from kvsim.scenario.traces import VOCAB_SIZE, Trace, load_trace
-from kvsim.sequence import Request
+from kvsim.scenario.traces import MOONCAKE_BLOCK_SIZE, VOCAB_SIZE, Trace, block_token_ids, load_trace
+from kvsim.sequence import KeyedTokens, Request
 
 CHUNK = 65536
 _GROUP_CONTENT_KEY = 4  # spawn-key branch for group prefix tokens, beside the 4 spawned streams
@@ -93,7 +93,7 @@ def _stream(scenario, trace: Optional[Trace]) -> Iterator[Request]:
         output = _lengths(wl.output_len, output_rng, n, trace, rows, "output_len")
         groups = prefix.draw(n) if prefix is not None else None
         for i in range(n):
-            tokens = trace.token_ids(int(rows[i])) if trace_tokens else None
+            tokens = _keyed_tokens(trace, int(rows[i]), prompt[i]) if trace_tokens else None
             p = prompt[i]
             if groups is not None and groups[i] >= 0:
                 p += prefix.prefix_len
@@ -102,6 +102,12 @@ def _stream(scenario, trace: Optional[Trace]) -> Iterator[Request]:
             rid += 1
         if n < len(times):
             return
+
+
+def _keyed_tokens(trace: Trace, row: int, prompt_len: int) -> KeyedTokens:
+    """The row's prompt by its block ids: the allocator reads the ids, nobody expands 12k tokens."""
+    keys = trace.hash_ids[trace.hash_start[row]:trace.hash_end[row]]
+    return KeyedTokens(keys, MOONCAKE_BLOCK_SIZE, prompt_len, block_token_ids)
 
 
 def _arrival_chunks(cfg: ArrivalConfig, trace: Optional[Trace], rng: np.random.Generator) -> Iterator[list]:

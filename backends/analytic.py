@@ -21,7 +21,8 @@ class AnalyticBackend:
         cal_path = scenario.backend.calibration
         calibration = load_calibration(scenario.resolve(cal_path)) if cal_path else Calibration()
         self.step_model = StepModel(model, gpu, scenario.hardware.tensor_parallel_size,
-                                    policy.kv_cache_dtype, calibration, scenario.engine.block_size)
+                                    policy.kv_cache_dtype, calibration, scenario.engine.block_size,
+                                    per_token_scales=policy.kv_cache_scales == "per_token")
         self.num_blocks = capacity.num_blocks
         self.calibration = calibration
 

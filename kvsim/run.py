@@ -14,7 +14,8 @@ from typing import Callable, Optional
 
 from backends import load_backend
 from kvsim.engine.simulator import Replica, Simulation, make_allocator, make_scheduler
-from kvsim.perf.memory import kv_capacity, max_model_len
+from kvsim.perf.memory import kv_capacity
+from kvsim.scenario.defaults import engine_limits
 from kvsim.results.metrics import Metrics
 from kvsim.results.writer import ResultsWriter
 from kvsim.scenario.catalog import gpu_spec, model_spec
@@ -43,14 +44,15 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
                     on_progress: Optional[Callable[[int], None]] = None) -> tuple[dict, Simulation]:
     """Simulate one policy; returns its summary and the finished simulation."""
     capacity = kv_capacity(scenario, policy, model, gpu)
-    mml = max_model_len(scenario, model)
+    limits = engine_limits(scenario, policy, model, gpu)
+    mml = limits.max_model_len
     backend_cls = load_backend(scenario.backend.name, scenario.source)
     host_blocks = int(scenario.engine.swap_space * GIB // capacity.bytes_per_block)
     replicas = []
     for i in range(scenario.hardware.num_replicas):
         backend = backend_cls(scenario, policy, model, gpu, capacity)
         allocator = make_allocator(scenario, policy, backend.num_blocks, mml)
-        scheduler = make_scheduler(scenario, policy, allocator, mml, host_blocks,
+        scheduler = make_scheduler(scenario, limits, allocator, host_blocks,
                                    use_cohort=getattr(backend, "fuses_decode_runs", False))
         replicas.append(Replica(i, scheduler, backend))
     sim = Simulation(replicas, metrics, scenario.hardware.router, on_progress)
@@ -68,6 +70,8 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
         "preemptions": sum(r.scheduler.num_preemptions for r in replicas),
         "backend": described,
         "kv_cache_dtype": policy.kv_cache_dtype,
+        "max_num_seqs": limits.max_num_seqs,
+        "max_num_batched_tokens": limits.max_num_batched_tokens,
         "allocator": policy.allocator,
         "enable_chunked_prefill": policy.enable_chunked_prefill,
         "enable_prefix_caching": scenario.prefix_caching(policy),

@@ -90,14 +90,14 @@ class StepModel:
     """Step time of one replica (tp GPUs) serving `model` with a given KV-cache dtype."""
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, kv_cache_dtype: str,
-                 calibration: Calibration, block_size: int = 16):
+                 calibration: Calibration, block_size: int = 16, per_token_scales: bool = False):
         self.model, self.gpu, self.tp = model, gpu, tp
         self.kv_cache_dtype, self.calibration, self.block_size = kv_cache_dtype, calibration, block_size
         c = calibration
         peak = (gpu.fp8_tflops if model.dtype == "fp8" else gpu.bf16_tflops) * 1e12
         bandwidth = gpu.hbm_bandwidth_gbps * 1e9 * c.memory_efficiency
-        self.kv_bytes_per_token = kv_bytes_per_token(model, kv_cache_dtype, tp)
-        self.bytes_per_block = bytes_per_block(model, kv_cache_dtype, block_size, tp)
+        self.kv_bytes_per_token = kv_bytes_per_token(model, kv_cache_dtype, tp, per_token_scales)
+        self.bytes_per_block = bytes_per_block(model, kv_cache_dtype, block_size, tp, per_token_scales)
         # Seconds per unit of work, per GPU.
         self.gemm_s_per_flop = 1.0 / (tp * peak * c.compute_efficiency)
         lm_head = model.gemm_flops(0, 1)  # only sampled rows go through lm_head

@@ -70,17 +70,17 @@ class HardwareConfig(_Section):
 
 
 class EngineConfig(_Section):
-    """vLLM engine arguments, with vLLM's defaults (V1, OpenAI server on a >=70 GB GPU)."""
+    """vLLM engine arguments, with vLLM's defaults (V1 `vllm serve`; see kvsim.scenario.defaults)."""
 
     block_size: Literal[1, 8, 16, 32, 64, 128] = 16
-    max_num_seqs: PosInt = 256
-    max_num_batched_tokens: PosInt = 8192
+    max_num_seqs: Optional[PosInt] = None  # None: vLLM's default for the GPU (1024 on >= 70 GiB but A100, else 256)
+    max_num_batched_tokens: Optional[PosInt] = None  # None: vLLM's default for the GPU (8192, else 2048)
     max_model_len: Optional[PosInt] = None  # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     swap_space: NonNegFloat = 4.0  # GiB of host memory per GPU for swapped-out KV, as vLLM
     activation_reserve_gib: Optional[NonNegFloat] = None  # None: estimated from the model
-    fixed_reserve_gib: NonNegFloat = 1.0  # CUDA context, NCCL, cuBLAS workspaces, graphs
+    fixed_reserve_gib: Optional[NonNegFloat] = None  # None: vLLM's non-torch memory (see kvsim.perf.memory)
 
 
 class PolicyConfig(_Section):
@@ -89,6 +89,9 @@ class PolicyConfig(_Section):
     name: str
     allocator: Literal["paged", "contiguous"] = "paged"
     kv_cache_dtype: Literal[KV_CACHE_DTYPES] = "auto"  # type: ignore[valid-type]
+    # fp8: "per_tensor" as vLLM (no scale bytes in the blocks) or "per_token" (a float32 scale per
+    # token and head, as kvsim's triton kernels store them); int8/int4 are always per token.
+    kv_cache_scales: Literal["per_tensor", "per_token"] = "per_tensor"
     enable_chunked_prefill: bool = True
     max_num_batched_tokens: Optional[PosInt] = None  # None: engine.max_num_batched_tokens (the chunk budget)
     enable_prefix_caching: Optional[bool] = None  # None: engine.enable_prefix_caching (paged only)

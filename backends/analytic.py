@@ -35,6 +35,14 @@ class AnalyticBackend:
         return self.step_model.decode_run_within(batch.num_decode_seqs, batch.decode_context_tokens,
                                                  max_steps, budget_s)
 
+    def decode_run_time(self, batch: Batch, k: int) -> float:
+        """Seconds for the first k steps of the cohort-only `batch` repeated (0 for k = 0)."""
+        return self.step_model.decode_run_time(batch.num_decode_seqs, batch.decode_context_tokens, k)
+
+    def decode_steps_within(self, batch: Batch, budget_s: float) -> int:
+        """The smallest k >= 1 whose first k steps take budget_s or more."""
+        return self.step_model.decode_steps_within(batch.num_decode_seqs, batch.decode_context_tokens, budget_s)
+
     def free(self, seq) -> None:
         pass
 

@@ -280,9 +280,10 @@ class Scheduler:
         return emitted, finished
 
     # ---- runs of identical decode steps ----------------------------------------------------
-    def extend_decode_run(self, batch: Batch, max_steps: int) -> int:
+    def extend_decode_run(self, batch: Batch, max_steps: int, on_plan=None) -> int:
         """How many identical decode steps (>= 1) the cohort-only `batch` can run before the
-        schedule could change, at most `max_steps`; the extra steps' blocks are reserved.
+        schedule could change, at most `max_steps`; the extra steps' blocks are reserved
+        (`on_plan(k)` is called first, while the allocator still shows the state before them).
 
         The schedule changes when a sequence finishes or when the blocks would run out (a
         preemption); arrivals are the caller's bound. Nothing else can change it: the waiting
@@ -296,6 +297,8 @@ class Scheduler:
             first = self._cohort_step_blocks  # reserved by schedule()
             k, need = cohort.affordable_steps(k, self.allocator.num_free_blocks + first)
             if k > 1:
+                if on_plan is not None:
+                    on_plan(k)
                 if need > first:
                     self.allocator.reserve(need - first)
             else:

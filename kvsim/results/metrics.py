@@ -271,13 +271,15 @@ class Metrics:
 
     def sample(self, t: float, r: _ReplicaSeries, running: int, waiting: int, swapped: int, blocks_used: int,
                blocks_cached: int, blocks_free: int, reserved_unused_tokens: int, batch_tokens: int,
-               external_fragmentation: float = 0.0) -> None:
-        """The replica's state after an engine step ending at t (`r`: `series(replica)`)."""
+               external_fragmentation: float = 0.0, used_block_s: float = -1.0) -> None:
+        """The replica's state after an engine step ending at t (`r`: `series(replica)`).
+        `used_block_s`: the KV block-seconds since the previous sample, when the engine knows them
+        exactly (a fused run); by default the previous sample's use held until t."""
         if t >= r.bucket_end:
             self._next_bucket(r, t, batch_tokens)
         elif batch_tokens > r.batch_max:
             r.batch_max = batch_tokens
-        r.used_seconds += r.last_used * (t - r.last_t)  # the previous sample's usage held until now
+        r.used_seconds += r.last_used * (t - r.last_t) if used_block_s < 0 else used_block_s
         r.last = (t, running, waiting, swapped, blocks_used, blocks_cached, blocks_free,
                   reserved_unused_tokens, external_fragmentation)
         if external_fragmentation > r.peak_external_fragmentation:
@@ -292,6 +294,11 @@ class Metrics:
             self.peak_running = self._running_now
         if self._waiting_now > self.peak_waiting:
             self.peak_waiting = self._waiting_now
+
+    def note_used(self, r: _ReplicaSeries, blocks_used: int) -> None:
+        """A sample's KV use that no row shows (inside a fused run): it counts for the peak."""
+        if blocks_used > r.peak_used:
+            r.peak_used = blocks_used
 
     def _next_bucket(self, r: _ReplicaSeries, t: float, batch_tokens: int) -> None:
         """Close the open row if t is in a later bucket. `bucket_end` sits 1e-12 (relative) before

@@ -79,7 +79,7 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     }
     summary = metrics.summary(duration_s=end, num_blocks=replicas[0].backend.num_blocks * len(replicas),
                               block_size=scenario.engine.block_size, bytes_per_block=capacity.bytes_per_block,
-                              extra=extra)
+                              extra=extra, num_replicas=len(replicas))
     return summary, sim
 
 

@@ -260,7 +260,7 @@ def test_contiguous_slabs_of_many_sizes_fragment_the_cache_and_pages_do_not():
                   "prompt_len": {"dist": "uniform", "min": 100, "max": 8000},
                   "output_len": {"dist": "uniform", "min": 10, "max": 400}})
     kv = {name: s["kv"] for name, s in run_scenario(sc, write=False).summaries.items()}
-    assert 0 < kv["slabs"]["peak_external_fragmentation"] < 1
+    assert 0 < kv["slabs"]["peak_external_fragmentation"] <= 1  # at times no hole holds the next slab
     assert kv["paged"]["peak_external_fragmentation"] == 0
 
 

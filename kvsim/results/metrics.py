@@ -170,6 +170,10 @@ class Metrics:
         self.rejected_by_reason: dict[str, int] = {}
         self.prompt_tokens = 0
         self.output_tokens = 0
+        self.first_arrival, self.last_arrival = math.inf, -math.inf
+        self._finish_times = array("d")  # per finished request, for figures over the arrival window
+        self._finish_tokens = array("q")  # its prompt + output tokens
+        self._finish_outputs = array("q")
         self.prefix_hit_tokens = 0
         self.preemptions = 0
         self._replicas: dict[int, _ReplicaSeries] = {}
@@ -192,6 +196,10 @@ class Metrics:
         tpot = (seq.finish_time - seq.first_token_time) / (n_out - 1) if n_out > 1 else None
         self.ttft.append(ttft)
         self.e2e.append(e2e)
+        self._arrived(arrival)
+        self._finish_times.append(seq.finish_time)
+        self._finish_tokens.append(seq.request.prompt_len + n_out)
+        self._finish_outputs.append(n_out)
         if tpot is not None:
             self.tpot.append(tpot)
         self.num_finished += 1
@@ -208,7 +216,14 @@ class Metrics:
                 "" if tpot is None else TIME % tpot, e2e, r.prompt_len, n_out, seq.num_cached_tokens,
                 seq.num_preemptions))
 
+    def _arrived(self, t: float) -> None:
+        if t < self.first_arrival:
+            self.first_arrival = t
+        if t > self.last_arrival:
+            self.last_arrival = t
+
     def on_reject(self, seq: Sequence) -> None:
+        self._arrived(seq.request.arrival_time)
         reason = seq.reject_reason or "unknown"
         self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
         self.preemptions += seq.num_preemptions
@@ -334,26 +349,45 @@ class Metrics:
 
     # ---- summary
 
-    def _kv_summary(self, num_blocks: int, block_size: int, bytes_per_block: int) -> dict:
-        """Peak is the largest one replica reached; the mean is time-weighted over each replica's
-        samples (a value holds until the next sample) and averaged over replicas by time."""
+    def _kv_summary(self, num_blocks: int, block_size: int, bytes_per_block: int, num_replicas: int = 1) -> dict:
+        """Fractions are of one replica's blocks: the peak is the largest one replica reached; the
+        mean is time-weighted over each replica's samples (a value holds until the next sample) and
+        averaged over replicas by time."""
         reps = [r for r in self._replicas.values() if r.last]  # replicas that ran a step
+        per_replica = num_blocks // num_replicas
         peak = max((r.peak_used for r in reps), default=0)
         span = sum(r.last_t - r.first_t for r in reps)
         used_seconds = sum(r.used_seconds for r in reps)
         if span > 0:
-            mean_frac = used_seconds / span / num_blocks
+            mean_frac = used_seconds / span / per_replica
         elif reps:  # one instant per replica: the plain mean of the samples
-            mean_frac = sum(r.last[4] for r in reps) / len(reps) / num_blocks
+            mean_frac = sum(r.last[4] for r in reps) / len(reps) / per_replica
         else:
             mean_frac = None
-        return {"num_blocks": num_blocks, "block_size": block_size, "bytes_per_block": bytes_per_block,
-                "peak_used_blocks": peak, "peak_used_fraction": peak / num_blocks if num_blocks else None,
-                "mean_used_fraction": mean_frac if num_blocks else None,
+        return {"num_blocks": num_blocks, "num_blocks_per_replica": per_replica, "block_size": block_size,
+                "bytes_per_block": bytes_per_block,
+                "peak_used_blocks": peak, "peak_used_fraction": peak / per_replica if per_replica else None,
+                "mean_used_fraction": mean_frac if per_replica else None,
                 "peak_external_fragmentation": max((r.peak_external_fragmentation for r in reps), default=0.0)}
 
+    def _arrival_window(self) -> dict:
+        """Offered rate and throughput between the first and the last arrival (requests finished
+        by the last arrival), beside the whole run's figures, which include the drain at the end."""
+        start, end = self.first_arrival, self.last_arrival
+        received = self.num_finished + sum(self.rejected_by_reason.values())
+        width = end - start if received else 0.0
+        if width <= 0:
+            return {"start_s": None if not received else start, "end_s": None if not received else end,
+                    "offered_rps": None, "requests_per_s": None, "output_tokens_per_s": None,
+                    "total_tokens_per_s": None}
+        done = np.frombuffer(self._finish_times, dtype=np.float64) <= end
+        return {"start_s": start, "end_s": end, "offered_rps": (received - 1) / width,
+                "requests_per_s": int(done.sum()) / width,
+                "output_tokens_per_s": int(np.frombuffer(self._finish_outputs, dtype=np.int64)[done].sum()) / width,
+                "total_tokens_per_s": int(np.frombuffer(self._finish_tokens, dtype=np.int64)[done].sum()) / width}
+
     def summary(self, *, duration_s: float, num_blocks: int, block_size: int, bytes_per_block: int,
-                extra: dict | None = None) -> dict:
+                extra: dict | None = None, num_replicas: int = 1) -> dict:
         """The policy's figures as plain JSON values; undefined ones (no finished request) are None."""
         rejected = sum(self.rejected_by_reason.values())
         received = self.num_finished + rejected
@@ -373,7 +407,8 @@ class Metrics:
             "peak_running": self.peak_running,
             "peak_waiting": self.peak_waiting,
             "admission_blocked_s": dict(sorted(self.admission_blocked_s.items())),
-            "kv": self._kv_summary(num_blocks, block_size, bytes_per_block),
+            "kv": self._kv_summary(num_blocks, block_size, bytes_per_block, num_replicas),
+            "arrival_window": self._arrival_window(),
             "preemptions": self.preemptions,
             "prefix_hit_rate": self.prefix_hit_tokens / self.prompt_tokens if self.prompt_tokens else None,
             "duration_s": duration_s,

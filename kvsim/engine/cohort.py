@@ -24,6 +24,8 @@ from kvsim.sequence import Sequence
 
 _T1 = {bs: list(range(bs)) for bs in (1, 8, 16, 32, 64, 128, 4, 2)}
 _T2 = {bs: [t * t for t in range(bs)] for bs in _T1}
+_J1 = {bs: list(range(1, bs + 1)) for bs in _T1}
+_J2 = {bs: [j * j for j in range(1, bs + 1)] for bs in _T1}
 
 
 class DecodeCohort:
@@ -119,6 +121,9 @@ class DecodeCohort:
         res = self.residues[::-1]  # step j takes residues[-(clock + j - 1) % bs]: a rotation of this
         s = (bs - 1 - (-self.clock % bs)) % bs
         w = res[s:] + res[:s]  # w[t]: members crossing at steps j with (j - 1) % bs == t
+        if steps <= bs:  # the usual run: within one period
+            part = w[:steps]
+            return sum(map(mul, part, _J1[bs])), sum(map(mul, part, _J2[bs]))
         q, rem = divmod(steps, bs)
         s0, s1, s2 = sum(w), sum(map(mul, w, _T1[bs])), sum(map(mul, w, _T2[bs]))
         lin = bs * q * (q - 1) // 2 + q  # sum over full periods p < q of (p * bs + 1)

@@ -159,7 +159,7 @@ class Simulation:
                 if k > 1:
                     plan = []  # the run's figures step by step, read before its blocks are taken
                     fits = sched.extend_decode_run(batch, k, lambda k: plan.append(
-                        self._plan_run(rep, batch, k, now, metrics.interval)))
+                        self._plan_run(rep, batch, k, now, first, metrics.interval)))
                     if fits < k:
                         k, duration, first = backend.decode_run(batch, fits)
                     run = plan[0] if plan else None
@@ -201,48 +201,56 @@ class Simulation:
                            used_block_s=block_s)
             now = end
 
-    def _plan_run(self, rep: Replica, batch, k: int, now: float, interval: float) -> tuple[list, float]:
+    def _plan_run(self, rep: Replica, batch, k: int, now: float, first: float, interval: float) -> tuple:
         """A fused run of k decode steps starting at `now`, seen step by step in closed form: the
         samples step-by-step scheduling would leave as the last of each time-series bucket the run
         crosses (but its last), the KV block-seconds it holds, and the blocks held after its
-        next-to-last step (the most it holds in a sample: the last step may free finished ones). Called before the run's later
-        blocks are taken (its first step's are), so the free queue shows what they will evict."""
+        next-to-last step (the most it holds in a sample: the last step may free finished ones).
+        Called before the run's later blocks are taken (its first step's are)."""
+        sched, backend = rep.scheduler, rep.backend
+        cohort = sched.cohort
+        tk = backend.decode_run_time(batch, k)
+        marks = (self._run_marks(rep, batch, k, now, first, tk, interval)
+                 if int((now + first) // interval) != int((now + tk) // interval) else ())
+        u0 = sched.allocator.num_used_blocks - sched._cohort_step_blocks  # before the run's first step
+        if not cohort.grows:
+            return marks, u0 * tk, u0
+        # Block-seconds: sum over steps j of U(j-1) * dt_j, U(j) = U0 + B(j) the blocks held after
+        # step j. By parts: (U0 + B(k-1)) * T(k) - sum_{j<k} (B(j) - B(j-1)) * T(j), and with
+        # T(j) = a*j + b*j(j-1)/2 the last sum is a*M1 + b*(M2 - M1)/2 (the cohort's moments).
+        last = cohort.blocks_needed(k - 1)
+        if k == 2:
+            held = last * first
+        else:
+            m1, m2 = cohort.crossing_moments(k - 1)
+            b = backend.decode_run_time(batch, 2) - 2 * first
+            if abs(first * k + b * k * (k - 1) / 2 - tk) > 1e-9 * tk:  # the run changes regime: step by step
+                held = sum((cohort.blocks_needed(j) - cohort.blocks_needed(j - 1)) * backend.decode_run_time(batch, j)
+                           for j in range(1, k))
+            else:
+                held = first * m1 + b * (m2 - m1) / 2
+        return marks, (u0 + last) * tk - held, u0 + last
+
+    def _run_marks(self, rep: Replica, batch, k: int, now: float, first: float, tk: float, interval: float) -> list:
+        """The samples of the last step ending in each bucket the run crosses, but the end's."""
         sched, backend = rep.scheduler, rep.backend
         alloc, cohort = sched.allocator, sched.cohort
-        first_blocks, size = cohort.blocks_needed(1), batch.cohort_size
-        used, reserved, free = alloc.num_used_blocks, alloc.reserved_unused_tokens, alloc.num_free_blocks
-        cached = alloc.num_cached_blocks
-        t1, tk = backend.decode_run_time(batch, 1), backend.decode_run_time(batch, k)
-        steps = []  # the last step ending in each bucket from the first step's to the one before the end's
-        for b in range(int((now + t1) // interval), int((now + tk) // interval)):
+        steps = []
+        for b in range(int((now + first) // interval), int((now + tk) // interval)):
             j = backend.decode_steps_within(batch, (b + 1) * interval - now) - 1
             if j >= 1 and (not steps or j > steps[-1]) and int((now + backend.decode_run_time(batch, j)) // interval) == b:
                 steps.append(j)
-        marks = []
-        if steps:
-            more = [cohort.blocks_needed(j) - first_blocks for j in steps]
-            queue = getattr(alloc, "free_queue", None)
-            evicted = queue.cached_ahead(more) if queue is not None else [0] * len(steps)
-            frag = alloc.external_fragmentation
-            for j, m, e in zip(steps, more, evicted):
-                marks.append((now + backend.decode_run_time(batch, j), sched.num_running, len(sched.waiting),
-                              len(sched.swapped), used + m, cached - e, free - m - (cached - e),
-                              reserved + m * alloc.block_size - j * size, size, frag))
-        # Block-seconds: sum over steps j of U(j-1) * dt_j, U(j) = U0 + B(j) the blocks held after
-        # step j. By parts: U0 * T(k) + B(k-1) * T(k) - sum_j (B(j) - B(j-1)) * T(j), and with
-        # T(j) = a*j + b*j(j-1)/2 the last sum is a*M1 + b*(M2 - M1)/2 (the cohort's moments).
-        u0 = used - first_blocks
-        if not cohort.grows:
-            return marks, u0 * tk, u0
-        m1, m2 = cohort.crossing_moments(k - 1)
-        a = t1
-        b = backend.decode_run_time(batch, 2) - 2 * t1 if k > 2 else 0.0
-        if k > 2 and abs(a * k + b * k * (k - 1) / 2 - tk) > 1e-9 * tk:  # the run changes regime: step by step
-            held = sum((cohort.blocks_needed(j) - cohort.blocks_needed(j - 1) if j > 1 else first_blocks)
-                       * backend.decode_run_time(batch, j) for j in range(1, k))
-        else:
-            held = a * m1 + b * (m2 - m1) / 2
-        return marks, (u0 + cohort.blocks_needed(k - 1)) * tk - held, u0 + cohort.blocks_needed(k - 1)
+        if not steps:
+            return []
+        first_blocks, size = sched._cohort_step_blocks, batch.cohort_size
+        used, reserved, free = alloc.num_used_blocks, alloc.reserved_unused_tokens, alloc.num_free_blocks
+        cached, frag = alloc.num_cached_blocks, alloc.external_fragmentation
+        more = [cohort.blocks_needed(j) - first_blocks for j in steps]
+        queue = getattr(alloc, "free_queue", None)
+        evicted = queue.cached_ahead(more) if queue is not None else [0] * len(steps)
+        return [(now + backend.decode_run_time(batch, j), sched.num_running, len(sched.waiting), len(sched.swapped),
+                 used + m, cached - e, free - m - (cached - e), reserved + m * alloc.block_size - j * size, size, frag)
+                for j, m, e in zip(steps, more, evicted)]
 
     def _stamp_tokens(self, emitted: list[Sequence], t_token: float, t_end: float) -> None:
         """Token times of the explicitly scheduled sequences (one token each, at t_token)."""

@@ -477,3 +477,25 @@ def test_prefix_hit_memo_is_per_allocator_and_dropped_on_eviction():
     a.allocate(filler, 24)
     assert a.num_cached_blocks < 4
     assert len(a.get_computed_blocks(probe)) < 4  # the memo went with the eviction
+
+
+def test_cached_ahead_counts_what_pops_would_evict():
+    """A run of pops, counted before it happens, evicts what the pops then evict, stale entries
+    (hits taken from the middle) and uncached entries (partly filled tail blocks) included."""
+    bm = BlockManager(12, 4)
+    seqs = [seq_of(i, 10, list(range(100 * i, 100 * i + 10)), output_len=50) for i in range(3)]
+    for s in seqs:  # 3 blocks each: 2 full (cached once freed), the last holding 2 tokens
+        bm.allocate(s, 10)
+        s.num_computed_tokens = 10
+    for s in seqs:
+        s.num_output_tokens = s.request.output_len
+        bm.deallocate(s)
+    again = seq_of(9, 10, list(range(100, 110)))  # hits the second table's 2 full blocks: stale entries
+    bm.allocate(again, 2, bm.get_computed_blocks(again))
+    queue = bm.free_queue
+    counts = list(range(1, queue.num_free + 1))
+    ahead = queue.cached_ahead(counts)
+    before = queue.num_cached
+    for n in counts:  # pop one block at a time and compare
+        queue.pop(1)
+        assert before - queue.num_cached == ahead[n - 1], n

@@ -334,7 +334,7 @@ class BlockManager:
     def _adopt(self, seq: Sequence, new: array) -> None:
         """Append blocks taken off the free queue to the sequence's table, one reference each."""
         table = seq.block_table
-        if seq.request.token_ids is not None:
+        if seq.request.token_ids is not None and len(table) * self.block_size < seq.request.prompt_len:
             shared = self.num_shareable(seq) - len(table)  # how many land at shareable positions
             if shared > 0:  # held, and holding nothing until registered
                 ids = np.frombuffer(new, dtype=np.int32)[:shared]

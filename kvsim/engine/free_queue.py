@@ -99,31 +99,26 @@ class FreeBlockQueue:
     def cached_ahead(self, counts) -> list[int]:
         """For each n in `counts` (ascending), how many of the next n blocks `pop` would take hold
         cached content (the evictions a run of pops would make, for figures between its steps)."""
+        if not self.caching:
+            return [0] * len(counts)
         out, fresh = [], self.num_blocks - self.high_water
-        live = self._live_positions(max(counts, default=0) - fresh)
+        stale = sorted(self._stale)
         uncached = iter(self._uncached)
         u, seen = next(uncached, None), 0
         for n in counts:
-            k = n - fresh
+            k = n - fresh  # live log entries among the n
             if k <= 0:
                 out.append(0)
                 continue
-            last = live[k - 1]
+            last = self.head + k - 1  # position of the k-th live entry: stale ranges push it on
+            for lo, hi in stale:
+                if lo > last:
+                    break
+                last += hi - lo
             while u is not None and u <= last:
                 seen += 1
                 u = next(uncached, None)
             out.append(k - seen)
-        return out
-
-    def _live_positions(self, n: int) -> list[int]:
-        """Log positions of the next n live entries."""
-        out, h = [], self.head
-        for lo, hi in sorted(self._stale):
-            if len(out) >= n:
-                break
-            out.extend(range(h, min(lo, h + n - len(out))))
-            h = max(h, hi)
-        out.extend(range(h, h + n - len(out)))
         return out
 
     # ---- freeing to the tail ----------------------------------------------------------------

@@ -326,10 +326,9 @@ class BlockManager:
     def _take(self, n: int) -> array:
         """n blocks off the head of the free queue; whatever they held is evicted."""
         queue = self.free_queue
-        blocks = queue.pop(n)
-        if queue.high_water > len(self.content.ref):
-            self.content.grow(queue.high_water)
-        return blocks
+        if queue.high_water + n > len(self.content.ref) and queue.high_water < self.num_blocks:
+            self.content.grow(min(self.num_blocks, queue.high_water + n))
+        return queue.pop(n)
 
     def _adopt(self, seq: Sequence, new: array) -> None:
         """Append blocks taken off the free queue to the sequence's table, one reference each."""
@@ -347,7 +346,7 @@ class BlockManager:
         if n > self.free_queue.num_free:
             raise AllocationError(f"cannot reserve {n} blocks, {self.free_queue.num_free} are free")
         if n:
-            self._reserved += self._take(n)
+            self._reserved += self._take(n)  # cohort blocks: private positions, no per-block state
             self.reserved_unused_tokens += n * self.block_size
 
     def claim(self, seq: Sequence) -> None:

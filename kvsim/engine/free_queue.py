@@ -73,28 +73,37 @@ class FreeBlockQueue:
         if not stale or stale[0][0] >= h + n:  # no stale entry in the way: one slice
             out = self._ids[h - base:h + n - base]
             h += n
+            if stale and stale[0][0] == h:
+                h = self._skip_stale(h)
         else:
             out = array("i")
             while n:
                 end = min(h + n, stale[0][0]) if stale else h + n
                 out.extend(self._ids[h - base:end - base])
                 n -= end - h
-                h = end
-                while stale and stale[0][0] == h:
-                    h = heapq.heappop(stale)[1]
-        while stale and stale[0][0] == h:  # leave the head on a live entry
-            h = heapq.heappop(stale)[1]
+                h = self._skip_stale(end)
         self.head = h
         if self.caching:  # every live entry taken held cached content, but the uncached ones
-            cached, uncached = len(out), self._uncached
-            while uncached and uncached[0] < h:
-                uncached.popleft()
-                cached -= 1
-            self.num_cached -= cached
+            uncached = self._uncached
+            if uncached and uncached[0] < h:
+                cached = len(out)
+                while uncached and uncached[0] < h:
+                    uncached.popleft()
+                    cached -= 1
+                self.num_cached -= cached
+            else:
+                self.num_cached -= len(out)
         if h - base > COMPACT_AFTER and 2 * (h - base) > len(self._ids):  # drop the taken front now and then
             del self._ids[:h - base]
             self._base = h
         return out
+
+    def _skip_stale(self, h: int) -> int:
+        """The first live position from h on (stale ranges starting at h are passed)."""
+        stale = self._stale
+        while stale and stale[0][0] == h:
+            h = heapq.heappop(stale)[1]
+        return h
 
     def cached_ahead(self, counts) -> list[int]:
         """For each n in `counts` (ascending), how many of the next n blocks `pop` would take hold

@@ -196,7 +196,12 @@ class Metrics:
         tpot = (seq.finish_time - seq.first_token_time) / (n_out - 1) if n_out > 1 else None
         self.ttft.append(ttft)
         self.e2e.append(e2e)
-        self._arrived(arrival)
+        if arrival > self.last_arrival:  # arrivals come in order: the first sets both
+            self.last_arrival = arrival
+            if arrival < self.first_arrival:
+                self.first_arrival = arrival
+        elif arrival < self.first_arrival:
+            self.first_arrival = arrival
         self._finish_times.append(seq.finish_time)
         self._finish_tokens.append(seq.request.prompt_len + n_out)
         self._finish_outputs.append(n_out)

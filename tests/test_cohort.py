@@ -94,5 +94,5 @@ def test_crossing_moments_match_brute_force(bs, clock, tokens, steps):
         c.residues[(t - clock) % bs] += 1
         c.size += 1
     crossings = [c.blocks_needed(j) - c.blocks_needed(j - 1) if j > 1 else c.blocks_needed(1) for j in range(1, steps + 1)]
-    assert c.crossing_moments(steps) == (sum(j * n for j, n in enumerate(crossings, 1)),
+    assert c.crossing_moments(steps) == (c.blocks_needed(steps), sum(j * n for j, n in enumerate(crossings, 1)),
                                          sum(j * j * n for j, n in enumerate(crossings, 1)))

@@ -222,13 +222,8 @@ class Simulation:
         # Block-seconds: sum over steps j of U(j-1) * dt_j, U(j) = U0 + B(j) the blocks held after
         # step j. By parts: (U0 + B(k-1)) * T(k) - sum_{j<k} (B(j) - B(j-1)) * T(j), and with T
         # quadratic the last sum is a*M1 + b*(M2 - M1)/2 (the cohort's crossing moments).
-        last = cohort.blocks_needed(k - 1)
-        if not last:
-            held = 0.0
-        elif k == 2:
-            held = last * first
-        elif quadratic:
-            m1, m2 = cohort.crossing_moments(k - 1)
+        last, m1, m2 = cohort.crossing_moments(k - 1)
+        if quadratic:
             held = first * m1 + b * (m2 - m1) / 2
         else:
             held = sum((cohort.blocks_needed(j) - cohort.blocks_needed(j - 1)) * backend.decode_run_time(batch, j)

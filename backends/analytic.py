@@ -22,7 +22,8 @@ class AnalyticBackend:
         calibration, self.calibration_source = resolve_calibration(scenario, gpu.name)
         graphs = () if scenario.backend.enforce_eager else VLLM_GRAPH_SIZES
         self.step_model = StepModel(model, gpu, scenario.hardware.tensor_parallel_size, policy.kv_cache_dtype,
-                                    calibration, scenario.engine.block_size, graphs)
+                                    calibration, scenario.engine.block_size, graphs,
+                                    per_token_scales=policy.kv_cache_scales == "per_token")
         self.num_blocks = capacity.num_blocks
         self.calibration = calibration
 
@@ -34,6 +35,14 @@ class AnalyticBackend:
         k = max_steps, or fewer if a step would start at or after budget_s (the next arrival)."""
         return self.step_model.decode_run_within(batch.num_decode_seqs, batch.decode_context_tokens,
                                                  max_steps, budget_s)
+
+    def decode_run_time(self, batch: Batch, k: int) -> float:
+        """Seconds for the first k steps of the cohort-only `batch` repeated (0 for k = 0)."""
+        return self.step_model.decode_run_time(batch.num_decode_seqs, batch.decode_context_tokens, k)
+
+    def decode_steps_within(self, batch: Batch, budget_s: float) -> int:
+        """The smallest k >= 1 whose first k steps take budget_s or more."""
+        return self.step_model.decode_steps_within(batch.num_decode_seqs, batch.decode_context_tokens, budget_s)
 
     def free(self, seq) -> None:
         pass

@@ -1,11 +1,12 @@
 """Simulator speed benchmark: Azure trace replay and a million synthetic requests.
 
-    python benchmarks/sim_speed.py            # Azure trace (sim + whole CLI) and 1,000,000 requests
-    python benchmarks/sim_speed.py --requests 100000
+    python benchmarks/sim_speed.py            # Azure trace (sim + whole CLI), Mooncake CLI, 1,000,000 requests
+    python benchmarks/sim_speed.py --requests 100000 --skip-mooncake
 
 Prints a markdown table: wall seconds (median of --repeat runs where cheap), peak RSS of the CLI
 process, engine events and the engine steps they stand for. Targets (issue 2): Azure simulation
-<= 1.0 s and whole CLI run <= 3 s with one policy; 1M requests <= 60 s and <= 1 GB RSS.
+<= 1.0 s and whole CLI run <= 3 s with one policy; 1M requests <= 60 s and <= 1 GB RSS. Issue 10:
+scenarios/mooncake.toml (3 policies, 4 replicas, prefix caching) <= 5 s whole CLI and <= 500 MB RSS.
 """
 
 from __future__ import annotations
@@ -75,6 +76,17 @@ def azure(repeat: int) -> list[tuple]:
             ("azure_conv, paged: whole CLI run", n, statistics.median(clis), "", *events, "<= 3 s")]
 
 
+def mooncake() -> list[tuple]:
+    with tempfile.TemporaryDirectory() as tmp:
+        wall, rss = run_cli(["scenarios/mooncake.toml", "--quiet", "--out", str(Path(tmp) / "out")])
+        import json
+        s = json.loads((Path(tmp) / "out" / "summary.json").read_text())["policies"]
+    p = s["paged-prefix-cache"]
+    return [("mooncake, 3 policies: whole CLI run", p["requests"]["received"], wall, f"{rss:,.0f}",
+             sum(x["engine_events"] for x in s.values()), sum(x["engine_steps"] for x in s.values()),
+             "<= 5 s, <= 500 MiB")]
+
+
 def synthetic(n: int) -> list[tuple]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "million.toml"
@@ -91,8 +103,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-azure", action="store_true")
+    ap.add_argument("--skip-mooncake", action="store_true")
     args = ap.parse_args()
     rows = [] if args.skip_azure else azure(args.repeat)
+    rows += [] if args.skip_mooncake else mooncake()
     rows += synthetic(args.requests)
     print(f"cpu: {os.cpu_count()} cores, python {sys.version.split()[0]}")
     print("| run | requests | wall s (median) | peak RSS MiB | engine events | engine steps | target |")

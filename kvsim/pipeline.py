@@ -14,12 +14,13 @@ from typing import Callable, Optional
 
 from backends import load_backend
 from kvsim.engine.simulator import Replica, Simulation, make_allocator, make_scheduler
-from kvsim.perf.memory import check_fits, kv_capacity, max_model_len
+from kvsim.perf.memory import check_fits, kv_capacity
 from kvsim.results.metrics import Metrics
 from kvsim.results.verdict import judge
 from kvsim.results.writer import ResultsWriter
 from kvsim.scenario.catalog import gpu_spec, model_spec
 from kvsim.scenario.config import results_dir
+from kvsim.scenario.defaults import engine_limits
 from kvsim.scenario.workload import expected_count, generate_requests
 
 GIB = 1 << 30
@@ -65,14 +66,15 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
                     on_progress: Optional[Callable[[int], None]] = None) -> tuple[dict, Simulation]:
     """Simulate one policy; returns its summary and the finished simulation."""
     capacity = kv_capacity(scenario, policy, model, gpu)
-    mml = max_model_len(scenario, model)
+    limits = engine_limits(scenario, policy, model, gpu)
+    mml = limits.max_model_len
     backend_cls = load_backend(scenario.backend.name, scenario.source)
     host_blocks = int(scenario.engine.swap_space * GIB // capacity.bytes_per_block)
     replicas = []
     for i in range(scenario.hardware.num_replicas):
         backend = backend_cls(scenario, policy, model, gpu, capacity)
         allocator = make_allocator(scenario, policy, backend.num_blocks, mml)
-        scheduler = make_scheduler(scenario, policy, allocator, mml, host_blocks,
+        scheduler = make_scheduler(scenario, limits, allocator, host_blocks,
                                    use_cohort=getattr(backend, "fuses_decode_runs", False))
         replicas.append(Replica(i, scheduler, backend))
     sim = Simulation(replicas, metrics, scenario.hardware.router, on_progress)
@@ -90,17 +92,17 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
         "preemptions": sum(r.scheduler.num_preemptions for r in replicas),
         "backend": described,
         "kv_cache_dtype": policy.kv_cache_dtype,
+        "max_num_seqs": limits.max_num_seqs,  # per replica
+        "max_num_batched_tokens": limits.max_num_batched_tokens,
         "allocator": policy.allocator,
         "enable_chunked_prefill": policy.enable_chunked_prefill,
         "enable_prefix_caching": scenario.prefix_caching(policy),
         "max_model_len": mml,
-        "max_num_seqs": scenario.engine.max_num_seqs,  # per replica
-        "max_num_batched_tokens": policy.max_num_batched_tokens or scenario.engine.max_num_batched_tokens,
         "num_replicas": scenario.hardware.num_replicas,
     }
     summary = metrics.summary(duration_s=end, num_blocks=replicas[0].backend.num_blocks * len(replicas),
                               block_size=scenario.engine.block_size, bytes_per_block=capacity.bytes_per_block,
-                              extra=extra)
+                              extra=extra, num_replicas=len(replicas))
     summary["verdict"] = judge(summary).as_dict()
     return summary, sim
 

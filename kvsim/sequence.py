@@ -10,9 +10,42 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 from enum import Enum, auto
-from typing import NamedTuple, Optional, Sequence as Seq
+from typing import Callable, NamedTuple, Optional, Sequence as Seq
 
 import numpy as np
+
+
+class KeyedTokens:
+    """Prompt tokens named by chained content keys, `span` tokens a key, expanded only when read.
+
+    Traces such as Mooncake's give a prompt as block hash ids, each standing for `span` tokens and
+    everything before them (the last key may cover fewer). Two prompts share their first k*span
+    tokens exactly when they share their first k keys. The paged allocator derives its block
+    identities from the keys, so no token is materialised or hashed; whoever needs the tokens (the
+    GPU runner, tests) reads them as from an int32 array: `expand(keys)` gives `span` token ids per
+    key, cut to `length`.
+    """
+
+    __slots__ = ("keys", "span", "length", "expand")
+
+    def __init__(self, keys: np.ndarray, span: int, length: int, expand: Callable[[np.ndarray], np.ndarray]):
+        self.keys, self.span, self.length, self.expand = keys, span, length, expand
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        tokens = self.expand(self.keys)[:self.length]
+        return tokens if dtype is None else tokens.astype(dtype)
+
+    def __getitem__(self, index) -> np.ndarray:
+        return np.asarray(self)[index]
+
+    def tobytes(self) -> bytes:
+        return np.asarray(self).tobytes()
+
+    def tolist(self) -> list:
+        return np.asarray(self).tolist()
 
 
 class Request(NamedTuple):
@@ -22,14 +55,15 @@ class Request(NamedTuple):
     `token_ids` is the prompt content where it is known and may be shared with other requests
     (a group's system prompt, a trace's prefix hash ids); it covers the first `len(token_ids)`
     prompt tokens. The rest of the prompt is unique to this request, so no prefix cache can hit it.
-    `token_ids` is None when nothing of the prompt can be shared.
+    `token_ids` is None when nothing of the prompt can be shared. It is an int32 array, or a
+    `KeyedTokens` when a trace names the content by block keys.
     """
 
     request_id: int
     arrival_time: float
     prompt_len: int
     output_len: int
-    token_ids: Optional[np.ndarray] = None
+    token_ids: Optional[np.ndarray | KeyedTokens] = None
 
 
 class SequenceStatus(Enum):
@@ -51,7 +85,7 @@ class Sequence:
     num_output_tokens: int  # tokens generated so far
     num_tokens: int  # prompt + generated: what the KV cache must hold to compute the next token
     block_table: Seq[int]  # block ids, as the allocator keeps them
-    block_hashes: Optional[tuple]  # (chained hashes, token bytes) of the shareable full blocks, lazily
+    block_hashes: Optional[np.ndarray]  # chained identities of the shareable full blocks, set by the allocator
     num_cached_tokens: int  # prompt tokens served by prefix-cache hits, over all admissions
     num_preemptions: int
     first_scheduled_time: float  # -1.0 until it happens, as the other times

@@ -1,5 +1,8 @@
 """The paged BlockManager: hand-computed block counts, prefix caching, misuse, and invariants."""
 
+from array import array
+from collections import OrderedDict
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -74,6 +77,10 @@ def test_a_sequence_of_another_allocator_or_a_replaced_table_raises():
     assert mine.num_free_blocks == 6 and other.num_free_blocks == 6
 
 
+def refs(bm, n):
+    return [bm.ref_count(b) for b in range(n)]
+
+
 def test_an_owned_table_edited_in_place_still_fails_the_reference_counts():
     bm = BlockManager(8, 4)
     prefix = list(range(8))
@@ -83,10 +90,10 @@ def test_an_owned_table_edited_in_place_still_fails_the_reference_counts():
     bm.allocate(b, 8)
     b.num_computed_tokens = 8
     b.block_table[1] = 7  # a free block at a shareable position
-    before = (list(bm.ref_cnt), bm.num_free_blocks)
+    before = (refs(bm, 8), bm.num_free_blocks)
     with pytest.raises(AllocationError, match="which is free"):
         bm.deallocate(b)
-    assert (list(bm.ref_cnt), bm.num_free_blocks) == before
+    assert (refs(bm, 8), bm.num_free_blocks) == before
 
 
 @pytest.mark.parametrize("bad_table, shares_prefix", [
@@ -104,12 +111,12 @@ def test_misused_tables_raise_and_change_nothing(bad_table, shares_prefix):
     for s in (a, b):
         bm.allocate(s, 8)
         s.num_computed_tokens = 8
-    before = (list(bm.ref_cnt), bm.num_free_blocks, bm.free_block_ids())
+    before = (refs(bm, 8), bm.num_free_blocks, bm.free_block_ids())
     victim = seq_of(2, 12, prefix if shares_prefix else None)
-    victim.block_table = bad_table(a.block_table, b.block_table)
+    victim.block_table = array("i", bad_table(a.block_table, b.block_table))
     with pytest.raises(AllocationError):
         bm.deallocate(victim)
-    assert (list(bm.ref_cnt), bm.num_free_blocks, bm.free_block_ids()) == before
+    assert (refs(bm, 8), bm.num_free_blocks, bm.free_block_ids()) == before
     bm.deallocate(a)
     bm.deallocate(b)
     assert bm.num_free_blocks == 8 and sorted(bm.free_block_ids()) == list(range(8))
@@ -139,7 +146,7 @@ def test_prefix_hit_shares_blocks_and_counts_references():
     assert hits == list(a.block_table[:2])
     bm.allocate(b, 12 - 8, hits)
     assert b.num_computed_tokens == 8 and b.num_cached_tokens == 8
-    assert [bm.ref_cnt[x] for x in hits] == [2, 2]
+    assert [bm.ref_count(x) for x in hits] == [2, 2]
     assert list(b.block_table[:2]) == hits and b.block_table[2] not in a.block_table
 
 
@@ -171,82 +178,266 @@ def test_freed_cached_blocks_are_reused_then_evicted_lru():
     assert len(bm.get_computed_blocks(seq_of(4, 9, list(range(50, 58))))) == 2  # b's survives
 
 
-def test_hash_collision_never_returns_other_tokens(monkeypatch):
-    monkeypatch.setattr(bm_mod.xxhash, "xxh64_intdigest", lambda data, seed=0: 42)
+def test_a_preempted_sequence_rehits_its_own_blocks_prompt_and_generated():
+    """Unique content (no token_ids): 10 prompt tokens, then 6 generated; 4 full blocks of 4. Freed
+    unfinished (a recompute preemption), they stay cached, tail block first in the LRU queue."""
     bm = BlockManager(8, 4)
-    a = seq_of(0, 8, [1, 2, 3, 4, 5, 6, 7, 8])
+    a = seq_of(0, 10, output_len=20)
+    bm.allocate(a, 10)
+    a.num_computed_tokens, a.num_output_tokens, a.num_tokens = 10, 1, 11
+    for _ in range(6):  # decode: the slot for the newest token, then it is computed
+        bm.append(a, 1)
+        a.num_computed_tokens += 1
+        a.num_output_tokens += 1
+        a.num_tokens += 1
+    assert list(a.block_table) == [0, 1, 2, 3] and (a.num_computed_tokens, a.num_tokens) == (16, 17)
+    bm.deallocate(a)
+    assert bm.free_block_ids() == [4, 5, 6, 7, 3, 2, 1, 0] and bm.num_cached_blocks == 4
+    c = seq_of(1, 20, output_len=1)  # 5 blocks: the 4 never used, then the LRU head, a's tail block
+    bm.allocate(c, 20)
+    assert list(c.block_table) == [4, 5, 6, 7, 3] and bm.num_cached_blocks == 3
+    c.num_computed_tokens, c.num_output_tokens = 20, 1
+    bm.deallocate(c)  # finished: its 5 full blocks stay cached behind a's
+    assert bm.free_block_ids() == [2, 1, 0, 3, 7, 6, 5, 4] and bm.num_cached_blocks == 8
+    hits = bm.get_computed_blocks(a)
+    assert list(hits) == [0, 1, 2]  # 12 of its 16 computed tokens survive
+    bm.allocate(a, a.num_tokens - 12, hits)  # 5 tokens: 2 new blocks off the head
+    assert a.num_computed_tokens == 12 and a.num_cached_tokens == 12
+    assert list(a.block_table) == [0, 1, 2, 3, 7] and bm.free_block_ids() == [6, 5, 4]
+    assert bm.num_cached_blocks == 3
+
+
+def test_a_full_rehit_leaves_one_token_to_compute():
+    bm = BlockManager(8, 4)
+    a = seq_of(0, 8, output_len=20)
     bm.allocate(a, 8)
-    b = seq_of(1, 8, [9, 9, 9, 9, 9, 9, 9, 9])
-    assert bm.get_computed_blocks(b) == []
+    a.num_computed_tokens, a.num_output_tokens, a.num_tokens = 8, 1, 9
+    bm.deallocate(a)  # preempted right after its prefill: 2 full blocks, 9 tokens to recompute
+    hits = bm.get_computed_blocks(a)
+    assert list(hits) == [1, 0][::-1] and len(hits) * 4 == 8  # (9 - 1) // 4 = 2 blocks may hit
+    bm.allocate(a, 1, hits)
+    assert len(a.block_table) == 3 and a.num_computed_tokens == 8
+
+
+def test_a_finished_sequence_leaves_its_full_blocks_cached_and_no_parking():
+    bm = BlockManager(8, 4)
+    a = seq_of(0, 6, output_len=3)
+    bm.allocate(a, 6)
+    a.num_computed_tokens, a.num_output_tokens = 8, 3  # all generated; the last token has no KV
+    bm.append(a, 0)
+    bm.deallocate(a)
+    assert bm.num_cached_blocks == 2 and bm.free_block_ids()[-2:] == [1, 0]
+    assert not bm._parked
+
+
+def test_prefix_caching_off_caches_nothing():
+    bm = BlockManager(8, 4, enable_prefix_caching=False)
+    a = seq_of(0, 8, list(range(8)), output_len=20)
+    bm.allocate(a, 8)
+    a.num_computed_tokens, a.num_tokens = 8, 9
+    bm.deallocate(a)
+    assert bm.num_cached_blocks == 0 and not bm.get_computed_blocks(a)
+
+
+def test_keyed_tokens_share_blocks_by_key_and_expand_to_the_same_tokens():
+    from kvsim.scenario.traces import block_token_ids
+    from kvsim.sequence import KeyedTokens
+
+    def keyed(keys, length):
+        return KeyedTokens(np.array(keys, dtype=np.int64), 512, length, block_token_ids)
+
+    a, b, c = keyed([0, 1], 1000), keyed([0, 2], 1024), keyed([0, 1], 600)
+    ha, hb, hc = (bm_mod.block_hashes(x, 16) for x in (a, b, c))
+    assert (len(ha), len(hb), len(hc)) == (62, 64, 37)
+    assert (ha[:32] == hb[:32]).all() and not (ha[32:62] == hb[32:62]).any()
+    assert (ha[:37] == hc).all()  # the same keys, cut shorter: the same blocks
+    tokens = np.asarray(a)
+    assert len(tokens) == 1000 and np.array_equal(tokens, block_token_ids(np.array([0, 1]))[:1000])
+    assert np.array_equal(a[512:520], tokens[512:520]) and a.tobytes() == tokens.tobytes()
+
+
+# ---- against a reference: vLLM v0.11.0's BlockPool, block by block ------------------------
+
+class RefPool:
+    """vLLM's BlockPool semantics written plainly: a hash per full block (the chained content of
+    the whole prefix), a hash -> blocks map (first registered first), an LRU OrderedDict."""
+
+    def __init__(self, num_blocks, bs):
+        self.bs = bs
+        self.free = OrderedDict.fromkeys(range(num_blocks))
+        self.ref = [0] * num_blocks
+        self.hash = [None] * num_blocks
+        self.cached = {}  # key -> {block: None}, in registration order
+        self.tables, self.registered = {}, {}
+
+    def keys(self, seq):
+        """The chained key of each full block of the sequence's tokens (prompt and generated)."""
+        ids = seq.request.token_ids
+        shared = 0 if ids is None else len(ids)
+        out, key = [], None
+        for j in range(seq.num_tokens // self.bs):
+            content = tuple(("t", int(ids[p])) if p < shared // self.bs * self.bs else ("u", seq.seq_id, p)
+                            for p in range(j * self.bs, (j + 1) * self.bs))
+            key = (key, content)
+            out.append(key)
+        return out
+
+    def lookup(self, seq):
+        hits = []
+        for key in self.keys(seq)[:(seq.num_tokens - 1) // self.bs]:
+            if key not in self.cached:
+                break
+            hits.append(next(iter(self.cached[key])))
+        return hits
+
+    def holds(self, block, key):
+        return self.hash[block] == key and block in self.cached.get(key, ())
+
+    def can_allocate(self, seq, need, hits):
+        return need + sum(self.ref[b] == 0 for b in hits) <= len(self.free)
+
+    def allocate(self, seq, num_new, hits=()):
+        table = self.tables.setdefault(seq.seq_id, [])
+        for b in hits:
+            if self.ref[b] == 0:
+                del self.free[b]
+            self.ref[b] += 1
+            table.append(b)
+        self.registered.setdefault(seq.seq_id, len(hits))
+        computed = len(hits) * self.bs if hits else seq.num_computed_tokens
+        while len(table) * self.bs < computed + num_new:
+            b, _ = self.free.popitem(last=False)
+            if self.hash[b] is not None:
+                del self.cached[self.hash[b]][b]
+                if not self.cached[self.hash[b]]:
+                    del self.cached[self.hash[b]]
+                self.hash[b] = None
+            self.ref[b] = 1
+            table.append(b)
+        keys = self.keys(seq)
+        upto = min((computed + num_new) // self.bs, len(keys))
+        for j in range(self.registered[seq.seq_id], upto):
+            self.hash[table[j]] = keys[j]
+            self.cached.setdefault(keys[j], {})[table[j]] = None
+        self.registered[seq.seq_id] = max(upto, self.registered[seq.seq_id])
+
+    def deallocate(self, seq):
+        for b in reversed(self.tables.pop(seq.seq_id)):
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                self.free[b] = None
+        del self.registered[seq.seq_id]
 
 
 PREFIXES = [list(range(k * 100, k * 100 + 24)) for k in range(3)]
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
-    """Random admissions, growth and frees against a tiny cache; invariants after every step."""
+    """Random admissions, prefill chunks, decodes, preemptions and finishes against a tiny cache,
+    checked step by step against RefPool: the same hits, the same free queue, block for block."""
 
     def __init__(self):
         super().__init__()
         self.bm = BlockManager(24, 4, enable_prefix_caching=True)
+        self.ref = RefPool(24, 4)
         self.live: list[Sequence] = []
+        self.preempted: list[Sequence] = []
         self.next_id = 0
 
-    @rule(group=st.sampled_from([None, 0, 1, 2]), shared=st.integers(1, 24), extra=st.integers(0, 12))
-    def admit(self, group, shared, extra):
-        tokens = None if group is None else PREFIXES[group][:shared]
-        prompt = (shared if group is not None else 1) + extra
-        s = seq_of(self.next_id, prompt, tokens)
-        self.next_id += 1
+    def _admit(self, s, chunk):
         hits = self.bm.get_computed_blocks(s)
-        for i, blk in enumerate(hits):  # a hit must hold exactly the requested tokens
-            want = np.asarray(tokens[i * 4:(i + 1) * 4], dtype="<i4").tobytes()
-            assert self.bm.block_tokens[blk] == want
-        need = prompt - len(hits) * 4
-        if self.bm.can_allocate(s, need, hits):
-            self.bm.allocate(s, need, hits)
-            s.num_computed_tokens += need
-            self.live.append(s)
-        else:
+        want = self.ref.lookup(s)
+        assert len(hits) == len(want), (list(hits), want, s.seq_id, s.num_tokens, s.request.token_ids)  # the same longest hit ...
+        keys = self.ref.keys(s)
+        assert all(self.ref.holds(b, keys[j]) for j, b in enumerate(hits))  # ... of blocks holding that content
+        need = min(chunk, s.num_tokens - len(hits) * 4)
+        blocks = -(-(len(hits) * 4 + need) // 4) - len(hits)
+        fits = self.ref.can_allocate(s, blocks, list(hits))
+        assert self.bm.can_allocate(s, need, hits) == fits
+        if not fits:
             with pytest.raises(AllocationError):
                 self.bm.allocate(s, need, hits)
+            return False
+        self.ref.allocate(s, need, list(hits))
+        self.bm.allocate(s, need, hits)
+        self._computed(s, need)
+        self.live.append(s)
+        return True
+
+    @staticmethod
+    def _computed(s, n):
+        s.num_computed_tokens += n
+        if s.num_computed_tokens == s.num_tokens:  # the step samples a token, which the next decode computes
+            s.num_output_tokens += 1
+            s.num_tokens += 1
+
+    @rule(group=st.sampled_from([None, 0, 1, 2]), shared=st.integers(1, 24), extra=st.integers(0, 12),
+          chunk=st.sampled_from([1000, 1000, 3, 5, 8]))
+    def admit(self, group, shared, extra, chunk):
+        tokens = None if group is None else PREFIXES[group][:shared]
+        prompt = (shared if group is not None else 1) + extra
+        s = seq_of(self.next_id, prompt, tokens, output_len=1000)
+        self.next_id += 1
+        self.last = s
+        self._admit(s, chunk)
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 100), n=st.integers(1, 9))
-    def grow(self, i, n):
+    def step(self, i, n):
+        """A prefill chunk of up to n tokens, or n decode steps (each computes the newest token)."""
         s = self.live[i % len(self.live)]
-        if self.bm.can_append(s, n):
-            self.bm.append(s, n)
-            s.num_computed_tokens += n
+        for _ in range(n):
+            chunk = min(n, s.num_tokens - s.num_computed_tokens)
+            if not self.bm.can_append(s, chunk):
+                return
+            self.ref.allocate(s, chunk)
+            self.bm.append(s, chunk)
+            self._computed(s, chunk)
+            if chunk > 1:
+                return
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 100))
-    def free(self, i):
-        self.bm.deallocate(self.live.pop(i % len(self.live)))
+    def preempt(self, i):
+        s = self.live.pop(i % len(self.live))
+        self.ref.deallocate(s)
+        self.bm.deallocate(s)
+        self.preempted.append(s)
+
+    @precondition(lambda self: self.preempted)
+    @rule(i=st.integers(0, 100))
+    def readmit(self, i):
+        s = self.preempted[i % len(self.preempted)]
+        if self._admit(s, 1000):
+            self.preempted.remove(s)
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 100))
+    def finish(self, i):
+        s = self.live.pop(i % len(self.live))
+        s.num_output_tokens = s.request.output_len
+        self.ref.deallocate(s)
+        self.bm.deallocate(s)
 
     @invariant()
-    def blocks_conserved(self):
-        bm = self.bm
-        free = bm.free_block_ids()
-        assert len(free) == len(set(free)) == bm.num_free_blocks
-        assert all(bm.ref_cnt[b] == 0 for b in free)
-        used = {b for s in self.live for b in s.block_table}
-        assert not used & set(free)
-        assert len(used) + len(free) == bm.num_blocks
-        assert bm.num_used_blocks + (bm.num_free_blocks - bm.num_cached_blocks) + bm.num_cached_blocks == bm.num_blocks
-        assert bm.num_cached_blocks == sum(1 for b in free if bm.block_hash[b] != bm_mod.NO_HASH)
+    def same_blocks_as_the_reference(self):
+        bm, ref = self.bm, self.ref
+        assert bm.free_block_ids() == list(ref.free)
+        assert bm.num_free_blocks == len(ref.free) and bm.num_used_blocks == 24 - len(ref.free)
+        assert bm.num_cached_blocks == sum(ref.hash[b] is not None for b in ref.free)
+        for s in self.live:
+            assert list(s.block_table) == ref.tables[s.seq_id]
 
     @invariant()
     def refcounts_match_tables(self):
         """Shareable positions are reference counted; every other block has exactly one table."""
-        counts, private = [0] * self.bm.num_blocks, []
+        counts, private = [0] * 24, []
         for s in self.live:
-            k = min(len(s.block_table), self.bm._num_shareable(s))
+            k = min(len(s.block_table), self.bm.num_shareable(s))
             for b in s.block_table[:k]:
                 counts[b] += 1
             private += s.block_table[k:]
-        assert counts == self.bm.ref_cnt
-        assert min(self.bm.ref_cnt) >= 0
+        assert counts == refs(self.bm, 24)
         assert len(private) == len(set(private))
         assert not any(counts[b] for b in private)
 
@@ -258,7 +449,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
-TestBlockManagerMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestBlockManagerMachine.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)
 
 
 @given(st.lists(st.integers(0, 50), min_size=0, max_size=80), st.sampled_from([1, 4, 16]))
@@ -279,10 +470,32 @@ def test_prefix_hit_memo_is_per_allocator_and_dropped_on_eviction():
     owner.num_computed_tokens = 20
     probe = seq_of(1, 20, prefix)
     assert a.get_computed_blocks(probe) == list(owner.block_table[:4])  # a full-chain hit: memoized
-    assert b.get_computed_blocks(probe) == []  # the other allocator caches nothing
+    assert not b.get_computed_blocks(probe)  # the other allocator caches nothing
     assert a.get_computed_blocks(probe) == list(owner.block_table[:4])
     a.deallocate(owner)  # cached, free; a 6-block request must evict some of them
     filler = seq_of(2, 24)
     a.allocate(filler, 24)
     assert a.num_cached_blocks < 4
     assert len(a.get_computed_blocks(probe)) < 4  # the memo went with the eviction
+
+
+def test_cached_ahead_counts_what_pops_would_evict():
+    """A run of pops, counted before it happens, evicts what the pops then evict, stale entries
+    (hits taken from the middle) and uncached entries (partly filled tail blocks) included."""
+    bm = BlockManager(12, 4)
+    seqs = [seq_of(i, 10, list(range(100 * i, 100 * i + 10)), output_len=50) for i in range(3)]
+    for s in seqs:  # 3 blocks each: 2 full (cached once freed), the last holding 2 tokens
+        bm.allocate(s, 10)
+        s.num_computed_tokens = 10
+    for s in seqs:
+        s.num_output_tokens = s.request.output_len
+        bm.deallocate(s)
+    again = seq_of(9, 10, list(range(100, 110)))  # hits the second table's 2 full blocks: stale entries
+    bm.allocate(again, 2, bm.get_computed_blocks(again))
+    queue = bm.free_queue
+    counts = list(range(1, queue.num_free + 1))
+    ahead = queue.cached_ahead(counts)
+    before = queue.num_cached
+    for n in counts:  # pop one block at a time and compare
+        queue.pop(1)
+        assert before - queue.num_cached == ahead[n - 1], n

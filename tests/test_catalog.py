@@ -139,7 +139,7 @@ def test_gpu_figures_are_dense_and_as_reported():
 
 def test_gpu_overrides_apply(tmp_path):
     g = gpu_spec(scenario(tmp_path, "name = 'Qwen3-8B'", "gpu = 'H200'\nmemory_gib = 100.0\nnvlink_gbps = 50.0"))
-    assert g == replace(GPUS["H200"], memory_gib=100.0, nvlink_gbps=50.0)
+    assert g == replace(GPUS["H200"], memory_gib=100.0, cuda_memory_gib=100.0, nvlink_gbps=50.0)  # it reports that size
 
 
 def test_unknown_gpu_names_key(tmp_path):

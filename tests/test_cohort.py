@@ -82,3 +82,17 @@ def test_dissolve_returns_members_in_join_order_and_clears_the_heap():
     assert c.dissolve() == seqs and c.size == 0 and c.steps_to_next_finish() > 1 << 60
     assert all(s.num_computed_tokens == 5 and s.cohort_clock == -1 for s in seqs)
     assert np.all(np.array([len(s.block_table) for s in seqs]) == 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(bs=st.sampled_from([1, 4, 8, 16]), clock=st.integers(0, 1000),
+       tokens=st.lists(st.integers(0, 500), max_size=20), steps=st.integers(0, 80))
+def test_crossing_moments_match_brute_force(bs, clock, tokens, steps):
+    c = DecodeCohort(_Alloc(bs))
+    c.clock = clock
+    for t in tokens:
+        c.residues[(t - clock) % bs] += 1
+        c.size += 1
+    crossings = [c.blocks_needed(j) - c.blocks_needed(j - 1) if j > 1 else c.blocks_needed(1) for j in range(1, steps + 1)]
+    assert c.crossing_moments(steps) == (c.blocks_needed(steps), sum(j * n for j, n in enumerate(crossings, 1)),
+                                         sum(j * j * n for j, n in enumerate(crossings, 1)))

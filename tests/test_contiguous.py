@@ -64,7 +64,12 @@ def test_fragmentation_of_a_hand_built_mix():
     alloc.deallocate(d)  # [14,16) merges with the free tail [16,20)
     assert alloc.extents == [(4, 2), (14, 6)]
     assert alloc.num_free_blocks == 8 and alloc.largest_free_extent == 6
-    assert alloc.external_fragmentation == pytest.approx(1 - 6 / 8)
+    # the last slab asked for was d's, 2 blocks: every hole holds one
+    assert alloc.next_slab == 2 and alloc.external_fragmentation == 0.0
+    assert not alloc.can_allocate(make_seq(9, 20, 8), 20)  # a 7-block slab: both holes too small
+    assert alloc.next_slab == 7 and alloc.external_fragmentation == 1.0
+    assert alloc.can_allocate(make_seq(10, 10, 10), 10)  # 5 blocks: only the 2-block hole is too small
+    assert alloc.external_fragmentation == pytest.approx(2 / 8)
     # internal: 12 blocks * 4 = 48 reserved, 10 + 20 = 30 written
     assert alloc.reserved_unused_tokens == 48 - 30
     # 8 blocks are free but no hole holds a 7-block slab (20 + 8 = 28 tokens)
@@ -262,9 +267,9 @@ class ContiguousMachine(RuleBasedStateMachine):
         a = self.alloc
         written = sum(s.num_computed_tokens for s in self.live)
         assert a.reserved_unused_tokens == a.num_used_blocks * self.BS - written
-        if a.num_free_blocks:
-            largest = max(n for _, n in a.extents)
-            assert a.external_fragmentation == pytest.approx(1 - largest / a.num_free_blocks)
+        if a.num_free_blocks and a.next_slab:  # free blocks in holes too small for the last slab asked for
+            small = sum(n for _, n in a.extents if n < a.next_slab)
+            assert a.external_fragmentation == pytest.approx(small / a.num_free_blocks)
 
 
 ContiguousMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)

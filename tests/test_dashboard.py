@@ -261,10 +261,10 @@ def test_help_is_the_fields_description_default_and_bounds(monkeypatch):
     info = EngineConfig.model_fields["max_num_seqs"]
     assert info.description
     assert fields.help_text("engine.max_num_seqs") == (f"{info.description}  \n"
-                                                       "Default: 256; range ≥ 1, ≤ 1,048,576.  \n"
+                                                       "Default: unset (leave empty); range ≥ 1, ≤ 1,048,576.  \n"
                                                        "Scenario key `engine.max_num_seqs`.")
     monkeypatch.setattr(info, "description", None)  # a field without a description still explains itself
-    assert fields.help_text("engine.max_num_seqs") == ("Default: 256; range ≥ 1, ≤ 1,048,576.  \n"
+    assert fields.help_text("engine.max_num_seqs") == ("Default: unset (leave empty); range ≥ 1, ≤ 1,048,576.  \n"
                                                        "Scenario key `engine.max_num_seqs`.")
     assert fields.help_text("policies.3.kv_cache_dtype").endswith(
         '  \nDefault: "auto"; one of "auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "int8", "int4".  \n'

@@ -368,20 +368,20 @@ def test_fifo_is_refused_without_blocking(box, which):
 
 def test_a_row_that_can_never_run_is_never_expanded(box, capsys, monkeypatch):
     """A 1M-block Mooncake row (512M tokens, 8 MB of text) under max_model_len 4096: rejected, and its
-    block ids never become token ids; the rows that fit are expanded as before."""
-    import kvsim.scenario.traces as traces
+    block ids never become a content identity, let alone token ids; the rows that fit get theirs."""
+    import kvsim.scenario.workload as workload
     big = json.dumps({"timestamp": 5, "input_length": 2**19 * 512, "output_length": 5, "hash_ids": list(range(2**19))})
     rows = MOONCAKE_ROW + big + "\n" + MOONCAKE_ROW.replace('"timestamp": 0', '"timestamp": 9')
     scenario = box.trace("mooncake", "t.jsonl", rows, num_requests=3,
                          lengths='prompt_len = { dist = "trace" }\noutput_len = { dist = "trace" }')
-    expanded = []
-    real = traces.block_token_ids
-    monkeypatch.setattr(traces, "block_token_ids", lambda ids: expanded.append(len(ids)) or real(ids))
+    keyed = []
+    real = workload._keyed_tokens
+    monkeypatch.setattr(workload, "_keyed_tokens", lambda trace, row, n: keyed.append(n) or real(trace, row, n))
     code = main([str(scenario), "--out", str(box.work / "res"), "--quiet"])
     assert code == 0, capsys.readouterr().err
     doc = json.loads((box.work / "res" / "summary.json").read_text())
     assert doc["policies"]["paged"]["requests"]["rejected"] == 1
-    assert expanded == [1, 1]
+    assert len(keyed) == 2 and max(keyed) < 2**19 * 512
 
 
 def test_lognormal_lengths_never_overflow():

@@ -25,11 +25,13 @@ def make(policies=None, engine=None, hardware=None, workload=None, model="Llama-
 
 
 def test_bytes_per_token_hand_values():
-    # 2 (K,V) x 32 layers x 8 kv heads x (128 dims x bytes [+ 4 B float32 scale])
+    # 2 (K,V) x 32 layers x 8 kv heads x (128 dims x bytes [+ 4 B float32 scale per token])
     assert kv_bytes_per_token(LLAMA8, "auto") == 2 * 32 * 8 * 128 * 2 == 131072
     assert kv_bytes_per_token(LLAMA8, "bfloat16") == kv_bytes_per_token(LLAMA8, "float16") == 131072
     assert kv_bytes_per_token(LLAMA8, "int8") == 2 * 32 * 8 * (128 + 4) == 67584
-    assert kv_bytes_per_token(LLAMA8, "fp8") == kv_bytes_per_token(LLAMA8, "fp8_e4m3") == 67584
+    # fp8 as vLLM: per-tensor scales, no bytes in the blocks: exactly half of bf16
+    assert kv_bytes_per_token(LLAMA8, "fp8") == kv_bytes_per_token(LLAMA8, "fp8_e4m3") == 65536
+    assert kv_bytes_per_token(LLAMA8, "fp8", per_token_scales=True) == 67584
     assert kv_bytes_per_token(LLAMA8, "int4") == 2 * 32 * 8 * (64 + 4) == 34816
     assert kv_bytes_per_token(replace(LLAMA8, dtype="float32"), "auto") == 262144
 
@@ -53,12 +55,12 @@ def test_unknown_kv_dtype():
 def test_capacity_by_hand_and_adds_up():
     sc = make(engine={"activation_reserve_gib": 2.0, "fixed_reserve_gib": 1.0})
     cap = kv_capacity(sc, sc.policies[0], LLAMA8, H100)
-    budget = 81559 * 2**20 * 0.9
+    budget = 85_017_493_504 * 0.9  # what torch.cuda.mem_get_info reports on an H100, not nvidia-smi's 81,559 MiB
     kv = budget - 8_030_261_248 * 2 - 3 * GiB
     assert cap.budget == pytest.approx(budget)
     assert cap.kv == pytest.approx(kv)
-    # 85,520,809,984 x 0.9 - 16,060,522,496 - 3,221,225,472 = 57,686,981,017.6 B over 2 MiB blocks
-    assert cap.num_blocks == int(kv // (16 * 131072)) == 27_507
+    # 85,017,493,504 x 0.9 - 16,060,522,496 - 3,221,225,472 = 57,234,996,185.6 B over 2 MiB blocks
+    assert cap.num_blocks == int(kv // (16 * 131072)) == 27_291
     assert cap.max_tokens == cap.num_blocks * 16
     assert cap.budget == pytest.approx(cap.weights + cap.activations + cap.reserve + cap.kv)
     rows = dict(cap.rows())
@@ -66,18 +68,38 @@ def test_capacity_by_hand_and_adds_up():
 
 
 def test_activation_estimate_mlp_bound():
-    # Llama-8B, 8192 tokens: gate+up = 8192 x 2 x 14336 x 2 B; plus hidden + residual = 2 x 8192 x 4096 x 2 B
-    engine = make().engine
-    assert activation_estimate(LLAMA8, engine) == 8192 * 2 * 14336 * 2 + 2 * 8192 * 4096 * 2
-    # tp=4 shards the MLP (8192 x 2 x 3584 x 2 B = 117 MB) below the fp32 logits of 256 seqs
-    # (256 x 128256 x 4 B = 131 MB); the hidden state is not sharded
-    assert activation_estimate(LLAMA8, engine, tp=4) == 256 * 128256 * 4 + 2 * 8192 * 4096 * 2
+    # Llama-8B, 8192 tokens, 256 seqs: gate_up + silu_and_mul out = 8192 x 3 x 14336 x 2 B beat the
+    # sampler (256 x 128256 x 10 B); plus hidden + residual = 2 x 8192 x 4096 x 2 B
+    assert activation_estimate(LLAMA8, 8192, 256) == 8192 * 3 * 14336 * 2 + 2 * 8192 * 4096 * 2
+    # tp=4 shards the MLP (8192 x 3 x 3584 x 2 B = 176 MB) below the sampler's 256 rows
+    # (256 x 128256 x 10 B = 328 MB: bf16 logits, fp32 copy, fp32 probabilities); hidden not sharded
+    assert activation_estimate(LLAMA8, 8192, 256, tp=4) == 256 * 128256 * 10 + 2 * 8192 * 4096 * 2
 
 
 def test_activation_estimate_logits_bound():
-    # Qwen3-0.6B, 512 tokens, 512 seqs: fp32 logits 512 x 151936 x 4 B beat MLP (6.3 MB) and qkv (4.2 MB)
-    engine = make(engine={"max_num_batched_tokens": 512, "max_num_seqs": 512}).engine
-    assert activation_estimate(QWEN06, engine) == 512 * 151936 * 4 + 2 * 512 * 1024 * 2
+    # Qwen3-0.6B, 512 tokens, 512 seqs: the sampler, 512 x 151936 x 10 B, beats MLP (9.4 MB) and qkv (4.2 MB)
+    assert activation_estimate(QWEN06, 512, 512) == 512 * 151936 * 10 + 2 * 512 * 1024 * 2
+
+
+def test_activation_estimate_matches_vllms_log_for_llama_8b_on_h100():
+    """vLLM V1 on one H100, Llama-3.1-8B, its defaults there (8192 tokens, 1024 sequences), logs
+    "PyTorch activation peak memory takes 1.21GiB" (1.24 in another run): the sampler's 1024 rows."""
+    sc = make()
+    assert activation_estimate(LLAMA8, 8192, 1024) / GiB == pytest.approx(1.35, abs=0.01)
+    cap = kv_capacity(sc, sc.policies[0], LLAMA8, H100)
+    assert cap.activations == activation_estimate(LLAMA8, 8192, 1024)
+    assert cap.reserve == 0.35 * GiB  # "non_torch_memory takes 0.35GiB"
+    # vLLM logs "GPU KV cache size: 447,088 tokens" = 27,943 blocks of 16
+    assert cap.num_blocks == pytest.approx(447_088 / 16, rel=0.002)
+
+
+def test_activation_estimate_at_the_policys_effective_budget():
+    sc = make(engine={"max_model_len": 16384}, policies=[
+        {"name": "chunked"}, {"name": "small", "max_num_batched_tokens": 2048},
+        {"name": "whole", "enable_chunked_prefill": False}])
+    acts = [kv_capacity(sc, p, LLAMA8, H100).activations for p in sc.policies]
+    assert acts == [activation_estimate(LLAMA8, 8192, 1024), activation_estimate(LLAMA8, 2048, 1024),
+                    activation_estimate(LLAMA8, 16384, 1024)]  # unchunked: a whole max_model_len prompt
 
 
 def test_int8_capacity_about_twice_bf16():
@@ -94,7 +116,7 @@ def test_70b_on_one_h100_does_not_fit():
     msg = str(err.value)
     assert "\n" not in msg
     assert msg == ("scenarios/x.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at tp=1) does not fit on "
-                   "H100-SXM (79.6 GiB × 0.90 = 71.7 GiB): raise hardware.tensor_parallel_size or pick a larger GPU")
+                   "H100-SXM (79.2 GiB × 0.90 = 71.3 GiB): raise hardware.tensor_parallel_size or pick a larger GPU")
 
 
 def test_70b_at_tp4_fits():
@@ -171,3 +193,18 @@ def test_render_memory_tables():
     assert [c.header for c in head.columns][1:] == ["auto (paged)", "int8 (q)"]
     assert head.row_count == 10 and seqs.row_count == 2
     assert "1024-token shared prefix" in seqs.caption and "2048-token prompt" in seqs.caption
+
+
+@pytest.mark.parametrize("gpu, tokens, seqs", [("H100-SXM", 8192, 1024), ("H200", 8192, 1024), ("B200", 8192, 1024),
+                                              ("MI300X", 8192, 1024), ("A100-80GB", 2048, 256), ("L40S", 2048, 256)])
+def test_engine_defaults_as_vllm_serve_sets_them(gpu, tokens, seqs):
+    from kvsim.scenario.defaults import engine_limits
+    sc = make(hardware={"gpu": gpu}, engine={"max_model_len": 4096},
+              policies=[{"name": "p"}, {"name": "tiny", "max_num_batched_tokens": 512}, {"name": "whole", "enable_chunked_prefill": False}])
+    p, tiny, whole = (engine_limits(sc, pol, LLAMA8, GPUS[gpu]) for pol in sc.policies)
+    assert (p.max_num_batched_tokens, p.max_num_seqs, p.step_budget, p.enable_chunked_prefill) == (tokens, seqs, tokens, True)
+    assert (tiny.max_num_batched_tokens, tiny.max_num_seqs) == (512, min(seqs, 512))  # capped at the budget, as vLLM
+    assert whole.step_budget == max(tokens, 4096) and not whole.enable_chunked_prefill
+    set_ = make(hardware={"gpu": gpu}, engine={"max_num_seqs": 7, "max_num_batched_tokens": 300})
+    mine = engine_limits(set_, set_.policies[0], LLAMA8, GPUS[gpu])
+    assert (mine.max_num_seqs, mine.max_num_batched_tokens) == (7, 300)  # a scenario's own values stay

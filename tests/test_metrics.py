@@ -261,3 +261,26 @@ def test_rows_are_keyed_by_floor_division_at_bucket_edges():
     for t in (0.41, 0.45, 0.5, 0.51, 0.75):
         sample(m, t, used=int(t * 100))
     assert [row[2] for row in m.timeseries_rows()] == [0.5, 0.51, 0.75]  # one row a bucket, its last sample
+
+
+def test_two_full_replicas_report_a_full_peak_and_the_arrival_window():
+    from kvsim.sequence import Request, Sequence
+    m = Metrics("p", SloConfig(), 1.0)
+    for i in (0, 1):  # each replica of 100 blocks fills up
+        r = m.series(i)
+        m.sample(0.5, r, 1, 0, 0, 40, 0, 60, 0, 10)
+        m.sample(1.5, r, 1, 0, 0, 100, 0, 0, 0, 10)
+    for rid, (arrival, finish) in enumerate([(0.0, 1.0), (2.0, 3.0), (4.0, 9.0)]):
+        s = Sequence(Request(rid, arrival, 10, 5))
+        s.first_token_time, s.finish_time, s.num_output_tokens = arrival + 0.1, finish, 5
+        m.on_finish(s)
+    out = m.summary(duration_s=9.0, num_blocks=200, block_size=16, bytes_per_block=1, num_replicas=2)
+    kv = out["kv"]
+    assert kv["num_blocks_per_replica"] == 100 and kv["peak_used_blocks"] == 100
+    assert kv["peak_used_fraction"] == 1.0  # not 100 / 200
+    assert kv["mean_used_fraction"] == pytest.approx(0.4)  # 40 blocks held for 1 s of each replica's 1 s
+    w = out["arrivals"]
+    assert (w["start_s"], w["end_s"], w["offered_rps"]) == (0.0, 4.0, 0.5)  # 3 arrivals, 2 gaps in 4 s
+    assert w["requests_per_s"] == 2 / 4 and w["output_tokens_per_s"] == 10 / 4 and w["total_tokens_per_s"] == 30 / 4
+    assert w["window_s"] == 4.0 and w["backlog_at_last_arrival"] == 0
+    assert out["throughput"]["requests_per_s"] == 3 / 9.0

@@ -63,7 +63,7 @@ def test_decode_attention_roofline_and_floor():
     # a quantized cache reads half the bytes and pays dequantization: 65,536 elements x 2 FLOPs at fp32
     fp8 = StepModel(LLAMA8, H100, 1, "fp8", CAL)
     dequant = 65_536 * 2 / 66.9e12
-    kv8 = 2 * 32 * 8 * (128 + 4) / BW  # 1-byte elements and a 4-byte scale per head
+    kv8 = 2 * 32 * 8 * 128 / BW  # 1-byte elements; vLLM's per-tensor scales take no bytes in the blocks
     assert fp8.decode_attention_time(8, 8000) == pytest.approx(8000 * max(per_pair + dequant, kv8), rel=1e-12)
 
 

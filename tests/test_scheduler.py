@@ -520,3 +520,21 @@ def test_admission_limit_is_empty_when_nothing_waits():
     sched.add(make_seq(0, 10, 5))
     sched.schedule()
     assert sched.admission_limit == "" and not sched.waiting
+
+
+def test_sequences_finishing_together_are_freed_in_running_order_with_or_without_the_cohort():
+    """a decodes (in the cohort, when there is one) and ends at the step in which b, admitted later
+    with one output token, ends with its prefill: vLLM frees in running order, a then b."""
+    for cohort in (False, True):
+        sched = sched_of(num_blocks=64, block_size=4, budget=64, cohort=cohort, prefix=True)
+        a, b = make_seq(0, 4, 3), make_seq(1, 4, 1)
+        freed, finished_at = [], {}
+        dealloc = sched.allocator.deallocate
+        sched.allocator.deallocate = lambda s: (freed.append(s.seq_id), dealloc(s))
+        sched.add(a)
+        for i in range(3):
+            if i == 2:
+                sched.add(b)
+            _, done = sched.postprocess(sched.schedule())
+            finished_at.update((s.seq_id, i) for s in done)
+        assert finished_at == {0: 2, 1: 2} and freed == [0, 1], (cohort, freed)

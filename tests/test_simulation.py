@@ -87,7 +87,18 @@ def per_request(monkeypatch, scenario) -> tuple[dict, dict]:
         on_finish(self, seq)
 
     monkeypatch.setattr(Metrics, "on_finish", spy)
-    return rows, run_scenario(scenario, write=False).summaries
+    series = {}
+    summary = Metrics.summary
+
+    def keep(self, **kw):  # the time series of each policy, beside its summary
+        series[self.policy] = self.timeseries_rows()
+        return summary(self, **kw)
+
+    monkeypatch.setattr(Metrics, "summary", keep)
+    summaries = run_scenario(scenario, write=False).summaries
+    for name, rows_ in series.items():
+        summaries[name]["timeseries"] = rows_
+    return rows, summaries
 
 
 FUSION_CASES = {
@@ -123,6 +134,14 @@ def test_fused_decode_runs_match_step_by_step(monkeypatch, case):
         assert f["preemptions"] == s["preemptions"]
         assert f["duration_s"] == pytest.approx(s["duration_s"], rel=1e-9)
         assert f["itl_s"]["mean"] == pytest.approx(s["itl_s"]["mean"], rel=1e-6)
+        # The time series and KV figures too: a fused run leaves the rows of every bucket it
+        # crosses and holds its blocks step by step.
+        assert f["kv"]["mean_used_fraction"] == pytest.approx(s["kv"]["mean_used_fraction"], rel=1e-9)
+        assert f["kv"]["peak_used_blocks"] == s["kv"]["peak_used_blocks"]
+        fr, sr = f["timeseries"], s["timeseries"]
+        assert len(fr) == len(sr) and len(sr) > 20, name
+        for a, b in zip(fr, sr):
+            assert a[:2] == b[:2] and a[3:] == b[3:] and a[2] == pytest.approx(b[2], abs=2e-6), (name, a, b)
 
 
 @pytest.mark.parametrize("case", ["tight memory, preemptions", "prefix groups, two replicas"])
@@ -167,7 +186,9 @@ def test_8_bit_kv_runs_more_sequences_when_memory_bound(gpu):
         q = s[name]
         assert q["kv"]["num_blocks"] > 1.9 * bf16["kv"]["num_blocks"]
         assert q["peak_running"] > 1.5 * bf16["peak_running"], name
-        assert q["preemptions"] < bf16["preemptions"], name
+        # Preemptions are cheap now that a preempted sequence re-hits its own cached blocks, so
+        # their count says little; the queue drains sooner.
+        assert q["ttft_s"]["mean"] < bf16["ttft_s"]["mean"], name
         assert q["duration_s"] < bf16["duration_s"], name
 
 
@@ -239,7 +260,7 @@ def test_contiguous_slabs_of_many_sizes_fragment_the_cache_and_pages_do_not():
                   "prompt_len": {"dist": "uniform", "min": 100, "max": 8000},
                   "output_len": {"dist": "uniform", "min": 10, "max": 400}})
     kv = {name: s["kv"] for name, s in run_scenario(sc, write=False).summaries.items()}
-    assert 0 < kv["slabs"]["peak_external_fragmentation"] < 1
+    assert 0 < kv["slabs"]["peak_external_fragmentation"] <= 1  # at times no hole holds the next slab
     assert kv["paged"]["peak_external_fragmentation"] == 0
 
 

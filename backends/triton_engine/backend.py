@@ -131,14 +131,18 @@ class TritonBackend:
         except KvsimError as exc:
             raise KvsimError(f"{scenario.source}: backend.name: {exc}") from None
         from backends.triton_engine.runner import ModelRunner, RunnerConfig
-        from kvsim.perf.memory import max_model_len
+        from kvsim.scenario.defaults import engine_limits
 
+        if policy.kv_cache_dtype.startswith("fp8") and policy.kv_cache_scales != "per_token":
+            raise KvsimError(f"{scenario.source}: policy {policy.name}: kv_cache_scales: the triton backend stores "
+                             f"fp8 KV with a scale per token and head; set kv_cache_scales = \"per_token\"")
         _release_previous()
         engine, self._torch = scenario.engine, torch
+        limits = engine_limits(scenario, policy, model, gpu)
         self.device = torch.device(scenario.backend.device)
-        cfg = RunnerConfig(block_size=engine.block_size, max_num_seqs=engine.max_num_seqs,
-                           max_num_batched_tokens=engine.max_num_batched_tokens,
-                           max_model_len=max_model_len(scenario, model), kv_cache_dtype=policy.kv_cache_dtype,
+        cfg = RunnerConfig(block_size=engine.block_size, max_num_seqs=limits.max_num_seqs,
+                           max_num_batched_tokens=limits.step_budget,
+                           max_model_len=limits.max_model_len, kv_cache_dtype=policy.kv_cache_dtype,
                            gpu_memory_utilization=scenario.hardware.gpu_memory_utilization,
                            enforce_eager=getattr(scenario.backend, "enforce_eager", False),
                            device=str(self.device), seed=scenario.backend.seed)

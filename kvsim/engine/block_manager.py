@@ -1,66 +1,82 @@
-"""The paged KV-cache allocator: block tables, slot mapping and prefix caching (vLLM style).
+"""The paged KV-cache allocator: block tables, slot mapping and prefix caching, as vLLM V1 (v0.11.0).
 
 One implementation serves the simulator and the real GPU backend, so it knows nothing of time.
 A sequence owns a block table; the KV of its token at position p lives in slot
 `block_table[p // block_size] * block_size + p % block_size`.
 
-Prefix caching: every full block of a sequence's *shareable* prompt content (`Request.token_ids`)
-gets a chained xxhash64 of (parent hash, token ids). A later sequence whose prompt starts with the
-same tokens reuses those blocks (reference counted) instead of recomputing them; a hash match is
-confirmed against the stored token ids, so a collision can never return different tokens. Freed
-blocks go to the tail of an LRU free queue and keep their cached content until they are taken
-again from the head. Prompt content that is unique to a request is never hashed: no other request
-could hit it, and skipping it keeps replay of traces without prompt content fast.
+Prefix caching caches **every full block** of a sequence, prompt and generated tokens, as vLLM
+does: a block is registered when a step is scheduled that fills it; when its table is freed (tail
+block first) it stays reusable at the tail of an LRU free queue until it is taken again from the
+head. A later sequence whose prompt starts with cached content, or a preempted sequence coming
+back, takes those blocks instead of recomputing them (at most `(num_tokens - 1) // block_size`, so
+that one token is left to compute). What a block holds is named in `prefix_cache`: shareable
+content by chained identities found through an index of cached runs, content unique to a request
+(the rest of its prompt, its generated tokens) by the request itself. The latter can only be hit by
+its own sequence after a preemption, so its freed table is *parked*: the free queue says how many of
+its blocks have not been taken since (see FreeBlockQueue), and that leading part is hit.
 
-Cost: only the blocks at *shareable* positions of a table (full blocks of `Request.token_ids`, with
-prefix caching on) are reference counted one by one. The rest of a table (unique prompt content
-and generated tokens) can never be shared: those blocks have exactly one owner, the table, and move
-between the free queue and the tables as `array('i')` slices, so allocating and freeing a sequence
-costs Python work per shared block, not per block. Misuse is still caught where it can be cheaply:
-the allocator remembers which table it gave each sequence, so a sequence freed twice, one it never
-allocated (another replica's, say) and a table replaced by hand are errors, and so is any
-reference-count underflow at shareable positions. Only this class writes block tables; a table
-edited in place is not detected (vLLM's BlockPool does not check that either). Checking every id
-of every freed table against the pool cost 16% of a trace replay's instructions.
+Cost per scheduling event, not per block: blocks at positions that can never be shared move between
+the free queue and the tables as `array('i')` slices with no per-block state; only blocks at
+*shareable* table positions (full blocks of `Request.token_ids`) have reference counts, and those
+are numpy arrays updated a table slice at a time. Misuse is caught where it is cheap: the allocator
+remembers which table it gave each sequence, so a double free, a sequence it never allocated
+(another replica's) and a replaced table are errors, as is a reference count going below zero. A
+table edited in place is not detected (vLLM's BlockPool does not check that either).
 """
 
 from __future__ import annotations
 
 from array import array
-from collections import deque
 from typing import Sequence as Seq
 
-import xxhash
+import numpy as np
 
+from kvsim.engine.free_queue import FreeBlockQueue
+from kvsim.engine.prefix_cache import BlockContent, CachedRun, PrefixIndex, block_hashes
 from kvsim.sequence import Sequence
 
-NO_HASH = -1
+CONTENT_CACHE_SIZE = 4096  # requests of a prefix group share one token_ids array: hashed once
+
+__all__ = ["AllocationError", "BlockManager", "PrefixHit", "block_hashes"]
 
 
 class AllocationError(RuntimeError):
     """Allocator misuse: a request the caller should have checked first, a double free, an unknown id."""
 
 
-def block_hashes(token_ids, block_size: int) -> list[int]:
-    """Chained xxhash64 of every full block of `token_ids` (the parent hash seeds the child's)."""
-    return _hashed_blocks(token_ids, block_size)[0]
+class PrefixHit:
+    """Cached blocks holding a sequence's leading blocks (from get_computed_blocks): `blocks` in
+    table order; the first `num_shared` are at shareable positions (the last of them from `run`),
+    the rest were parked by this sequence and lie at free-queue positions [queue_lo, queue_hi)."""
+
+    __slots__ = ("blocks", "num_shared", "run", "queue_lo", "queue_hi", "num_revived")
+
+    def __init__(self, blocks: array, num_shared: int, run=None, queue_lo: int = 0, queue_hi: int = 0):
+        self.blocks, self.num_shared, self.run = blocks, num_shared, run
+        self.queue_lo, self.queue_hi = queue_lo, queue_hi
+        self.num_revived = -1  # how many are free now (counted by the allocator when it first asks)
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __iter__(self):
+        return iter(self.blocks)
+
+    def __getitem__(self, i):
+        return self.blocks[i]
+
+    def __eq__(self, other) -> bool:
+        return list(self.blocks) == list(other)
 
 
-def _hashed_blocks(token_ids, block_size: int) -> tuple[list[int], list[bytes]]:
-    """(chained hashes, token bytes) of every full block of `token_ids`."""
-    data = token_ids.astype("<i4", copy=False).tobytes()
-    step = 4 * block_size
-    chunks = [data[i * step:(i + 1) * step] for i in range(len(token_ids) // block_size)]
-    hashes, parent = [], 0
-    for chunk in chunks:
-        parent = xxhash.xxh64_intdigest(chunk, seed=parent)
-        hashes.append(parent)
-    return hashes, chunks
+class _Parked:
+    """A preempted sequence's freed table: its blocks at positions [first, full) hold its unique
+    content; they entered the free queue tail first at positions [queue_pos, queue_pos + n)."""
 
+    __slots__ = ("table", "first", "full", "queue_pos")
 
-# Requests of a prefix group share one token_ids array: their block hashes are computed once.
-CONTENT_CACHE_SIZE = 4096
-COMPACT_AFTER = 4096  # popped entries a free-queue chunk may keep before they are deleted
+    def __init__(self, table: array, first: int, full: int, queue_pos: int):
+        self.table, self.first, self.full, self.queue_pos = table, first, full, queue_pos
 
 
 class BlockManager:
@@ -74,21 +90,13 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.ref_cnt = [0] * num_blocks  # references to blocks at shareable table positions (0 elsewhere)
-        self.block_hash = [NO_HASH] * num_blocks
-        self.block_tokens: dict[int, bytes] = {}  # block id -> token bytes, for hashed blocks
-        self.hash_to_block: dict[int, int] = {}
-        # LRU free queue as [block ids, index of the next one, may hold hashed blocks] chunks (an
-        # index, not deletions from the front, which would move the rest of a long chunk); ids
-        # revived by a prefix hit stay in their chunk as stale entries (counted in `_stale`) and are
-        # skipped when popped.
-        self._free: deque[list] = deque([[array("i", range(num_blocks)), 0, False]])
-        self._stale: dict[int, int] = {}
-        self._content: dict[int, list] = {}  # id(token_ids) -> see _seq_content
+        self.free_queue = FreeBlockQueue(num_blocks, enable_prefix_caching)
+        self.content = BlockContent()  # per block: registering run, references at shareable positions, queue position
+        self.index = PrefixIndex()
+        self._runs: dict[Sequence, CachedRun] = {}  # the run each sequence is registering
+        self._parked: dict[Sequence, _Parked] = {}
+        self._chains: dict[int, tuple] = {}  # id(token_ids) -> (token_ids, identities)
         self._tables: dict[Sequence, Seq[int]] = {}  # the block table given to each holder of blocks
-        self._num_evictions = 0
-        self.num_free_blocks = num_blocks  # ref 0, cached content or not
-        self.num_cached_blocks = 0  # ref 0 and still holding a hashed block (reusable)
         self._reserved = array("i")  # taken off the free queue for sequences that claim them later
         # Slots held but not (yet) written: the tails of last blocks, and reserved blocks. Tables
         # (and reservations) add their slots, written tokens take theirs off.
@@ -96,8 +104,17 @@ class BlockManager:
 
     # ---- queries -------------------------------------------------------------------------
     @property
+    def num_free_blocks(self) -> int:
+        return self.free_queue.num_free
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Free blocks still holding cached content (reusable until evicted)."""
+        return self.free_queue.num_cached
+
+    @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - self.num_free_blocks
+        return self.num_blocks - self.free_queue.num_free
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -112,86 +129,117 @@ class BlockManager:
         return need if need > 0 else 0
 
     def free_block_ids(self) -> list[int]:
-        """The free queue in LRU order (head first), stale entries skipped. For checks, not hot paths."""
-        stale = dict(self._stale)
-        out = []
-        for chunk, start, _ in self._free:
-            for b in chunk[start:]:
-                if stale.get(b, 0):
-                    stale[b] -= 1
-                else:
-                    out.append(b)
-        return out
+        """The free queue in LRU order (head first). For checks, not hot paths."""
+        return self.free_queue.block_ids()
+
+    def ref_count(self, block: int) -> int:
+        return int(self.content.ref[block]) if block < len(self.content.ref) else 0
 
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         bs, table = self.block_size, seq.block_table
         return [table[p // bs] * bs + p % bs for p in range(start, end)]
 
     # ---- prefix caching ------------------------------------------------------------------
-    def _num_shareable(self, seq: Sequence) -> int:
+    def num_shareable(self, seq: Sequence) -> int:
         """Table positions whose blocks may be shared: the full blocks of the shareable prompt."""
         ids = seq.request.token_ids
         return 0 if ids is None or not self.enable_prefix_caching else len(ids) // self.block_size
 
-    def _seq_content(self, seq: Sequence) -> list:
-        """This allocator's [token_ids, hashes, token bytes, hit-memo epoch, hit memo] for the
-        sequence's shareable full blocks, shared by every sequence with the same token_ids array."""
+    def _chain(self, seq: Sequence) -> np.ndarray:
+        """Identities of the sequence's shareable full blocks (kept on the sequence for the other
+        replicas' allocators, and per token_ids array for the other members of a prefix group)."""
+        chain = seq.block_hashes
+        if chain is None:
+            ids = seq.request.token_ids
+            entry = self._chains.get(id(ids))
+            if entry is not None and entry[0] is ids:
+                chain = entry[1]
+            else:
+                chain = block_hashes(ids, self.block_size)
+                if isinstance(ids, np.ndarray):
+                    if len(self._chains) >= CONTENT_CACHE_SIZE:
+                        del self._chains[next(iter(self._chains))]
+                    self._chains[id(ids)] = (ids, chain)  # keeps `ids` alive, so its id stays unique
+            seq.block_hashes = chain
+        return chain
+
+    def get_computed_blocks(self, seq: Sequence):
+        """Cached blocks holding the longest prefix of the sequence's tokens (at least one token is
+        left to compute): shareable content through the index, then the sequence's own parked blocks."""
+        found, depth, parked, end = self._find_cached(seq)
+        if not found and end <= depth:
+            return ()
+        blocks = array("i")
+        for run, lo, hi in found:
+            blocks.extend(run.table[lo:hi])
+        if end <= depth:
+            return PrefixHit(blocks, depth, found[-1][0])
+        blocks.extend(parked.table[depth:end])
+        lo = parked.queue_pos + len(parked.table) - end
+        return PrefixHit(blocks, depth, found[-1][0] if found else None, lo, lo + end - depth)
+
+    def cached_prefix_blocks(self, seq: Sequence) -> int:
+        """How many blocks get_computed_blocks would return (the router asks every replica)."""
+        _, depth, _, end = self._find_cached(seq)
+        return max(depth, end)
+
+    def _find_cached(self, seq: Sequence) -> tuple:
+        """(runs as (run, start, end) in depth order, the depth they reach, the parked table, the
+        depth its hits reach: no parked hits when that is not past the first)."""
+        none = ((), 0, None, 0)
+        if not self.enable_prefix_caching or seq.block_table:
+            return none
         ids = seq.request.token_ids
-        entry = self._content.get(id(ids))
-        if entry is None or entry[0] is not ids:
-            if seq.block_hashes is None:  # kept on the sequence for the other replicas' allocators
-                seq.block_hashes = _hashed_blocks(ids, self.block_size)
-            if len(self._content) >= CONTENT_CACHE_SIZE:
-                del self._content[next(iter(self._content))]
-            entry = [ids, *seq.block_hashes, -1, None]
-            self._content[id(ids)] = entry  # the entry keeps `ids` alive, so its id stays unique
-        return entry
+        if ids is None and seq not in self._parked:
+            return none
+        limit = (seq.num_tokens - 1) // self.block_size
+        if limit <= 0:
+            return none
+        n_share = 0 if ids is None else len(ids) // self.block_size
+        found, depth = (), 0
+        if n_share and self.index.num_runs:
+            found, depth = self.index.longest_hit(self._chain(seq), min(limit, n_share), self.content,
+                                                  self.free_queue.head)
+        parked = self._parked.get(seq) if depth == n_share else None
+        if parked is None or parked.first != n_share:
+            return found, depth, None, 0
+        # The parked run entered the queue tail first: its block at position j went to queue
+        # position queue_pos + (n - 1 - j), and is still free while that is at or past the head.
+        n = len(parked.table)
+        taken = self.free_queue.head - parked.queue_pos
+        return found, depth, parked, min(parked.full, limit, n - taken if taken > 0 else n)
 
-    def get_computed_blocks(self, seq: Sequence) -> list[int]:
-        """Cached blocks holding the longest prefix of the sequence's prompt (at least one token is left to compute)."""
-        if not self.enable_prefix_caching or seq.request.token_ids is None or seq.block_table:
-            return []
-        entry = self._seq_content(seq)
-        _, hashes, chunks, epoch, memo = entry
-        limit = min(len(hashes), (seq.num_tokens - 1) // self.block_size)
-        if epoch == self._num_evictions:  # every block was a hit and none has been evicted since
-            return memo[:limit]
-        hits = []
-        lookup, stored = self.hash_to_block.get, self.block_tokens
-        for i in range(limit):
-            block = lookup(hashes[i])
-            if block is None or stored[block] != chunks[i]:
-                break  # a miss, or a hash collision (different tokens): not a hit
-            hits.append(block)
-        if len(hits) == len(hashes):  # hash -> block mappings only go away by eviction
-            entry[3], entry[4] = self._num_evictions, hits
-        return hits
+    def _num_revived(self, hits) -> int:
+        """How many of the hit blocks are free now (they leave the free queue)."""
+        if not hits:
+            return 0
+        if hits.num_revived < 0:
+            shared = np.frombuffer(hits.blocks, dtype=np.int32)[:hits.num_shared]
+            hits.num_revived = int(np.count_nonzero(self.content.ref[shared] == 0)) + hits.queue_hi - hits.queue_lo
+        return hits.num_revived
 
-    def _register_full_blocks(self, seq: Sequence, start_block: int, end_tokens: int) -> None:
-        """Hash the sequence's blocks that become full of shareable tokens up to `end_tokens`."""
-        _, hashes, chunks, _, _ = self._seq_content(seq)
-        stop = min(len(hashes), end_tokens // self.block_size)
-        for i in range(start_block, stop):
-            block, h = seq.block_table[i], hashes[i]
-            if self.block_hash[block] != NO_HASH or h in self.hash_to_block:
-                continue  # already cached, or another block holds the same content
-            self.block_hash[block] = h
-            self.hash_to_block[h] = block
-            self.block_tokens[block] = chunks[i]
+    def _revive(self, seq: Sequence, hits: PrefixHit) -> None:
+        """The sequence takes a reference to each hit block; free ones leave the free queue."""
+        if hits.num_shared:
+            shared = np.frombuffer(hits.blocks, dtype=np.int32)[:hits.num_shared]
+            ref = self.content.ref
+            free = shared[ref[shared] == 0]
+            if len(free):
+                self.free_queue.remove_positions(self.content.pos[free])
+            ref[shared] += 1
+        if hits.queue_hi > hits.queue_lo:
+            self.free_queue.remove_range(hits.queue_lo, hits.queue_hi)
+        self._parked.pop(seq, None)
 
     # ---- allocation ----------------------------------------------------------------------
-    def _num_revived(self, blocks: Seq[int]) -> int:
-        ref = self.ref_cnt
-        return list(map(ref.__getitem__, blocks)).count(0) if blocks else 0
-
-    def _fits(self, need: int, computed_blocks: Seq[int]) -> bool:
+    def _fits(self, need: int, computed_blocks) -> bool:
         """Are `need` new blocks free, besides the cached hits that leave the free queue?"""
-        return need + self._num_revived(computed_blocks) <= self.num_free_blocks
+        return need + self._num_revived(computed_blocks) <= self.free_queue.num_free
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> bool:
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks=()) -> bool:
         return self._fits(self.num_blocks_needed(seq, num_new_tokens, len(computed_blocks)), computed_blocks)
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> None:
+    def allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks=()) -> None:
         """Give the sequence slots for `num_new_tokens` more tokens, all or nothing.
 
         `computed_blocks` (from get_computed_blocks, first allocation only) are prefix hits: the
@@ -203,58 +251,102 @@ class BlockManager:
         if not self._fits(need, computed_blocks):
             raise AllocationError(f"sequence {seq.seq_id}: not enough free blocks for {num_new_tokens} tokens")
         if computed_blocks:
-            ref, stale = self.ref_cnt, self._stale
-            for b in computed_blocks:
-                if ref[b] == 0:  # a cached block revived from the free queue: its entry there goes stale
-                    stale[b] = stale.get(b, 0) + 1
-                    self.num_free_blocks -= 1
-                    self.num_cached_blocks -= 1
-                ref[b] += 1
+            self._revive(seq, computed_blocks)
             hit_tokens = len(computed_blocks) * self.block_size
             self._tables[seq] = seq.block_table
-            seq.block_table.extend(computed_blocks)
+            seq.block_table.extend(computed_blocks.blocks)
             seq.num_computed_tokens = hit_tokens
             seq.num_cached_tokens += hit_tokens
+            if computed_blocks.num_shared and self._runs:
+                self._branch_off(seq, computed_blocks.num_shared)
         self._grow(seq, num_new_tokens, need)
 
+    def _branch_off(self, seq: Sequence, depth: int) -> None:
+        """The sequence's hits end at `depth` and it will register what follows. A run another
+        sequence is still registering, with the same content at `depth`, will register it too
+        (vLLM keeps duplicates): that run is cut at `depth`, so that lookups meet both there
+        instead of passing one inside the other."""
+        chain = self._chain(seq)
+        if depth >= len(chain):
+            return
+        for owner, run in list(self._runs.items()):
+            if (owner is not seq and run.start <= depth and run.end <= depth < len(run.chain)
+                    and run.chain[depth] == chain[depth]):
+                if run.end == depth:
+                    self._runs[owner] = CachedRun(owner, run.chain, depth)
+                else:
+                    run.splits = sorted({*(run.splits or ()), depth})
+
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
-        return self.num_blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
+        return self.num_blocks_needed(seq, num_new_tokens) <= self.free_queue.num_free
 
     def append(self, seq: Sequence, num_new_tokens: int = 1) -> None:
         """Slots for a running sequence's next tokens (decode, or the next prefill chunk)."""
         need = self.num_blocks_needed(seq, num_new_tokens)
-        if need > self.num_free_blocks:
+        if need > self.free_queue.num_free:
             raise AllocationError(f"sequence {seq.seq_id}: not enough free blocks to append {num_new_tokens} tokens")
         self._grow(seq, num_new_tokens, need)
 
     def _grow(self, seq: Sequence, num_new_tokens: int, need: int) -> None:
-        if not seq.block_table:
+        table, bs = seq.block_table, self.block_size
+        if not table:
             self.reserved_unused_tokens -= seq.num_computed_tokens  # a swapped-in sequence brings its KV back
-        first_new_block = seq.num_computed_tokens // self.block_size
+            self._tables[seq] = table
+            if self._parked:
+                self._parked.pop(seq, None)
         if need:
-            self._adopt(seq, self._pop_free(need))
-        self.reserved_unused_tokens += need * self.block_size - num_new_tokens
-        if first_new_block < self._num_shareable(seq):
-            self._register_full_blocks(seq, first_new_block, seq.num_computed_tokens + num_new_tokens)
+            self._adopt(seq, self._take(need))
+        self.reserved_unused_tokens += need * bs - num_new_tokens
+        # Register the shareable blocks this step fills (vLLM caches them when it schedules them).
+        ids = seq.request.token_ids
+        if ids is not None and self.enable_prefix_caching:
+            n_share = len(ids) // bs
+            if seq.num_computed_tokens // bs < n_share:
+                self._register(seq, min(n_share, (seq.num_computed_tokens + num_new_tokens) // bs))
 
-    def _adopt(self, seq: Sequence, new: Seq[int]) -> None:
+    def _register(self, seq: Sequence, upto: int) -> None:
+        """Register the sequence's shareable blocks up to depth `upto` (a run per admission, cut
+        where another run branched off it; dropped from `_runs` once it covers the shareable part)."""
+        run = self._runs.get(seq)
+        if run is None:
+            start = seq.num_computed_tokens // self.block_size  # the first block that was no hit
+            run = self._runs[seq] = CachedRun(seq, self._chain(seq), start)
+        while run.splits and run.splits[0] <= upto:
+            cut = run.splits[0]
+            if cut > run.end:
+                self.index.extend(run, cut, self.content, self.free_queue.head)
+            later = CachedRun(seq, run.chain, cut)
+            later.splits = run.splits[1:]
+            run = self._runs[seq] = later
+        if upto > run.end:
+            self.index.extend(run, upto, self.content, self.free_queue.head)
+        if run.end >= len(run.chain):
+            del self._runs[seq]
+
+    def _take(self, n: int) -> array:
+        """n blocks off the head of the free queue; whatever they held is evicted."""
+        queue = self.free_queue
+        if queue.high_water + n > len(self.content.ref) and queue.high_water < self.num_blocks:
+            self.content.grow(min(self.num_blocks, queue.high_water + n))
+        return queue.pop(n)
+
+    def _adopt(self, seq: Sequence, new: array) -> None:
         """Append blocks taken off the free queue to the sequence's table, one reference each."""
         table = seq.block_table
-        if not table:
-            self._tables[seq] = table
-        shared = self._num_shareable(seq) - len(table)  # how many land at shareable positions
-        if shared > 0:
-            ref = self.ref_cnt
-            for b in new[:shared]:
-                ref[b] = 1
+        if seq.request.token_ids is not None and len(table) * self.block_size < seq.request.prompt_len:
+            shared = self.num_shareable(seq) - len(table)  # how many land at shareable positions
+            if shared > 0:  # held, and holding nothing until registered
+                ids = np.frombuffer(new, dtype=np.int32)[:shared]
+                self.content.ref[ids] = 1
+                self.content.run[ids] = 0
         table.extend(new)
 
     def reserve(self, n: int) -> None:
         """Take n blocks off the free queue now (LRU order, evicting as usual) for `claim` later."""
-        if n > self.num_free_blocks:
-            raise AllocationError(f"cannot reserve {n} blocks, {self.num_free_blocks} are free")
+        if n > self.free_queue.num_free:
+            raise AllocationError(f"cannot reserve {n} blocks, {self.free_queue.num_free} are free")
         if n:
-            self._reserved.extend(self._pop_free(n))
+            self._reserved += self._take(n)  # cohort blocks: private positions, no per-block state
             self.reserved_unused_tokens += n * self.block_size
 
     def claim(self, seq: Sequence) -> None:
@@ -275,105 +367,49 @@ class BlockManager:
         """Account tokens written into slots the sequences already hold (the scheduler's fast path)."""
         self.reserved_unused_tokens -= num_tokens
 
+    # ---- freeing -------------------------------------------------------------------------
     def deallocate(self, seq: Sequence) -> None:
-        """Release the sequence's blocks; the ones holding cached content stay reusable until evicted."""
+        """Release the sequence's blocks, tail block first; full ones stay cached until evicted."""
         table = seq.block_table
         if not table:
             raise AllocationError(f"sequence {seq.seq_id}: nothing to free (double free?)")
         if self._tables.get(seq) is not table:
             raise AllocationError(f"sequence {seq.seq_id}: its block table was not allocated here")
-        shared = min(len(table), self._num_shareable(seq))
-        freed = self._release_shared(seq, table[:shared]) if shared else []
-        private = table[shared:] if shared else table
-        # Tail blocks go first, so they are evicted first (as vLLM).
-        if private:
-            self._free_private(private[::-1])
-        if freed:
-            self._free.append([freed, 0, True])
-            self.num_cached_blocks += sum(1 for b in freed if self.block_hash[b] != NO_HASH)
-        self.num_free_blocks += len(private) + len(freed)
-        self.reserved_unused_tokens -= len(table) * self.block_size - seq.num_computed_tokens
+        n, bs, queue = len(table), self.block_size, self.free_queue
+        shared = min(n, self.num_shareable(seq)) if seq.request.token_ids is not None else 0
+        freed = self._release_shared(seq, table, shared) if shared else None
+        if shared < n:
+            private = table[shared:]  # a copy: the table itself stays as the runs and the parking saw it
+            private.reverse()
+            if not self.enable_prefix_caching:
+                queue.append_uncached(private)
+            else:
+                full = seq.num_computed_tokens // bs  # blocks whose every slot holds computed KV
+                pos = queue.append(private, n - max(full, shared))
+                if full > shared and seq.num_output_tokens < seq.request.output_len:  # it will come back
+                    self._parked[seq] = _Parked(table, shared, full, pos)
+        if freed is not None and len(freed):
+            # Shareable positions at or past the computed tokens were never filled (nobody can
+            # hold them but this table), so they come first, tail first, and hold nothing to reuse.
+            pos = queue.append(array("i", freed.tobytes()), max(0, shared - seq.num_computed_tokens // bs))
+            self.content.pos[freed] = np.arange(pos, pos + len(freed))
+        if self._runs:
+            self._runs.pop(seq, None)
+        self.reserved_unused_tokens -= n * bs - seq.num_computed_tokens
         del self._tables[seq]
         seq.block_table = array("i")
         seq.num_computed_tokens = 0
 
-    def _release_shared(self, seq: Sequence, blocks: Seq[int]) -> list[int]:
-        """Drop a reference to each block (all or none); returns those now free, tail first."""
-        ref, freed = self.ref_cnt, []
-        for i, b in enumerate(blocks):
-            left = ref[b] - 1
-            if left < 0:
-                for undo in blocks[:i]:
-                    ref[undo] += 1
-                raise AllocationError(f"sequence {seq.seq_id}: its block table holds block {b}, which is free")
-            ref[b] = left
-            if not left:
-                freed.append(b)
-        freed.reverse()
-        return freed
-
-    # ---- free queue ----------------------------------------------------------------------
-    def _free_private(self, blocks: array) -> None:
-        """Queue blocks that hold no cached content; they join an unhashed tail chunk, so the
-        queue stays a few long chunks and most pops take the one-slice path of _pop_free."""
-        free = self._free
-        tail = free[-1] if free else None
-        if tail is None or tail[2]:
-            free.append([blocks, 0, False])
-            return
-        chunk, start = tail[0], tail[1]
-        if start > COMPACT_AFTER and 2 * start > len(chunk):  # drop the popped front now and then
-            del chunk[:start]
-            tail[1] = 0
-        chunk.extend(blocks)
-
-    def _pop_free(self, n: int) -> Seq[int]:
-        head = self._free[0]
-        chunk, start, may_hash = head
-        if not may_hash and len(chunk) - start > n:  # the common case: one chunk of unhashed blocks
-            head[1] = start + n
-            self.num_free_blocks -= n
-            return chunk[start:start + n]
-        out = array("i")
-        hashed: list[int] = []  # taken from chunks that may hold hashed (or stale) blocks
-        while len(out) < n:
-            head = self._free[0]
-            chunk, start, may_hash = head
-            end = min(len(chunk), start + n - len(out))
-            take = chunk[start:end]
-            if end == len(chunk):
-                self._free.popleft()
-            else:
-                head[1] = end
-            if may_hash:
-                if self._stale and not self._stale.keys().isdisjoint(take):
-                    take = self._drop_stale(take)
-                hashed.extend(take)
-            out.extend(take)
-        self.num_free_blocks -= n
-        if hashed and self.num_cached_blocks:
-            for b in self.block_tokens.keys() & hashed:  # set arithmetic in C
-                self._evict(b)
-        return out
-
-    def _drop_stale(self, entries: list[int]) -> list[int]:
-        # A revived block's queue entry is older than any entry from a later free, so the first
-        # entries popped for a block are its stale ones.
-        fresh = []
-        for b in entries:
-            count = self._stale.get(b, 0)
-            if count == 0:
-                fresh.append(b)
-            elif count == 1:
-                del self._stale[b]
-            else:
-                self._stale[b] = count - 1
-        return fresh
-
-    def _evict(self, block: int) -> None:
-        self._num_evictions += 1
-        h = self.block_hash[block]
-        del self.hash_to_block[h]
-        del self.block_tokens[block]
-        self.block_hash[block] = NO_HASH
-        self.num_cached_blocks -= 1
+    def _release_shared(self, seq: Sequence, table: array, shared: int) -> np.ndarray:
+        """Drop a reference to each block at a shareable position (all or none); returns those now
+        free, tail first."""
+        ids = np.frombuffer(table, dtype=np.int32)[:shared]
+        ref = self.content.ref
+        if ids.min() < 0 or ids.max() >= len(ref):
+            raise AllocationError(f"sequence {seq.seq_id}: its block table holds unknown blocks")
+        left = ref[ids] - 1
+        if (left < 0).any():
+            bad = int(ids[np.argmin(left)])
+            raise AllocationError(f"sequence {seq.seq_id}: its block table holds block {bad}, which is free")
+        ref[ids] = left
+        return ids[left == 0][::-1].copy()

@@ -17,8 +17,15 @@ would) at once, and handed to each member's block table when it leaves.
 from __future__ import annotations
 
 import heapq
+from operator import mul
 
 from kvsim.sequence import Sequence
+
+
+_T1 = {bs: list(range(bs)) for bs in (1, 8, 16, 32, 64, 128, 4, 2)}
+_T2 = {bs: [t * t for t in range(bs)] for bs in _T1}
+_J1 = {bs: list(range(1, bs + 1)) for bs in _T1}
+_J2 = {bs: [j * j for j in range(1, bs + 1)] for bs in _T1}
 
 
 class DecodeCohort:
@@ -105,6 +112,33 @@ class DecodeCohort:
             else:
                 total += sum(res[r0:]) + sum(res[:r0 + b - bs])
         return total
+
+    def crossing_moments(self, steps: int) -> tuple[int, int, int]:
+        """(sum of c_j, of j * c_j, of j * j * c_j) over the next steps j = 1..`steps`, c_j the
+        members whose token count crosses into a new block at step j (the blocks step j takes; the
+        first sum is blocks_needed(steps)). With the step times in closed form they give the
+        block-seconds a run holds, without a loop over steps."""
+        bs = self.block_size
+        res = self.residues[::-1]  # step j takes residues[-(clock + j - 1) % bs]: a rotation of this
+        s = (bs - 1 - (-self.clock % bs)) % bs
+        w = res[s:] + res[:s]  # w[t]: members crossing at steps j with (j - 1) % bs == t
+        if steps <= bs:  # the usual run: within one period
+            part = w[:steps]
+            return sum(part), sum(map(mul, part, _J1[bs])), sum(map(mul, part, _J2[bs]))
+        q, rem = divmod(steps, bs)
+        s0, s1, s2 = sum(w), sum(map(mul, w, _T1[bs])), sum(map(mul, w, _T2[bs]))
+        lin = bs * q * (q - 1) // 2 + q  # sum over full periods p < q of (p * bs + 1)
+        sq = bs * bs * (q - 1) * q * (2 * q - 1) // 6 + bs * q * (q - 1) + q  # ... of (p * bs + 1)^2
+        m0, m1 = q * s0, s0 * lin + q * s1
+        m2 = s0 * sq + 2 * s1 * lin + q * s2
+        if rem:
+            part = w[:rem]
+            r0, r1, r2 = sum(part), sum(map(mul, part, _T1[bs])), sum(map(mul, part, _T2[bs]))
+            base = q * bs + 1
+            m0 += r0
+            m1 += base * r0 + r1
+            m2 += base * base * r0 + 2 * base * r1 + r2
+        return m0, m1, m2
 
     def affordable_steps(self, want: int, free_blocks: int) -> tuple[int, int]:
         """The most steps k <= want whose new blocks fit in `free_blocks`, and those blocks."""

@@ -34,6 +34,7 @@ class ContiguousAllocator:
         self.extents: list[tuple[int, int]] = [(0, num_blocks)]  # free (start, length), sorted by start
         self.num_free_blocks = num_blocks
         self.reserved_unused_tokens = 0  # slab slots not (yet) written
+        self.next_slab = 0  # blocks of the slab last asked for (0: none yet)
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -46,10 +47,12 @@ class ContiguousAllocator:
 
     @property
     def external_fragmentation(self) -> float:
-        """Share of free blocks outside the largest hole (0: all free space is one run)."""
-        if not self.num_free_blocks:
+        """Share of free blocks in holes too small for the next slab (the last one asked for by a
+        first allocation, as the waiting queue's head asks each step): free memory that cannot
+        serve the next request."""
+        if not self.num_free_blocks or not self.next_slab:
             return 0.0
-        return 1.0 - self.largest_free_extent / self.num_free_blocks
+        return sum(n for _, n in self.extents if n < self.next_slab) / self.num_free_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -74,6 +77,9 @@ class ContiguousAllocator:
     def get_computed_blocks(self, seq: Sequence) -> list[int]:
         return []
 
+    def cached_prefix_blocks(self, seq: Sequence) -> int:
+        return 0
+
     # ---- allocation ----------------------------------------------------------------------
     def _first_fit(self, n: int) -> int:
         for i, (start, length) in enumerate(self.extents):
@@ -87,7 +93,7 @@ class ContiguousAllocator:
     def can_allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> bool:
         if seq.block_table:
             return self._fits(seq, num_new_tokens)
-        n = self.slab_blocks(seq)
+        n = self.next_slab = self.slab_blocks(seq)
         return seq.num_computed_tokens + num_new_tokens <= n * self.block_size and self._first_fit(n) >= 0
 
     def allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> None:

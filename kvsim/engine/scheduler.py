@@ -20,6 +20,7 @@ The scheduler knows no time: the simulator stamps times, the backend prices the 
 from __future__ import annotations
 
 from collections import deque
+from operator import attrgetter
 
 from kvsim.batch import Batch
 from kvsim.engine.cohort import DecodeCohort
@@ -28,6 +29,7 @@ from kvsim.sequence import Sequence, SequenceStatus
 RUNNING, WAITING, SWAPPED, FINISHED, REJECTED = (
     SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.SWAPPED,
     SequenceStatus.FINISHED, SequenceStatus.REJECTED)
+_run_order = attrgetter("run_order")
 # What can hold a waiting sequence back (Scheduler.admission_limit).
 KV_CACHE, MAX_NUM_SEQS, TOKEN_BUDGET = "kv_cache", "max_num_seqs", "token_budget"
 
@@ -237,7 +239,9 @@ class Scheduler:
         `num_steps` decode steps).
 
         Returns (emitted, finished): the explicitly scheduled sequences that produced a token, and
-        every sequence that is done (cohort members included); finished sequences' blocks are freed.
+        every sequence that is done (cohort members included); finished sequences' blocks are freed
+        in running order (vLLM frees them in schedule order: the running queue's), so the LRU queue
+        and later prefix hits are the same whether or not the cohort ran them.
         Cohort members' tokens are counted by `batch.cohort_size`, not listed.
         """
         emitted, finished = [], []
@@ -267,6 +271,8 @@ class Scheduler:
         if left_running:
             self.running = [s for s in self.running if s.status is RUNNING and s.cohort_clock < 0]
         if finished:
+            if len(finished) > 1:  # freed in running order, as vLLM frees them in schedule order
+                finished.sort(key=_run_order)
             self.num_running -= len(finished)
             self.num_unfinished -= len(finished)
             for seq in finished:
@@ -274,9 +280,10 @@ class Scheduler:
         return emitted, finished
 
     # ---- runs of identical decode steps ----------------------------------------------------
-    def extend_decode_run(self, batch: Batch, max_steps: int) -> int:
+    def extend_decode_run(self, batch: Batch, max_steps: int, on_plan=None) -> int:
         """How many identical decode steps (>= 1) the cohort-only `batch` can run before the
-        schedule could change, at most `max_steps`; the extra steps' blocks are reserved.
+        schedule could change, at most `max_steps`; the extra steps' blocks are reserved
+        (`on_plan(k)` is called first, while the allocator still shows the state before them).
 
         The schedule changes when a sequence finishes or when the blocks would run out (a
         preemption); arrivals are the caller's bound. Nothing else can change it: the waiting
@@ -290,6 +297,8 @@ class Scheduler:
             first = self._cohort_step_blocks  # reserved by schedule()
             k, need = cohort.affordable_steps(k, self.allocator.num_free_blocks + first)
             if k > 1:
+                if on_plan is not None:
+                    on_plan(k)
                 if need > first:
                     self.allocator.reserve(need - first)
             else:

@@ -3,6 +3,26 @@ breakdown that yields the number of KV blocks, and prefill FLOPs (what a prefix-
 
 All figures are per GPU: weights and KV heads are sharded over tensor parallelism (KV heads are
 replicated once tp exceeds their number, as vLLM does).
+
+The breakdown follows vLLM v0.11.0 (`gpu_worker.determine_available_memory`, `memory_profiling`):
+
+    KV = total * gpu_memory_utilization - weights - activation peak - non-torch memory
+
+- total: what `torch.cuda.mem_get_info` reports (`GpuSpec.cuda_memory_gib`), a little below
+  nvidia-smi's figure (H100: 79.18 GiB, not 79.65).
+- activation peak: the profile run's, a forward pass of the policy's *effective* step budget
+  (its max_num_batched_tokens, or max_model_len when chunking is off), then the sampler over
+  min(budget, max_num_seqs) rows (`activation_estimate`; with vLLM's defaults on an H100, the
+  sampler's 1024 rows dominate for 128k-vocabulary models).
+- non-torch memory: what the process holds outside PyTorch's allocator, grown during start-up
+  (cuBLAS workspaces, attention buffers; NCCL and the custom all-reduce buffers with tensor
+  parallelism). vLLM's own logs print it: 0.32-0.35 GiB for Llama-3.1-8B on one H100 (V1,
+  `non_torch_memory takes 0.35GiB`), 1.07-1.2 GiB for multi-GPU deployments. `NON_TORCH_GIB`.
+- CUDA graphs are captured *after* the KV cache is allocated, from the headroom that
+  (1 - gpu_memory_utilization) leaves: no term. The CUDA context is in neither figure.
+- Blocks: KV // (2 * block_size * kv_heads_per_gpu * head_dim * dtype bytes * layers), the last
+  partial block dropped. fp8 KV uses per-tensor scales (two floats per layer, not per token), so a
+  block is exactly half a bf16 block; `fp8_per_token` stores a float scale per token and head.
 """
 
 from __future__ import annotations
@@ -14,10 +34,13 @@ from kvsim.errors import KvsimError
 from kvsim.scenario.catalog import GPUS, GpuSpec, ModelSpec, tp_problem
 from kvsim.scenario.limits import MAX_KV_BLOCKS, MAX_TENSOR_PARALLEL
 
+from kvsim.scenario.defaults import engine_limits, max_model_len  # noqa: F401  (max_model_len: re-exported)
+
 GiB = 2**30
 KV_ELEM_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "int8": 1.0, "int4": 0.5}
 QUANTIZED_KV = frozenset({"fp8", "fp8_e4m3", "int8", "int4"})
-SCALE_BYTES = 4  # one float32 scale per token per KV head, for K and for V
+SCALE_BYTES = 4  # one float32 scale per token per KV head, for K and for V, where scales are per token
+NON_TORCH_GIB = {False: 0.35, True: 1.1}  # vLLM's non-torch start-up memory, one GPU / tensor parallel
 
 
 def kv_elem_bytes(model: ModelSpec, kv_cache_dtype: str) -> float:
@@ -39,45 +62,52 @@ def kv_elements_per_token(model: ModelSpec, tp: int = 1) -> int:
     return 2 * model.num_hidden_layers * kv_heads_per_gpu(model, tp) * model.head_dim
 
 
-def kv_bytes_per_token(model: ModelSpec, kv_cache_dtype: str, tp: int = 1) -> float:
-    """Bytes of K and V one token takes on one GPU, over all layers, scales included."""
-    scale = SCALE_BYTES if kv_cache_dtype in QUANTIZED_KV else 0
+def kv_bytes_per_token(model: ModelSpec, kv_cache_dtype: str, tp: int = 1, per_token_scales: bool = False) -> float:
+    """Bytes of K and V one token takes on one GPU, over all layers. Quantized caches carry a
+    float32 scale per token and head (int8, int4, and fp8 with `per_token_scales`); fp8 as vLLM
+    uses per-tensor scales, which take no room in the blocks."""
+    per_token = kv_cache_dtype in QUANTIZED_KV and (per_token_scales or not kv_cache_dtype.startswith("fp8"))
+    scale = SCALE_BYTES if per_token else 0
     per_head = model.head_dim * kv_elem_bytes(model, kv_cache_dtype) + scale
     return 2 * model.num_hidden_layers * kv_heads_per_gpu(model, tp) * per_head
 
 
-def bytes_per_block(model: ModelSpec, kv_cache_dtype: str, block_size: int, tp: int = 1) -> int:
-    return math.ceil(kv_bytes_per_token(model, kv_cache_dtype, tp) * block_size)
+def bytes_per_block(model: ModelSpec, kv_cache_dtype: str, block_size: int, tp: int = 1,
+                    per_token_scales: bool = False) -> int:
+    return math.ceil(kv_bytes_per_token(model, kv_cache_dtype, tp, per_token_scales) * block_size)
 
 
-def max_model_len(scenario, model: ModelSpec) -> int:
-    return scenario.engine.max_model_len or model.max_position_embeddings
-
-
-def activation_estimate(model: ModelSpec, engine, tp: int = 1) -> int:
-    """Peak activation bytes of one forward pass of `T = engine.max_num_batched_tokens` tokens on one GPU.
+def activation_estimate(model: ModelSpec, num_tokens: int, num_seqs: int, tp: int = 1) -> int:
+    """Peak activation bytes of vLLM's profile run on one GPU: a forward pass of `T = num_tokens`
+    tokens (the effective step budget) split over min(T, num_seqs) sequences, then the sampler.
 
     Only one layer's intermediates are alive at a time, so the peak is the biggest of them plus the
     buffers that live across layers:
 
-        peak = max(T * 2 * intermediate/tp * a,                    # MLP gate and up outputs
+        peak = max(T * 3 * intermediate/tp * a,                    # MLP: gate_up out, silu_and_mul out
                    T * (q_heads/tp + 2 * kv_heads/tp) * head_dim * a,  # fused qkv projection
-                   min(T, max_num_seqs) * vocab * 4)               # fp32 logits of the sampled rows
+                   min(T, num_seqs) * vocab * (a + 8))             # sampler: logits, fp32 copy, fp32 probs
                + 2 * T * hidden * a                                # hidden states and residual
 
-    with `a` the activation dtype size (2 B, or 4 B for fp32 models).
+    with `a` the activation dtype size (2 B, or 4 B for fp32 models). vLLM's fused SiLU-and-multiply
+    reads the gate/up output (2 x intermediate) while it writes its own (1 x), so both are alive. The
+    sampler holds the logits in the model dtype, their float32 copy and float32 probabilities at
+    once; with tensor parallelism every rank gathers the whole vocabulary. Check against vLLM's own
+    log for Llama-3.1-8B on an H100 (8192 tokens, 1024 sequences): "PyTorch activation peak memory
+    takes 1.21GiB" / "1.24GiB"; this gives 1024 x 128256 x 10 B + 2 x 8192 x 4096 x 2 B = 1.35 GiB.
     """
-    t, a = engine.max_num_batched_tokens, model.activation_bytes
-    mlp = t * 2 * math.ceil(model.intermediate_size / tp) * a
+    t, a = num_tokens, model.activation_bytes
+    mlp = t * 3 * math.ceil(model.intermediate_size / tp) * a
     q_heads = max(1, model.num_attention_heads // tp)
     qkv = t * (q_heads + 2 * kv_heads_per_gpu(model, tp)) * model.head_dim * a
-    logits = min(t, engine.max_num_seqs) * model.vocab_size * 4
+    logits = min(t, num_seqs) * model.vocab_size * (a + 8)
     return max(mlp, qkv, logits) + 2 * t * model.hidden_size * a
 
 
 @dataclass(slots=True, frozen=True)
 class KvCapacity:
-    """Per-GPU memory breakdown in bytes: budget = weights + activations + reserve + kv."""
+    """Per-GPU memory breakdown in bytes: budget = weights + activations + reserve + kv (reserve:
+    the non-torch memory)."""
 
     total: float
     budget: float
@@ -96,7 +126,7 @@ class KvCapacity:
             ("usable (gpu_memory_utilization)", self.budget),
             ("weights", self.weights),
             ("activations", self.activations),
-            ("fixed reserve", self.reserve),
+            ("non-torch memory", self.reserve),
             ("KV cache", self.kv),
             ("KV in whole blocks", self.num_blocks * self.bytes_per_block),
         ]
@@ -106,14 +136,15 @@ def compute_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec) -> KvCapa
     """The breakdown, unchecked: kv may be negative and num_blocks zero (see kv_capacity)."""
     hw, engine = scenario.hardware, scenario.engine
     tp = hw.tensor_parallel_size
-    total = gpu.memory_gib * GiB
+    limits = engine_limits(scenario, policy, model, gpu)
+    total = gpu.cuda_memory_gib * GiB
     budget = total * hw.gpu_memory_utilization
     weights = model.weight_bytes / tp
     activations = (engine.activation_reserve_gib * GiB if engine.activation_reserve_gib is not None
-                   else float(activation_estimate(model, engine, tp)))
-    reserve = engine.fixed_reserve_gib * GiB
+                   else float(activation_estimate(model, limits.step_budget, limits.max_num_seqs, tp)))
+    reserve = (engine.fixed_reserve_gib if engine.fixed_reserve_gib is not None else NON_TORCH_GIB[tp > 1]) * GiB
     kv = budget - weights - activations - reserve
-    bpb = bytes_per_block(model, policy.kv_cache_dtype, engine.block_size, tp)
+    bpb = bytes_per_block(model, policy.kv_cache_dtype, engine.block_size, tp, policy.kv_cache_scales == "per_token")
     num_blocks = max(0, int(kv // bpb))
     return KvCapacity(total, budget, weights, activations, reserve, kv, bpb, num_blocks,
                       engine.block_size, num_blocks * engine.block_size)
@@ -123,14 +154,14 @@ def check_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, cap: KvCapa
     """Raise KvsimError (one line) when the KV cache is empty or cannot hold one max_model_len sequence."""
     hw, src = scenario.hardware, scenario.source
     tp, util = hw.tensor_parallel_size, hw.gpu_memory_utilization
-    on_gpu = f"{gpu.name} ({gpu.memory_gib:.1f} GiB × {util:.2f} = {cap.budget / GiB:.1f} GiB)"
+    on_gpu = f"{gpu.name} ({gpu.cuda_memory_gib:.1f} GiB × {util:.2f} = {cap.budget / GiB:.1f} GiB)"
     if cap.weights >= cap.budget:
         raise KvsimError(f"{src}: model {model.name} ({cap.weights / GiB:.1f} GiB of weights per GPU at tp={tp}) "
                          f"does not fit on {on_gpu}: raise hardware.tensor_parallel_size or pick a larger GPU")
     if cap.kv <= 0:
         raise KvsimError(f"{src}: model {model.name} leaves no room for the KV cache on {on_gpu} at tp={tp}: "
                          f"{cap.weights / GiB:.1f} GiB weights + {cap.activations / GiB:.1f} GiB activations + "
-                         f"{cap.reserve / GiB:.1f} GiB reserve: raise hardware.tensor_parallel_size or "
+                         f"{cap.reserve / GiB:.1f} GiB non-torch: raise hardware.tensor_parallel_size or "
                          f"hardware.gpu_memory_utilization, or lower engine.max_num_batched_tokens")
     max_len = max_model_len(scenario, model)
     if cap.num_blocks < math.ceil(max_len / cap.block_size):

@@ -112,7 +112,8 @@ class StepModel:
     of n sequences replays the CUDA graph of the least of `graph_sizes` >= n, padded to it (none: eager)."""
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, kv_cache_dtype: str,
-                 calibration: Calibration, block_size: int = 16, graph_sizes: tuple = VLLM_GRAPH_SIZES):
+                 calibration: Calibration, block_size: int = 16, graph_sizes: tuple = VLLM_GRAPH_SIZES,
+                 per_token_scales: bool = False):
         self.model, self.gpu, self.tp = model, gpu, tp
         self.kv_cache_dtype, self.calibration, self.block_size = kv_cache_dtype, calibration, block_size
         self.graph_sizes = tuple(sorted(graph_sizes))
@@ -121,8 +122,8 @@ class StepModel:
         peak = (gpu.fp8_tflops if model.dtype == "fp8" else gpu.bf16_tflops) * 1e12
         bandwidth = gpu.hbm_bandwidth_gbps * 1e9 * c.memory_efficiency
         wbytes = DTYPE_BYTES[model.dtype]
-        self.kv_bytes_per_token = kv_bytes_per_token(model, kv_cache_dtype, tp)
-        self.bytes_per_block = bytes_per_block(model, kv_cache_dtype, block_size, tp)
+        self.kv_bytes_per_token = kv_bytes_per_token(model, kv_cache_dtype, tp, per_token_scales)
+        self.bytes_per_block = bytes_per_block(model, kv_cache_dtype, block_size, tp, per_token_scales)
         # Seconds per unit of work, per GPU.
         gemm_s_per_flop = 1.0 / (tp * peak * c.compute_efficiency)
         self.gemm_pad = c.gemm_pad_tokens

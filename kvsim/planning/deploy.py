@@ -38,12 +38,14 @@ from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.points import at_load, base_rate, evaluate_point
 from kvsim.planning.search import expected_points
 from kvsim.scenario.catalog import GPUS, GpuSpec, gpu_price, gpu_spec, model_spec, tp_problem
+from kvsim.scenario.config import HardwareConfig
 
 TP_DEGREES = (1, 2, 4, 8)
 MAX_REPLICAS = 64
 REQUEST_SCALE_CAP = 2
 SCOUT_RESOLUTION = 0.1
-_GPU_OVERRIDES = tuple(f for f in GpuSpec.__dataclass_fields__ if f != "name")
+# the [hardware] keys that override a GPU preset's datasheet figures
+_GPU_OVERRIDES = tuple(f for f in GpuSpec.__dataclass_fields__ if f != "name" and f in HardwareConfig.model_fields)
 
 
 @dataclass(slots=True)

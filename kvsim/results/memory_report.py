@@ -48,7 +48,7 @@ def memory_table(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None, seq_l
         for dtype in kv_dtypes or (policy.kv_cache_dtype,):
             pol = replace_dtype(policy, dtype)
             cap = compute_capacity(scenario, pol, model, gpu)
-            per_token = kv_bytes_per_token(model, dtype, tp)
+            per_token = kv_bytes_per_token(model, dtype, tp, pol.kv_cache_scales == "per_token")
             for n in lens:
                 slots = reserved_tokens(pol, n, cap.block_size, max_len)
                 rows.append(MemoryRow(policy.name, policy.allocator, dtype, n, math.ceil(slots * per_token),

@@ -185,7 +185,6 @@ class Metrics:
         self.e2e = array("d")
         self.tpot = array("d")  # per-request mean ITL, requests with >= 2 output tokens only
         self.first_scheduled = array("d")  # of finished requests, for the backlog at the last arrival
-        self.first_arrival, self.last_arrival = math.inf, -math.inf
         self.itl = LogHistogram()
         self._itl_runs: list = []  # (gap, count, gap, count) records not yet binned, flat
         self._itl_gaps: list[float] = []  # single gaps not yet binned
@@ -194,6 +193,10 @@ class Metrics:
         self.rejected_by_reason: dict[str, int] = {}
         self.prompt_tokens = 0
         self.output_tokens = 0
+        self.first_arrival, self.last_arrival = math.inf, -math.inf
+        self._finish_times = array("d")  # per finished request, for figures over the arrival window
+        self._finish_tokens = array("q")  # its prompt + output tokens
+        self._finish_outputs = array("q")
         self.prefix_hit_tokens = 0
         self.preemptions = 0
         self._replicas: dict[int, _ReplicaSeries] = {}
@@ -216,13 +219,18 @@ class Metrics:
         tpot = (seq.finish_time - seq.first_token_time) / (n_out - 1) if n_out > 1 else None
         self.ttft.append(ttft)
         self.e2e.append(e2e)
+        if arrival > self.last_arrival:  # arrivals come in order: the first sets both
+            self.last_arrival = arrival
+            if arrival < self.first_arrival:
+                self.first_arrival = arrival
+        elif arrival < self.first_arrival:
+            self.first_arrival = arrival
+        self._finish_times.append(seq.finish_time)
+        self._finish_tokens.append(seq.request.prompt_len + n_out)
+        self._finish_outputs.append(n_out)
         if tpot is not None:
             self.tpot.append(tpot)
         self.first_scheduled.append(seq.first_scheduled_time)
-        if arrival < self.first_arrival:
-            self.first_arrival = arrival
-        if arrival > self.last_arrival:
-            self.last_arrival = arrival
         self.num_finished += 1
         if ttft * 1e3 <= self._ttft_ms and e2e * 1e3 <= self._e2e_ms and (tpot is None or tpot * 1e3 <= self._tpot_ms):
             self.num_good += 1  # meets every per-request bound (an absent one is infinite); one token has no TPOT to miss
@@ -237,12 +245,16 @@ class Metrics:
                 "" if tpot is None else TIME % tpot, e2e, r.prompt_len, n_out, seq.num_cached_tokens,
                 seq.num_preemptions))
 
+    def _arrived(self, t: float) -> None:
+        if t < self.first_arrival:
+            self.first_arrival = t
+        if t > self.last_arrival:
+            self.last_arrival = t
+
     def on_reject(self, seq: Sequence) -> None:
+        self._arrived(seq.request.arrival_time)
         reason = seq.reject_reason or "unknown"
         self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
-        arrival = seq.request.arrival_time
-        self.first_arrival = min(self.first_arrival, arrival)
-        self.last_arrival = max(self.last_arrival, arrival)
         self.preemptions += seq.num_preemptions
         self._write_rejected_row(seq)
 
@@ -303,13 +315,15 @@ class Metrics:
 
     def sample(self, t: float, r: _ReplicaSeries, running: int, waiting: int, swapped: int, blocks_used: int,
                blocks_cached: int, blocks_free: int, reserved_unused_tokens: int, batch_tokens: int,
-               external_fragmentation: float = 0.0) -> None:
-        """The replica's state after an engine step ending at t (`r`: `series(replica)`)."""
+               external_fragmentation: float = 0.0, used_block_s: float = -1.0) -> None:
+        """The replica's state after an engine step ending at t (`r`: `series(replica)`).
+        `used_block_s`: the KV block-seconds since the previous sample, when the engine knows them
+        exactly (a fused run); by default the previous sample's use held until t."""
         if t >= r.bucket_end:
             self._next_bucket(r, t, batch_tokens)
         elif batch_tokens > r.batch_max:
             r.batch_max = batch_tokens
-        r.used_seconds += r.last_used * (t - r.last_t)  # the previous sample's usage held until now
+        r.used_seconds += r.last_used * (t - r.last_t) if used_block_s < 0 else used_block_s
         r.last = (t, running, waiting, swapped, blocks_used, blocks_cached, blocks_free,
                   reserved_unused_tokens, external_fragmentation)
         if external_fragmentation > r.peak_external_fragmentation:
@@ -324,6 +338,11 @@ class Metrics:
             self.peak_running = self._running_now
         if self._waiting_now > self.peak_waiting:
             self.peak_waiting = self._waiting_now
+
+    def note_used(self, r: _ReplicaSeries, blocks_used: int) -> None:
+        """A sample's KV use that no row shows (inside a fused run): it counts for the peak."""
+        if blocks_used > r.peak_used:
+            r.peak_used = blocks_used
 
     def _next_bucket(self, r: _ReplicaSeries, t: float, batch_tokens: int) -> None:
         """Close the open row if t is in a later bucket. `bucket_end` sits 1e-12 (relative) before
@@ -376,36 +395,47 @@ class Metrics:
                 "at_percentile": {k: None if v is None else v * 1e3 for k, v in figures.items()},
                 "served_fraction": self.num_finished / received if received else None}
 
-    def _arrivals_summary(self, received: int) -> dict:
-        """The arrival window, the rate offered over it, and the backlog when the last request arrived."""
-        if not received:
-            return {"window_s": None, "offered_rps": None, "backlog_at_last_arrival": 0, "backlog_fraction": None}
-        window = self.last_arrival - self.first_arrival
-        offered = (received - 1) / window if window > 0 else None
-        backlog = int(np.count_nonzero(np.frombuffer(self.first_scheduled, dtype=np.float64) > self.last_arrival))
-        return {"window_s": window, "offered_rps": offered, "backlog_at_last_arrival": backlog,
-                "backlog_fraction": backlog / received}
-
-    def _kv_summary(self, num_blocks: int, block_size: int, bytes_per_block: int) -> dict:
-        """Peak is the largest one replica reached; the mean is time-weighted over each replica's
-        samples (a value holds until the next sample) and averaged over replicas by time."""
+    def _kv_summary(self, num_blocks: int, block_size: int, bytes_per_block: int, num_replicas: int = 1) -> dict:
+        """Fractions are of one replica's blocks: the peak is the largest one replica reached; the
+        mean is time-weighted over each replica's samples (a value holds until the next sample) and
+        averaged over replicas by time."""
         reps = [r for r in self._replicas.values() if r.last]  # replicas that ran a step
+        per_replica = num_blocks // num_replicas
         peak = max((r.peak_used for r in reps), default=0)
         span = sum(r.last_t - r.first_t for r in reps)
         used_seconds = sum(r.used_seconds for r in reps)
         if span > 0:
-            mean_frac = used_seconds / span / num_blocks
+            mean_frac = used_seconds / span / per_replica
         elif reps:  # one instant per replica: the plain mean of the samples
-            mean_frac = sum(r.last[4] for r in reps) / len(reps) / num_blocks
+            mean_frac = sum(r.last[4] for r in reps) / len(reps) / per_replica
         else:
             mean_frac = None
-        return {"num_blocks": num_blocks, "block_size": block_size, "bytes_per_block": bytes_per_block,
-                "peak_used_blocks": peak, "peak_used_fraction": peak / num_blocks if num_blocks else None,
-                "mean_used_fraction": mean_frac if num_blocks else None,
+        return {"num_blocks": num_blocks, "num_blocks_per_replica": per_replica, "block_size": block_size,
+                "bytes_per_block": bytes_per_block,
+                "peak_used_blocks": peak, "peak_used_fraction": peak / per_replica if per_replica else None,
+                "mean_used_fraction": mean_frac if per_replica else None,
                 "peak_external_fragmentation": max((r.peak_external_fragmentation for r in reps), default=0.0)}
 
+    def _arrivals_summary(self, received: int) -> dict:
+        """The arrival window (first to last arrival), the rate offered over it, the throughput over it
+        (requests finished by the last arrival), and the backlog then: finished requests first scheduled
+        after the last arrival. The whole run's throughput also counts the drain at the end."""
+        start, end = self.first_arrival, self.last_arrival
+        width = end - start if received else 0.0
+        backlog = int(np.count_nonzero(np.frombuffer(self.first_scheduled, dtype=np.float64) > end))
+        out = {"start_s": start if received else None, "end_s": end if received else None,
+               "window_s": width if received else None, "offered_rps": None, "requests_per_s": None,
+               "output_tokens_per_s": None, "total_tokens_per_s": None,
+               "backlog_at_last_arrival": backlog, "backlog_fraction": backlog / received if received else None}
+        if width > 0:
+            done = np.frombuffer(self._finish_times, dtype=np.float64) <= end
+            out.update(offered_rps=(received - 1) / width, requests_per_s=int(done.sum()) / width,
+                       output_tokens_per_s=int(np.frombuffer(self._finish_outputs, dtype=np.int64)[done].sum()) / width,
+                       total_tokens_per_s=int(np.frombuffer(self._finish_tokens, dtype=np.int64)[done].sum()) / width)
+        return out
+
     def summary(self, *, duration_s: float, num_blocks: int, block_size: int, bytes_per_block: int,
-                extra: dict | None = None) -> dict:
+                extra: dict | None = None, num_replicas: int = 1) -> dict:
         """The policy's figures as plain JSON values; undefined ones (no finished request) are None."""
         rejected = sum(self.rejected_by_reason.values())
         received = self.num_finished + rejected
@@ -427,7 +457,7 @@ class Metrics:
             "peak_running": self.peak_running,
             "peak_waiting": self.peak_waiting,
             "admission_blocked_s": dict(sorted(self.admission_blocked_s.items())),
-            "kv": self._kv_summary(num_blocks, block_size, bytes_per_block),
+            "kv": self._kv_summary(num_blocks, block_size, bytes_per_block, num_replicas),
             "preemptions": self.preemptions,
             "prefix_hit_rate": self.prefix_hit_tokens / self.prompt_tokens if self.prompt_tokens else None,
             "duration_s": duration_s,

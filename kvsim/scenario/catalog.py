@@ -202,6 +202,13 @@ class GpuSpec:
     fp32_tflops: float  # non-tensor-core rate, for dequantization work
     nvlink_gbps: float  # GPU-to-GPU, per direction (datasheets quote both directions: half of that)
     pcie_gbps: float  # host link, per direction
+    # What the CUDA runtime reports as total (torch.cuda.mem_get_info): vLLM sizes the KV cache
+    # from this, a little below nvidia-smi's figure. 0: the same as memory_gib.
+    cuda_memory_gib: float = 0.0
+
+    def __post_init__(self):
+        if not self.cuda_memory_gib:
+            object.__setattr__(self, "cuda_memory_gib", self.memory_gib)
 
     @property
     def memory_bytes(self) -> int:
@@ -209,18 +216,24 @@ class GpuSpec:
 
 
 # Sources: NVIDIA A100 / H100 / H200 / L40S / HGX B200 datasheets, AMD Instinct MI300X datasheet;
-# memory totals from nvidia-smi (MiB) and rocm-smi (bytes) on the real devices.
+# memory totals from nvidia-smi (MiB) and rocm-smi (bytes) on the real devices. cuda_memory_gib, the
+# total torch.cuda.mem_get_info reports (what vLLM multiplies by gpu_memory_utilization): H100
+# 85,017,493,504 B and H200 150,109,880,320 B measured on this workplace's GPUs (driver 580; public
+# vLLM logs print "total_gpu_memory (79.11-79.33GiB)" and "(139.81GiB)"); A100-80GB 79.15 GiB and
+# L40S 44.52 GiB from PyTorch's out-of-memory messages on those cards ("79.15 GiB total capacity",
+# "a total capacity of 44.52 GiB"); B200: not measured, nvidia-smi's total less the 0.6 GiB the
+# H200 loses; MI300X: rocm-smi's total, which HIP reports too.
 GPUS: dict[str, GpuSpec] = {g.name: g for g in (
     # A100 SXM 80GB: 312 TF bf16, no fp8 units; NVLink3 600 GB/s total; PCIe Gen4 x16.
-    GpuSpec("A100-80GB", 81920 / 1024, 2039.0, 312.0, 312.0, 19.5, 300.0, 32.0),
+    GpuSpec("A100-80GB", 81920 / 1024, 2039.0, 312.0, 312.0, 19.5, 300.0, 32.0, 79.15),
     # H100 SXM5: 989.4 TF bf16, 1978.9 fp8 dense; HBM3 3.35 TB/s; NVLink4 900 GB/s total; PCIe Gen5.
-    GpuSpec("H100-SXM", 81559 / 1024, 3350.0, 989.4, 1978.9, 66.9, 450.0, 64.0),
+    GpuSpec("H100-SXM", 81559 / 1024, 3350.0, 989.4, 1978.9, 66.9, 450.0, 64.0, 85017493504 / 2**30),
     # H200 SXM: H100 compute with 141 GB HBM3e at 4.8 TB/s.
-    GpuSpec("H200", 143771 / 1024, 4800.0, 989.4, 1978.9, 66.9, 450.0, 64.0),
+    GpuSpec("H200", 143771 / 1024, 4800.0, 989.4, 1978.9, 66.9, 450.0, 64.0, 150109880320 / 2**30),
     # L40S: 362 TF bf16, 733 fp8 dense; GDDR6 864 GB/s; no NVLink, so tensor parallel runs over PCIe Gen4.
-    GpuSpec("L40S", 46068 / 1024, 864.0, 362.05, 733.0, 91.6, 32.0, 32.0),
+    GpuSpec("L40S", 46068 / 1024, 864.0, 362.05, 733.0, 91.6, 32.0, 32.0, 44.52),
     # B200 (HGX): 2.25 PF bf16, 4.5 PF fp8 dense; HBM3e 8 TB/s; NVLink5 1.8 TB/s total.
-    GpuSpec("B200", 183359 / 1024, 8000.0, 2250.0, 4500.0, 75.0, 900.0, 64.0),
+    GpuSpec("B200", 183359 / 1024, 8000.0, 2250.0, 4500.0, 75.0, 900.0, 64.0, 183359 / 1024 - 0.6),
     # MI300X: 1307.4 TF bf16, 2614.9 fp8 dense, 163.4 fp32 vector; 5.3 TB/s; 7 Infinity Fabric links x 64 GB/s.
     GpuSpec("MI300X", 206141652992 / 2**30, 5300.0, 1307.4, 2614.9, 163.4, 448.0, 64.0),
 )}
@@ -264,4 +277,6 @@ def gpu_spec(scenario) -> GpuSpec:
         raise KvsimError(f"{scenario.source}: hardware.gpu: unknown GPU '{hw.gpu}' (presets: {', '.join(GPUS)})")
     overrides = {f.name: getattr(hw, f.name) for f in fields(GpuSpec)
                  if f.name != "name" and getattr(hw, f.name, None) is not None}
+    if "memory_gib" in overrides:  # a GPU of another size: it reports that size
+        overrides.setdefault("cuda_memory_gib", overrides["memory_gib"])
     return replace(spec, **overrides)

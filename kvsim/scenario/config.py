@@ -127,15 +127,17 @@ class HardwareConfig(_Section):
 
 
 class EngineConfig(_Section):
-    """vLLM engine arguments, with vLLM's defaults (V1, OpenAI server on a >=70 GB GPU)."""
+    """vLLM engine arguments, with vLLM's defaults (V1 `vllm serve`; see kvsim.scenario.defaults)."""
 
     block_size: Literal[1, 8, 16, 32, 64, 128] = Field(16, description=(
         "Tokens per KV-cache block (paged allocator). vLLM: --block-size (default 16)."))
-    max_num_seqs: Annotated[int, Field(ge=1, le=L.MAX_NUM_SEQS)] = Field(256, description=(
-        "Most sequences in one engine step (running batch size). vLLM: --max-num-seqs."))
-    max_num_batched_tokens: Annotated[int, Field(ge=1, le=L.MAX_BATCHED_TOKENS)] = Field(8192, description=(
+    max_num_seqs: Optional[Annotated[int, Field(ge=1, le=L.MAX_NUM_SEQS)]] = Field(None, description=(
+        "Most sequences in one engine step (running batch size). vLLM: --max-num-seqs. Default: vLLM V1's "
+        "for the GPU (1024 on GPUs with >= 70 GiB other than A100, else 256; kvsim.scenario.defaults)."))
+    max_num_batched_tokens: Optional[Annotated[int, Field(ge=1, le=L.MAX_BATCHED_TOKENS)]] = Field(None, description=(
         "Token budget of one engine step (prefill chunks plus one token per decoding sequence); also sizes "
-        "the activation estimate. vLLM: --max-num-batched-tokens."))
+        "the activation profile. vLLM: --max-num-batched-tokens. Default: vLLM V1's for the GPU (8192 on "
+        "GPUs with >= 70 GiB other than A100, else 2048)."))
     max_model_len: Optional[Annotated[int, Field(ge=1, le=L.MAX_MODEL_LEN)]] = Field(None, description=(
         "Longest sequence (prompt + output tokens) a request may reach; longer requests are rejected. "
         "vLLM: --max-model-len. Default: the model's max_position_embeddings."))
@@ -150,8 +152,9 @@ class EngineConfig(_Section):
     activation_reserve_gib: Optional[GiB] = Field(None, description=(
         "GiB per GPU set aside for activations. Default: estimated from the model and max_num_batched_tokens "
         "(vLLM measures it with a profiling forward pass)."))
-    fixed_reserve_gib: GiB = Field(1.0, description=(  # CUDA context, NCCL, cuBLAS workspaces, graphs
-        "GiB per GPU for the CUDA context, NCCL and cuBLAS workspaces and CUDA graphs."))
+    fixed_reserve_gib: Optional[GiB] = Field(None, description=(
+        "GiB per GPU outside PyTorch's allocator (CUDA context, NCCL and cuBLAS workspaces). Default: "
+        "vLLM's measured non-torch memory (kvsim.perf.memory)."))
 
 
 class PolicyConfig(_Section):
@@ -163,7 +166,11 @@ class PolicyConfig(_Section):
         "(first fit), as engines before PagedAttention."))
     kv_cache_dtype: Literal[KV_CACHE_DTYPES] = Field("auto", description=(  # type: ignore[valid-type]
         "KV-cache element type: auto (the model's dtype), bfloat16, float16, fp8 (= fp8_e4m3), int8, int4; "
-        "quantized caches store an fp32 scale per token and KV head. vLLM: --kv-cache-dtype."))
+        "int8/int4 store an fp32 scale per token and KV head, fp8 as kv_cache_scales says. "
+        "vLLM: --kv-cache-dtype."))
+    kv_cache_scales: Literal["per_tensor", "per_token"] = Field("per_tensor", description=(
+        "fp8 scales: per_tensor (one scale per layer, as vLLM: no scale bytes in the blocks) or per_token "
+        "(an fp32 scale per token and KV head, as kvsim's triton kernels store them)."))
     enable_chunked_prefill: bool = Field(True, description=(
         "Split long prompts into chunks that share a step with decoding sequences (vLLM V1 always does); "
         "false: a prompt is prefilled whole in one step. vLLM: --enable-chunked-prefill."))

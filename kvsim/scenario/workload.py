@@ -20,8 +20,8 @@ scenario and seed always give the same stream.
   `token_ids` is the group's prefix: one read-only int32 array, the same object for every member,
   with values in [0, 32000) that depend only on the seed and the group index. Requests outside a
   group have `token_ids=None`, unless the trace carries block ids (Mooncake) and the prompt lengths
-  come from it: then `token_ids` is the row's prompt expanded from its block ids (after the group's
-  prefix, if any).
+  come from it: then `token_ids` is the row's prompt named by its block ids (`KeyedTokens`, expanded
+  into token ids only when read), after the group's prefix if any.
 
 Random numbers come in vectorized chunks from independent generators (arrivals, prompt lengths,
 output lengths, groups: `SeedSequence(seed).spawn(4)`), so changing a length distribution leaves
@@ -37,8 +37,8 @@ import numpy as np
 
 from kvsim.scenario.config import ArrivalConfig, LengthDist, PrefixConfig
 from kvsim.scenario.limits import MAX_MODEL_LEN, MAX_TOKENS
-from kvsim.scenario.traces import VOCAB_SIZE, Trace, load_trace
-from kvsim.sequence import Request
+from kvsim.scenario.traces import MOONCAKE_BLOCK_SIZE, VOCAB_SIZE, Trace, block_token_ids, load_trace
+from kvsim.sequence import KeyedTokens, Request
 
 CHUNK = 65536
 _GROUP_CONTENT_KEY = 4  # spawn-key branch for group prefix tokens, beside the 4 spawned streams
@@ -103,13 +103,20 @@ def _stream(scenario, trace: Optional[Trace], max_len: int) -> Iterator[Request]
             joins = groups is not None and groups[i] >= 0
             if joins:
                 p += prefix.prefix_len
-            tokens = trace.token_ids(int(rows[i])) if trace_tokens and p + output[i] <= max_len else None
+            # a request longer than max_model_len is rejected: it needs no content identity
+            tokens = _keyed_tokens(trace, int(rows[i]), prompt[i]) if trace_tokens and p + output[i] <= max_len else None
             if joins:
                 tokens = prefix.tokens(groups[i], tokens)
             yield Request(rid, times[i], p, output[i], tokens)
             rid += 1
         if n < len(times):
             return
+
+
+def _keyed_tokens(trace: Trace, row: int, prompt_len: int) -> KeyedTokens:
+    """The row's prompt by its block ids: the allocator reads the ids, nobody expands 12k tokens."""
+    keys = trace.hash_ids[trace.hash_start[row]:trace.hash_end[row]]
+    return KeyedTokens(keys, MOONCAKE_BLOCK_SIZE, prompt_len, block_token_ids)
 
 
 def _arrival_chunks(cfg: ArrivalConfig, trace: Optional[Trace], rng: np.random.Generator) -> Iterator[list]:

@@ -1,0 +1,206 @@
+"""Prefix caching's content side: what a block holds, and an index of the cached runs of blocks.
+
+vLLM V1 (v0.11.0, `kv_cache_utils.hash_block_tokens`) names the content of every full block by a
+chained hash of (parent hash, the block's tokens). Here:
+
+- **Shareable content** (`Request.token_ids`: a group's system prompt, a trace's prompt) gets a
+  chained 64-bit identity per full block, computed for the whole prompt at once with numpy: each
+  block's tokens are mixed into one value, values are chained by a polynomial prefix sum
+  (h_i = P * h_(i-1) + v_i, mod 2^64), and the result is mixed with the depth. `KeyedTokens` are
+  named by their keys instead of their tokens (one value per `span` tokens, chained the same way),
+  so a 12k-token Mooncake prompt costs a few numpy calls and no token is expanded. As in vLLM, a
+  hash match is trusted: two different prefixes share an identity with probability ~2^-64.
+- **Unique content** (the rest of a prompt, and every generated token) can only ever be hit by the
+  request that wrote it, after a preemption. It is identified by (request, position) and needs no
+  hash: the allocator parks the freed table of a preempted sequence (see BlockManager).
+
+The index holds runs, not blocks. A run is a table that registered the blocks at depths [start,
+end) of one chain of identities (a sequence's prompt, from its first block that was not a prefix
+hit). It is found through the identity at its first depth, so the index costs a dict entry per run,
+and a lookup walks from run to run, switching where one stops matching. Whether a block still holds
+what a run registered is read from `BlockContent` (per-block numpy arrays): nothing is done per
+block when blocks are evicted. Because vLLM frees tables tail block first and hits take leading
+blocks, the blocks of a run that still hold their content are a leading part of it, so a lookup
+checks the last block it wants and looks further only when that one is gone. Where two sequences
+register the same content at once (vLLM keeps both copies), the allocator cuts runs so that both
+start at the same depth (see BlockManager._branch_off) and a lookup compares them there. A run whose
+first block is gone is dead and dropped, when met or in a sweep once the index has doubled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvsim.sequence import KeyedTokens
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_P = 0x100000001B3  # odd, so invertible mod 2^64: the chain's prefix sums can be unwound
+_P_INV = pow(_P, -1, 1 << 64)
+_POWERS: list[np.ndarray] = [np.ones(1, np.uint64), np.ones(1, np.uint64)]  # P^i and P^-i, grown on demand
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, elementwise on uint64 (a bijection that scatters nearby inputs)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
+    if len(_POWERS[0]) < n:
+        size = max(n, 2 * len(_POWERS[0]))
+        for i, base in enumerate((_P, _P_INV)):
+            steps = np.full(size, base, dtype=np.uint64)
+            steps[0] = 1
+            _POWERS[i] = np.cumprod(steps, dtype=np.uint64)  # wraps mod 2^64, as wanted
+    return _POWERS[0][:n], _POWERS[1][:n]
+
+
+def chain(values: np.ndarray) -> np.ndarray:
+    """Chained identities of a sequence of uint64 values: element i depends on values[0..i] and i."""
+    n = len(values)
+    power, inverse = _powers(n)
+    prefix = np.cumsum(values * inverse, dtype=np.uint64) * power  # sum_j v_j P^(i-j)
+    return mix64(prefix + np.arange(1, n + 1, dtype=np.uint64) * _GOLDEN)
+
+
+def _token_block_values(tokens: np.ndarray, block_size: int) -> np.ndarray:
+    n = len(tokens) // block_size
+    t = np.asarray(tokens[:n * block_size]).astype(np.uint64).reshape(n, block_size)
+    keys = mix64(np.arange(block_size, dtype=np.uint64) + np.uint64(0xD6E8FEB86659FD93))
+    return mix64(t * _GOLDEN + keys).sum(axis=1, dtype=np.uint64)
+
+
+def block_hashes(token_ids, block_size: int) -> np.ndarray:
+    """Chained identity (uint64) of every full block of `token_ids` (an int32 array or KeyedTokens)."""
+    if isinstance(token_ids, KeyedTokens) and token_ids.span % block_size == 0:
+        per = token_ids.span // block_size
+        keyed = chain(np.asarray(token_ids.keys).astype(np.uint64))  # one identity per key ...
+        within = _WITHIN.get(per)
+        if within is None:
+            within = _WITHIN[per] = np.arange(1, per + 1, dtype=np.uint64) * _GOLDEN
+        return (keyed[:, None] + within).ravel()[:len(token_ids) // block_size]  # ... told apart per block
+    tokens = np.asarray(token_ids)
+    return chain(_token_block_values(tokens, block_size)) if len(tokens) >= block_size else np.zeros(0, np.uint64)
+
+
+_WITHIN: dict[int, np.ndarray] = {}
+
+
+class BlockContent:
+    """What each block of a pool holds, for the blocks handed out so far (arrays grown on demand):
+    the run that last registered it, the references from tables at shareable positions, and the
+    free-queue position it last entered at. A block holds what its run registered while a table
+    references it, or while it is free and not taken since it was freed: a block taken off the free
+    queue loses its content without any work at that moment (that would be per block)."""
+
+    __slots__ = ("run", "ref", "pos")
+
+    def __init__(self):
+        self.run = np.zeros(0, np.int64)  # serial of the registering run; 0: none
+        self.ref = np.zeros(0, np.int32)
+        self.pos = np.zeros(0, np.int64)
+
+    def grow(self, n: int) -> None:
+        size = max(n, 2 * len(self.ref), 64)
+        for name, fill in (("run", 0), ("ref", 0), ("pos", -1)):
+            old = getattr(self, name)
+            new = np.full(size, fill, old.dtype)
+            new[:len(old)] = old
+            setattr(self, name, new)
+
+    def holds(self, block: int, run: int, head: int) -> bool:
+        return self.run[block] == run and (self.ref[block] > 0 or self.pos[block] >= head)
+
+    def held(self, blocks: np.ndarray, run: int, head: int) -> np.ndarray:
+        return (self.run[blocks] == run) & ((self.ref[blocks] > 0) | (self.pos[blocks] >= head))
+
+
+class CachedRun:
+    """The blocks a table registered at depths [start, end) of a chain of identities (the table
+    of `owner` while it holds it: a freed sequence gets a new table, the run keeps the old)."""
+
+    __slots__ = ("owner", "table", "chain", "start", "end", "splits", "serial")
+
+    def __init__(self, owner, chain: np.ndarray, start: int):
+        self.owner, self.table, self.chain, self.start, self.end = owner, owner.block_table, chain, start, start
+        self.splits = None  # depths where another run branched off: this one stops there, a new one starts
+        self.serial = 0  # set when the index takes it
+
+    def holds(self, depth: int, content: BlockContent, head: int) -> bool:
+        """Does the block at `depth` (in [start, end)) still hold what this run registered?"""
+        return content.holds(self.table[depth], self.serial, head)
+
+    def match(self, chain: np.ndarray, limit: int, content: BlockContent, head: int) -> int:
+        """How far from `start` this run holds the blocks of `chain`, up to `limit`."""
+        d, e = self.start, min(self.end, limit)
+        if e <= d:
+            return d
+        if self.chain is not chain and self.chain[e - 1] != chain[e - 1]:  # the chains part: where?
+            e = d + int(np.argmin(self.chain[d:e] == chain[d:e]))
+        if e > d and not self.holds(e - 1, content, head):  # its tail was evicted: where does it stop?
+            blocks = np.frombuffer(self.table, dtype=np.int32)[d:e]
+            e = d + int(np.argmin(content.held(blocks, self.serial, head)))
+        return e
+
+
+class PrefixIndex:
+    """Cached runs by the identity at their first depth."""
+
+    def __init__(self):
+        self._heads: dict[int, list[CachedRun]] = {}
+        self.num_runs = 0
+        self._serial = 0
+        self._sweep_at = 1024
+
+    def __bool__(self) -> bool:
+        return bool(self._heads)
+
+    def extend(self, run: CachedRun, upto: int, content: BlockContent, head: int) -> None:
+        """The run's table now registers depths up to `upto` (its blocks there were just filled)."""
+        if run.end == run.start:
+            if self.num_runs >= self._sweep_at:
+                self.sweep(content, head)
+            self._heads.setdefault(int(run.chain[run.start]), []).append(run)
+            self.num_runs += 1
+            self._serial += 1
+            run.serial = self._serial
+        content.run[np.frombuffer(run.table, dtype=np.int32)[run.end:upto]] = run.serial
+        run.end = upto
+
+    def longest_hit(self, chain: np.ndarray, limit: int, content: BlockContent, head: int) -> tuple[list, int]:
+        """The cached blocks holding the longest prefix of `chain` (at most `limit` blocks), as
+        (run, start, end) slices of runs in depth order, and the depth reached."""
+        heads, d, found = self._heads, 0, []
+        while d < limit:
+            runs = heads.get(int(chain[d]))
+            if runs is None:
+                break
+            best, best_end = None, d
+            for run in runs:
+                end = run.match(chain, limit, content, head)
+                if end > best_end:
+                    best, best_end = run, end
+            if best is None:  # every run starting here lost its first block: dead
+                self._drop(int(chain[d]), [r for r in runs if not r.holds(r.start, content, head)])
+                break
+            found.append((best, d, best_end))
+            d = best_end
+        return found, d
+
+    def _drop(self, key: int, dead: list[CachedRun]) -> None:
+        runs = self._heads[key]
+        runs[:] = [r for r in runs if r not in dead]
+        self.num_runs -= len(dead)
+        if not runs:
+            del self._heads[key]
+
+    def sweep(self, content: BlockContent, head: int) -> None:
+        """Drop every run whose first block no longer holds its content."""
+        for key, runs in list(self._heads.items()):
+            dead = [r for r in runs if not r.holds(r.start, content, head)]
+            if dead:
+                self._drop(key, dead)
+        self._sweep_at = max(1024, 2 * self.num_runs)

@@ -42,7 +42,7 @@ def page(sidebar: dict, shipped: str = "chat"):
 def press(at, label: str):
     [button] = [b for b in at.button if b.label == label]
     t0 = time.perf_counter()
-    button.click().run()
+    button.click().run(timeout=600)
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
     return time.perf_counter() - t0
 

@@ -82,3 +82,60 @@ def test_dissolve_returns_members_in_join_order_and_clears_the_heap():
     assert c.dissolve() == seqs and c.size == 0 and c.steps_to_next_finish() > 1 << 60
     assert all(s.num_computed_tokens == 5 and s.cohort_clock == -1 for s in seqs)
     assert np.all(np.array([len(s.block_table) for s in seqs]) == 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(-50, 50)), max_size=300))
+def test_longest_offset_is_the_largest_of_a_multiset(ops):
+    from collections import Counter
+
+    from kvsim.engine.cohort import LongestOffset
+
+    live, offsets = Counter(), LongestOffset()
+    for add, value in ops:
+        if add or not live:
+            live[value] += 1
+            offsets.add(value)
+        else:
+            gone = sorted(live)[abs(value) % len(live)]  # remove a value that is there
+            live[gone] -= 1
+            live += Counter()  # drop zeros
+            offsets.remove(gone)
+        if live:
+            assert offsets.top == max(live)
+    assert len(offsets._heap) <= 2 * len(offsets._count) + 65 or not live
+
+
+@settings(max_examples=100, deadline=None)
+@given(events=st.lists(st.tuples(st.sampled_from(["join", "join", "advance", "dissolve"]),
+                                 st.integers(1, 3000), st.integers(1, 40)), max_size=60))
+def test_cohort_longest_is_its_longest_member(events):
+    c = DecodeCohort(_Alloc(16))
+    c.grows = False  # no allocator to claim blocks from
+    members, rid = [], 0
+    for kind, ctx, n in events:
+        if kind == "join":
+            s = Sequence(Request(rid, 0.0, ctx, ctx + n))
+            rid += 1
+            s.num_computed_tokens, s.num_tokens, s.num_output_tokens = ctx, ctx + 1, 1
+            c.join(s)
+            members.append(s)
+        elif kind == "advance":
+            c.advance(min(n, c.steps_to_next_finish()))
+            done = c.pop_finished()
+            members = [s for s in members if s not in done]
+        elif kind == "dissolve":
+            c.dissolve()
+            members = []
+        assert c.longest() == max((s.num_computed_tokens + c.clock - s.cohort_clock for s in members), default=0)
+
+
+def test_a_cohort_told_not_to_keeps_no_longest():
+    c = DecodeCohort(_Alloc(16), track_longest=False)
+    c.grows = False
+    s = Sequence(Request(0, 0.0, 9, 20))
+    s.num_computed_tokens, s.num_tokens, s.num_output_tokens = 9, 10, 1
+    c.join(s)
+    assert c.offsets is None and c.longest() == 0 and c.size == 1
+    c.advance(19)
+    assert c.pop_finished() == [s] and c.size == 0

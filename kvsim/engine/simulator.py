@@ -50,9 +50,10 @@ def make_allocator(scenario, policy, num_blocks: int, max_model_len: int):
 
 
 def make_scheduler(scenario, policy, allocator, max_model_len: int, num_host_blocks: int,
-                   use_cohort: bool = False) -> Scheduler:
+                   use_cohort: bool = False, track_longest: bool = True) -> Scheduler:
     engine = scenario.engine
-    return Scheduler(allocator, use_cohort=use_cohort, max_num_seqs=engine.max_num_seqs,
+    return Scheduler(allocator, use_cohort=use_cohort, track_longest=track_longest,
+                     max_num_seqs=engine.max_num_seqs,
                      max_num_batched_tokens=policy.max_num_batched_tokens or engine.max_num_batched_tokens,
                      max_model_len=max_model_len,
                      enable_chunked_prefill=policy.enable_chunked_prefill,

@@ -7,10 +7,11 @@ A step's GPU work (`body`) is a sum of separately priced parts, each its own roo
     attention    the decode and the prefill kernels apart, each max(FLOPs / (peak x attention_efficiency)
                  (+ KV dequantization), KV bytes / bandwidth, layers x attention_floor_s, a serial floor);
                  a quantized cache multiplies prefill attention by quantized_prefill_factor and adds
-                 layers x quantized_prefill_token_s a new token (its query tiles' own cost). The decode
-                 kernel splits each sequence's keys over `decode_splits` programs per KV head (the triton
-                 engine's rule); a program walks its split alone, so the longest sequence sets a floor of
-                 layers x decode_key_s x longest / splits, which rules ragged batches too small to fill the GPU
+                 layers x quantized_prefill_token_s a new token. The decode kernel splits each sequence's
+                 keys over `decode_splits` programs per KV head (the triton engine's rule); a program walks
+                 its split alone at decode_key_s a key, so the longest sequence's programs set a floor,
+                 and share the bandwidth with the others before it (a two-class fluid model: see
+                 decode_attention_time): ragged batches, and batches too small to fill the GPU
     activations  the elementwise kernels' bytes per token (norms, RoPE, SwiGLU, KV store) and the logits'
                  bytes per sampled row, over bandwidth; plus layers x layer_overhead_s of small-kernel time
     all-reduce   (2 x layers + 1) calls x (allreduce_latency_s + ring bytes / (NVLink x allreduce_efficiency))
@@ -19,8 +20,8 @@ A pure-decode step replays a CUDA graph: `graph_step_overhead_s + per_seq x seqs
 run eagerly (or as piecewise graphs), their host launching layer after layer: `step_overhead_s +
 per_seq x seqs + max(layers x eager_layer_s, body)`. Swap copies over PCIe come on top. Within a run of
 decode steps only the attention grows (with the context), so a step is a constant plus the maximum of
-at most four lines in the step index (every context, the longest too, grows by one a step), and runs
-have closed forms. Pure Python: no torch.
+a few lines in the step index (every context, the longest and the others' mean too, grows by one a
+step), and runs have closed forms. Pure Python: no torch.
 """
 
 from __future__ import annotations

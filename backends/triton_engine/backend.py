@@ -88,7 +88,7 @@ class StepLog:
             self._csv.writerow((*self._fixed, int(graph > 0), phase, nd, longest, np_, 0, 0, np_,
                                 batch.num_prefill_tokens, batch.prefill_attn_pairs, batch.prefill_context_tokens,
                                 nd, batch.decode_context_tokens, f"{seconds:.7g}", f"{predicted:.7g}", graph,
-                                longest, self._max_model_len))
+                                longest, self._max_model_len, batch.decode_shared_tokens))
 
     def close(self) -> None:
         if self._csv is not None:
@@ -112,7 +112,7 @@ STEP_LOG_COLUMNS = ("source", "grid", "gpu", "device", "model", "kv_cache_dtype"
                     "decode_seqs", "decode_context", "prefill_seqs", "prefill_chunk", "prefill_cached",
                     "num_prefill_seqs", "num_prefill_tokens", "prefill_attn_pairs", "prefill_context_tokens",
                     "num_decode_seqs", "decode_context_tokens", "step_s", "predicted_s", "graph_batch",
-                    "decode_max_context", "max_model_len")
+                    "decode_max_context", "max_model_len", "decode_shared_tokens")
 
 
 def _release_previous() -> None:

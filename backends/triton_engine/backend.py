@@ -31,6 +31,10 @@ def _check_scenario(scenario, model) -> None:
         raise KvsimError(f"{scenario.source}: hardware: {need} one GPU (tensor_parallel_size = 1, num_replicas = 1)")
     if model.dtype == "fp8":
         raise KvsimError(f"{scenario.source}: model.dtype: {need} bfloat16, float16 or float32 weights, not fp8")
+    for policy in scenario.policies:
+        if policy.kv_cache_dtype.startswith("fp8") and policy.kv_cache_scales != "per_token":
+            raise KvsimError(f"{scenario.source}: policy {policy.name}: kv_cache_scales: the triton backend stores "
+                             f"fp8 KV with a scale per token and head; set kv_cache_scales = \"per_token\"")
 
 
 def _import_torch():
@@ -135,9 +139,6 @@ class TritonBackend:
         from backends.triton_engine.runner import ModelRunner, RunnerConfig
         from kvsim.scenario.defaults import engine_limits
 
-        if policy.kv_cache_dtype.startswith("fp8") and policy.kv_cache_scales != "per_token":
-            raise KvsimError(f"{scenario.source}: policy {policy.name}: kv_cache_scales: the triton backend stores "
-                             f"fp8 KV with a scale per token and head; set kv_cache_scales = \"per_token\"")
         _release_previous()
         engine, self._torch = scenario.engine, torch
         limits = engine_limits(scenario, policy, model, gpu)

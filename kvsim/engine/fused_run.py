@@ -71,15 +71,17 @@ class RunSeries:
     def _marks(self, batch, k: int, now: float, a: float, b, tk: float) -> list:
         """The samples of the last step ending in each bucket the run crosses, but the end's
         (T(j) = a*j + b*j(j-1)/2 when `b` is given, else from the backend)."""
-        sched, backend, interval = self.scheduler, self.backend, self.interval
-        alloc, cohort = sched.allocator, sched.cohort
+        sched, interval = self.scheduler, self.interval
         if b is None:
+            run_time = self.backend.decode_run_time
+
             def end(j):
-                return now + backend.decode_run_time(batch, j)
+                return now + run_time(batch, j)
         else:
             def end(j):
                 return now + a * j + b * j * (j - 1) / 2
-        steps, ends = [], []
+        steps = []  # (j, T(j)) of each bucket's last step, j ascending
+        last = 0
         for bucket in range(int((now + a) // interval), int((now + tk) // interval)):
             limit = (bucket + 1) * interval - now  # the last step ending before this
             if b:  # largest j with a*j + b*j(j-1)/2 < limit, then checked against rounding
@@ -91,19 +93,21 @@ class RunSeries:
                 j -= 1
             while j + 1 < k and end(j + 1) - now < limit:
                 j += 1
-            t = end(j) if 1 <= j < k else 0.0
-            if j >= 1 and (not steps or j > steps[-1]) and int(t // interval) == bucket:
-                steps.append(j)
-                ends.append(t)
+            if j > last and j < k:
+                t = end(j)
+                if int(t // interval) == bucket:
+                    steps.append((j, t))
+                    last = j
         if not steps:
-            return []
-        first_blocks, size = sched._cohort_step_blocks, batch.cohort_size
-        used, reserved, free = alloc.num_used_blocks, alloc.reserved_unused_tokens, alloc.num_free_blocks
-        cached, frag = alloc.num_cached_blocks, alloc.external_fragmentation
-        more = [cohort.blocks_needed(j) - first_blocks for j in steps]
+            return steps
+        alloc, cohort = sched.allocator, sched.cohort
+        first_blocks, size, bs = sched._cohort_step_blocks, batch.cohort_size, alloc.block_size
+        more = [cohort.blocks_needed(j) - first_blocks for j, _ in steps]
         queue = getattr(alloc, "free_queue", None)
         evicted = queue.cached_ahead(more) if queue is not None else [0] * len(steps)
-        running, waiting, swapped, bs = sched.num_running, len(sched.waiting), len(sched.swapped), alloc.block_size
+        used, free, cached = alloc.num_used_blocks, alloc.num_free_blocks, alloc.num_cached_blocks
+        reserved, frag = alloc.reserved_unused_tokens, alloc.external_fragmentation
+        running, waiting, swapped = sched.num_running, len(sched.waiting), len(sched.swapped)
         return [(t, running, waiting, swapped, used + m, cached - e, free - m - (cached - e),
                  reserved + m * bs - j * size, size, frag)
-                for j, t, m, e in zip(steps, ends, more, evicted)]
+                for (j, t), m, e in zip(steps, more, evicted)]

@@ -72,32 +72,32 @@ class RunSeries:
         """The samples of the last step ending in each bucket the run crosses, but the end's
         (T(j) = a*j + b*j(j-1)/2 when `b` is given, else from the backend)."""
         sched, interval = self.scheduler, self.interval
-        if b is None:
-            run_time = self.backend.decode_run_time
-
-            def end(j):
-                return now + run_time(batch, j)
-        else:
-            def end(j):
-                return now + a * j + b * j * (j - 1) / 2
-        steps = []  # (j, T(j)) of each bucket's last step, j ascending
+        run_time = self.backend.decode_run_time
+        steps = []  # (j, now + T(j)) of each bucket's last step, j ascending
         last = 0
         for bucket in range(int((now + a) // interval), int((now + tk) // interval)):
             limit = (bucket + 1) * interval - now  # the last step ending before this
-            if b:  # largest j with a*j + b*j(j-1)/2 < limit, then checked against rounding
-                c = a - b / 2
-                j = int((-c + math.sqrt(c * c + 2 * b * limit)) / b)
-            else:
+            if b is None:  # a run across regimes of the step-time model: T from the backend
                 j = int(limit // a)
-            while j > 1 and end(j) - now >= limit:
-                j -= 1
-            while j + 1 < k and end(j + 1) - now < limit:
-                j += 1
-            if j > last and j < k:
-                t = end(j)
-                if int(t // interval) == bucket:
-                    steps.append((j, t))
-                    last = j
+                while j > 1 and now + run_time(batch, j) - now >= limit:
+                    j -= 1
+                while j + 1 < k and now + run_time(batch, j + 1) - now < limit:
+                    j += 1
+                t = now + run_time(batch, j) if last < j < k else 0.0
+            else:  # largest j with a*j + b*j(j-1)/2 < limit, then checked against rounding
+                if b:
+                    c = a - b / 2
+                    j = int((-c + math.sqrt(c * c + 2 * b * limit)) / b)
+                else:
+                    j = int(limit // a)
+                while j > 1 and now + a * j + b * j * (j - 1) / 2 - now >= limit:
+                    j -= 1
+                while j + 1 < k and now + a * (j + 1) + b * (j + 1) * j / 2 - now < limit:
+                    j += 1
+                t = now + a * j + b * j * (j - 1) / 2
+            if last < j < k and int(t // interval) == bucket:
+                steps.append((j, t))
+                last = j
         if not steps:
             return steps
         alloc, cohort = sched.allocator, sched.cohort

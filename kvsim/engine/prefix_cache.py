@@ -95,13 +95,20 @@ SMALL_RUN = 32  # runs of blocks up to this long are handled element by element,
 
 
 def first_difference(a: array, b: array, lo: int, hi: int) -> int:
-    """Offset from `lo` of the first depth in [lo, hi) where chains `a` and `b` differ (they do)."""
-    if hi - lo <= SMALL_RUN:
-        for i in range(lo, hi):
-            if a[i] != b[i]:
-                return i - lo
-        return hi - lo
-    return int(np.argmin(np.frombuffer(a, np.uint64)[lo:hi] == np.frombuffer(b, np.uint64)[lo:hi]))
+    """Offset from `lo` of the first depth in [lo, hi) where chains `a` and `b` differ, given that
+    they agree at `lo` and differ at hi - 1. Identities are chained, so two chains that agree at a
+    depth agree at every depth before it (up to a 2^-64 collision, which vLLM trusts too): a
+    binary search finds where they part."""
+    lo += 1
+    hi -= 1  # a[lo - 1] == b[lo - 1], a[hi] != b[hi]: the answer lies in [lo, hi]
+    base = lo - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] == b[mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - base
 
 
 class BlockContent:

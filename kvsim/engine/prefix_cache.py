@@ -210,10 +210,10 @@ class BlockContent:
         last first. ValueError (and nothing changed) if a block is unknown or already unreferenced."""
         if not blocks:
             return array("i")
-        ref = self.ref
-        if min(blocks) < 0 or max(blocks) >= len(ref):
-            raise ValueError("holds unknown blocks")
         if len(blocks) <= SMALL_RUN:
+            ref = self.ref
+            if min(blocks) < 0 or max(blocks) >= len(ref):
+                raise ValueError("holds unknown blocks")
             left = [ref[b] - 1 for b in blocks]
             if min(left) < 0:
                 raise ValueError(f"holds block {blocks[left.index(-1)]}, which is free")
@@ -223,6 +223,8 @@ class BlockContent:
             freed.reverse()
             return freed
         ids = np.frombuffer(blocks, np.int32)
+        if ids.min() < 0 or ids.max() >= len(self.ref):
+            raise ValueError("holds unknown blocks")
         left = self._ref[ids] - 1
         if (left < 0).any():
             raise ValueError(f"holds block {int(ids[np.argmin(left)])}, which is free")

@@ -13,7 +13,9 @@ from kvdash import settings
 
 PAGES = [
     st.Page("views/whatif.py", title="What-if", icon=":material/tune:", default=True),
+    st.Page("views/capacity.py", title="Capacity", icon=":material/speed:"),
     st.Page("views/memory.py", title="Memory", icon=":material/memory:"),
+    st.Page("views/validation.py", title="Validation", icon=":material/fact_check:"),
 ]
 
 st.set_page_config(page_title="kvsim", page_icon=":material/memory:", layout="wide")

@@ -11,6 +11,7 @@ from dataclasses import asdict
 
 from kvsim.batch import Batch
 from kvsim.perf.calibration import resolve_calibration
+from kvsim.perf.memory import max_model_len
 from kvsim.perf.roofline import VLLM_GRAPH_SIZES, StepModel
 
 
@@ -22,10 +23,12 @@ class AnalyticBackend:
         calibration, self.calibration_source = resolve_calibration(scenario, gpu.name)
         graphs = () if scenario.backend.enforce_eager else VLLM_GRAPH_SIZES
         self.step_model = StepModel(model, gpu, scenario.hardware.tensor_parallel_size, policy.kv_cache_dtype,
-                                    calibration, scenario.engine.block_size, graphs,
+                                    calibration, scenario.engine.block_size, graphs, max_model_len(scenario, model),
                                     per_token_scales=policy.kv_cache_scales == "per_token")
         self.num_blocks = capacity.num_blocks
         self.calibration = calibration
+        # whether a step's price reads the longest decode (Batch.decode_max_context), which the scheduler then keeps
+        self.prices_longest_decode = calibration.decode_key_s > 0
 
     def execute(self, batch: Batch) -> float:
         return self.step_model.step_time(batch)
@@ -34,15 +37,17 @@ class AnalyticBackend:
         """(k, seconds for the k steps, seconds for the first) of the cohort-only `batch` repeated:
         k = max_steps, or fewer if a step would start at or after budget_s (the next arrival)."""
         return self.step_model.decode_run_within(batch.num_decode_seqs, batch.decode_context_tokens,
-                                                 max_steps, budget_s)
+                                                 max_steps, budget_s, batch.decode_max_context)
 
     def decode_run_time(self, batch: Batch, k: int) -> float:
         """Seconds for the first k steps of the cohort-only `batch` repeated (0 for k = 0)."""
-        return self.step_model.decode_run_time(batch.num_decode_seqs, batch.decode_context_tokens, k)
+        return self.step_model.decode_run_time(batch.num_decode_seqs, batch.decode_context_tokens, k,
+                                               batch.decode_max_context)
 
     def decode_steps_within(self, batch: Batch, budget_s: float) -> int:
         """The smallest k >= 1 whose first k steps take budget_s or more."""
-        return self.step_model.decode_steps_within(batch.num_decode_seqs, batch.decode_context_tokens, budget_s)
+        return self.step_model.decode_steps_within(batch.num_decode_seqs, batch.decode_context_tokens, budget_s,
+                                                   batch.decode_max_context)
 
     def free(self, seq) -> None:
         pass

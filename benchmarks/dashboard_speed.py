@@ -6,9 +6,10 @@ widget change on the chat scenario to the refreshed preview.
 
 Starts `streamlit run app/Home.py` headless, drives headless Chromium over the DevTools protocol
 (tests/browser.py) and prints a markdown table of medians. "Cold" is the first page a fresh server
-serves (Python imports, first simulation); "warm" reopens the page in a new session (the preview
-cached). A refresh types a new gpu_memory_utilization (a value not seen before, so the preview is
-simulated again) and waits until the first figure holds new data and the script run is over. The
+serves (Python imports, first simulation; for Capacity, its first visit's quick plan of the chat
+scenario; for Validation, the built-in example simulated); "warm" reopens the page in a new session
+(the preview, plan and validation cached). A refresh types a new gpu_memory_utilization (a value not
+seen before, so the preview is simulated again) and waits until the first figure holds new data and the script run is over. The
 issue's target: a widget change on a chat-sized scenario refreshes the preview within ~2 s.
 """
 
@@ -29,7 +30,7 @@ from tests.browser import DRAWN, FIRST_FIGURE, Browser, find_chromium, streamlit
 
 FIRST_DATA = ("JSON.stringify(document.querySelector('[data-testid=\"stPlotlyChart\"] .js-plotly-plot')"
               ".data.map(t => t.y))")
-PAGES = (("What-if", ""), ("Memory", "memory"))
+PAGES = (("What-if", ""), ("Capacity", "capacity"), ("Memory", "memory"), ("Validation", "validation"))
 BASELINE = """import plotly.graph_objects as go
 import streamlit as st
 st.title("Baseline")
@@ -83,13 +84,29 @@ def server_seconds(repeat: int) -> list[tuple[str, list[float]]]:
             at.sidebar.number_input(key=key.key).set_value(round(v, 2)).run()
             times.append(time.perf_counter() - t0)
         rows.append((f"What-if: script run after a widget change, {label}", times))
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        at.switch_page("views/memory.py").run()
-        times.append(time.perf_counter() - t0)
-        at.switch_page("views/whatif.py").run()
-    rows.append(("Memory: script run", times))
+    sys.path.insert(0, str(ROOT / "app"))
+    from kvdash import measured, plans
+
+    at = AppTest.from_file(str(ROOT / "app" / "Home.py"), default_timeout=120).run()  # the chat scenario as shipped
+    for title, cached_fn in (("Memory", None), ("Capacity", plans.plan), ("Validation", measured.validate)):
+        script = f"views/{title.lower()}.py"
+        times, cached = [], []
+        for _ in range(repeat):
+            if cached_fn is not None:
+                cached_fn.clear()  # time the search itself (kvsim.plan, kvsim.validate), then the cache
+            t0 = time.perf_counter()
+            at.switch_page(script).run()
+            times.append(time.perf_counter() - t0)
+            if cached_fn is not None:
+                t0 = time.perf_counter()
+                at.run()
+                cached.append(time.perf_counter() - t0)
+            at.switch_page("views/whatif.py").run()
+        label = {"Capacity": ", the quick default plan (3 seeds, ±5%, 1000 requests a point)",
+                 "Validation": ", the built-in example simulated"}.get(title, "")
+        rows.append((f"{title}: script run{label}", times))
+        if cached:
+            rows.append((f"{title}: script run again, cached", cached))
     return rows
 
 
@@ -114,7 +131,7 @@ def main() -> None:
                 drawns.append(firsts[-1] + browser.wait_for(DRAWN, timeout=60))
             rows.append((f"{title}: open, warm", firsts, drawns))
             if args.screenshots:
-                time.sleep(0.5)
+                time.sleep(2.0)  # plotly's transitions and the data grids' canvas
                 browser.screenshot(args.screenshots / f"dashboard-{path or 'whatif'}.png")
         browser.open(url, DRAWN, timeout=60)
         for label in ("preview simulated (chat, 500 requests)", "preview cached"):

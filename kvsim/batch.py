@@ -21,6 +21,7 @@ class Batch:
     prefill_context_tokens: int = 0  # cached KV tokens that prefill chunks read (prefix hits, earlier chunks)
     num_decode_seqs: int = 0
     decode_context_tokens: int = 0  # sum over decoding sequences of (num_computed_tokens + 1)
+    decode_max_context: int = 0  # the longest of them (0: not known, take the mean)
     swap_out_blocks: int = 0  # blocks copied GPU -> host before this step (swap preemption)
     swap_in_blocks: int = 0  # blocks copied host -> GPU before this step
     preempted: list[Sequence] | tuple = ()  # a list once the step preempts (rare: no list per step)
@@ -48,3 +49,5 @@ class Batch:
         else:
             self.num_decode_seqs += 1
             self.decode_context_tokens += ctx + num_new
+            if ctx + num_new > self.decode_max_context:
+                self.decode_max_context = ctx + num_new

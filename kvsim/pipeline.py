@@ -75,7 +75,8 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
         backend = backend_cls(scenario, policy, model, gpu, capacity)
         allocator = make_allocator(scenario, policy, backend.num_blocks, mml)
         scheduler = make_scheduler(scenario, limits, allocator, host_blocks,
-                                   use_cohort=getattr(backend, "fuses_decode_runs", False))
+                                   use_cohort=getattr(backend, "fuses_decode_runs", False),
+                                   track_longest=getattr(backend, "prices_longest_decode", True))
         replicas.append(Replica(i, scheduler, backend))
     sim = Simulation(replicas, metrics, scenario.hardware.router, on_progress)
     try:

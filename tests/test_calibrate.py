@@ -3,13 +3,15 @@ coefficients from tables made with them, refusing a poor fit) and command line."
 
 import csv
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from kvsim.batch import Batch
 from kvsim.calibrate import fit as fitting
-from kvsim.calibrate.profile import COLUMNS, Shape, build_step, default_grid, heldout_grid
+from kvsim.calibrate.profile import COLUMNS, ProfileOptions, Shape, build_step, default_grid, heldout_grid, shapes_for
+from kvsim.calibrate.shapes import anchor_grid, ragged_heldout_grid, serving_grid
 from kvsim.calibrate.tables import (BATCH_FIELDS, Observation, merge_repeats, read_tables, read_vidur_allreduce,
                                     read_vidur_mlp, serving_observations, table_kind)
 from kvsim.cli import main
@@ -50,6 +52,30 @@ def test_grids_stay_inside_the_cache_and_model_length():
     assert not set(held) & set(grid) or len(set(held) - set(grid)) > 20  # off the regular grid
 
 
+def test_ragged_shapes_and_the_serving_grid():
+    blocks = np.arange(100)
+    shape = Shape.ragged((40, 5, 17))
+    assert (shape.phase, shape.decode_seqs, shape.decode_context, shape.cache_tokens) == ("decode", 3, 40, 62)
+    seqs, counts, b = build_step(shape, blocks, 16)
+    assert counts == [1, 1, 1] and [s.num_computed_tokens for s in seqs] == [39, 4, 16]
+    assert (b.num_decode_seqs, b.decode_context_tokens, b.decode_max_context) == (3, 62, 40)
+    assert [len(s.block_table) for s in seqs] == [3, 1, 2]
+    mixed = Shape.ragged((30, 9), 17, 5)
+    _, counts, b = build_step(mixed, blocks, 16)
+    assert mixed.phase == "mixed" and counts == [1, 1, 17] and (b.num_prefill_tokens, b.decode_max_context) == (17, 30)
+    grid = serving_grid(True, max_model_len=8192, max_cache_tokens=60_000, max_num_seqs=64)
+    assert grid == serving_grid(True, max_model_len=8192, max_cache_tokens=60_000, max_num_seqs=64)  # fixed seed
+    assert all(s.max_len <= 8192 and s.cache_tokens <= 60_000 and s.decode_seqs <= 64 for s in grid)
+    assert any(s.contexts and max(s.contexts) > 8 * min(s.contexts) for s in grid)  # one long among short ones
+    assert any(s.contexts and s.decode_seqs not in (1, 2, 4) and s.decode_seqs % 8 for s in grid)  # between graphs
+    assert len(serving_grid(False)) < len(serving_grid(True)) and set(anchor_grid()) <= set(default_grid())
+    held = ragged_heldout_grid(5, 12, max_model_len=8192, max_cache_tokens=100_000, max_num_seqs=64)
+    assert held == ragged_heldout_grid(5, 12, max_model_len=8192, max_cache_tokens=100_000, max_num_seqs=64)
+    assert len(held) == 12 and all(s.contexts and s.max_len <= 8192 and s.decode_seqs <= 64 for s in held)
+    todo = shapes_for(ProfileOptions(grid="serving", heldout_per_phase=6), "auto", 200_000)
+    assert {g for g, _ in todo} == {"fit", "heldout"} and sum(g == "heldout" for g, _ in todo) == 6
+
+
 # ---- table readers -----------------------------------------------------------------------------------
 def profile_row(**kw) -> dict:
     row = dict.fromkeys(COLUMNS, "0")
@@ -78,9 +104,23 @@ def test_read_profile_and_merge_repeats(tmp_path):
     assert len(obs) == 2  # the decode shape of both files merged
     dec = next(o for o in obs if o.phase == "decode")
     assert dec.measured == pytest.approx(0.009) and dec.graph_batch == 24  # padded as vLLM pads 20
-    assert dec.counts == (0, 0, 0, 0, 20, 20000) and dec.model is MODELS["Llama-3.1-8B"]
+    assert dec.counts == (0, 0, 0, 0, 20, 20000, 0) and dec.model is MODELS["Llama-3.1-8B"]
     pre = next(o for o in obs if o.phase == "prefill")
     assert pre.grid == "heldout" and pre.graph_batch == 0 and pre.band == "129-1024"
+
+
+def test_read_profile_longest_decode_and_max_model_len(tmp_path):
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    write_csv(a, [profile_row(decode_context=3000, decode_max_context=5000, max_model_len=8192)])
+    old = profile_row(decode_context=1000)  # written before the columns: decode_context is the longest
+    del old["decode_max_context"], old["max_model_len"]
+    write_csv(b, [old])
+    new, before = read_tables([a]), read_tables([b])
+    assert new[0].counts[-1] == 5000 and new[0].max_model_len == 8192 and new[0].table == str(a)
+    assert before[0].counts[-1] == 1000 and before[0].max_model_len == 0
+    # the same shape in two tables: one observation, unless each table keeps its own
+    write_csv(b, [profile_row(decode_context=3000, decode_max_context=5000, max_model_len=8192, step_s="0.01")])
+    assert len(read_tables([a, b])) == 1 and len(read_tables([a, b], across_tables=False)) == 2
 
 
 @pytest.mark.parametrize("change, match", [
@@ -195,6 +235,26 @@ def test_fit_recovers_known_coefficients():
     assert {r["phase"] for r in rows} == {"decode", "prefill", "mixed"}
 
 
+def test_per_table_coefficients_get_one_value_per_table():
+    """Two machines: the same GPU work, a slower host on the second. Host coefficients per table."""
+    host = ["graph_step_overhead_s", "step_overhead_s"]
+    second = replace(TRUE, graph_step_overhead_s=1.3e-3, step_overhead_s=4e-3)
+    obs = [replace(o, table="a") for o in synthetic(TRUE)]
+    obs += [replace(o, table="b", source=o.source + "b") for o in synthetic(second)]
+    f = fitting.fit(obs, Calibration(), FREE, per_table=host)
+    for name in FREE:
+        assert getattr(f.calibration, name) == pytest.approx(getattr(TRUE, name), rel=0.02), name
+    assert list(f.tables) == ["b"] and set(f.tables["b"]) == set(host)
+    for name in host:
+        assert f.tables["b"][name] == pytest.approx(getattr(second, name), rel=0.02), name
+    assert np.max(np.abs(fitting.log_errors(obs, f.calibration, f.tables))) < 0.01
+    # one value for both tables cannot follow them
+    shared = fitting.fit(obs, Calibration(), FREE)
+    assert np.max(np.abs(fitting.log_errors(obs, shared.calibration))) > 0.03
+    errors = fitting.holdout_errors(obs, Calibration(), FREE, k=3, per_table=host)
+    assert np.nanmax(np.abs(errors)) < 0.01
+
+
 def test_a_poor_fit_is_refused():
     obs = synthetic(TRUE, noise=0.5, seed=1)  # +-50% (one sigma) scatter no model can follow
     errors = fitting.holdout_errors(obs, Calibration(), FREE, k=3)
@@ -256,6 +316,16 @@ def test_calibrate_cli_writes_a_fit_with_provenance(tmp_path, capsys):
     again = json.loads(out.read_text())
     assert again["provenance"]["step_overhead_s"].endswith("(from cal.json)")
     assert again["coefficients"]["step_overhead_s"] == doc["coefficients"]["step_overhead_s"]
+    # a second table from a slower host: --per-table fits its host coefficient apart
+    slow = tmp_path / "slow.csv"
+    write_csv(slow, [dict(r, step_s=f"{float(r['step_s']) + 2e-3 * (r['cuda_graph'] == '0'):.9g}") for r in rows])
+    out2 = tmp_path / "two.json"
+    assert main(["calibrate", str(path), str(slow), "-o", str(out2), "--free", ",".join(FREE), "--folds", "3",
+                 "--per-table", "step_overhead_s"]) == 0
+    two = json.loads(out2.read_text())
+    assert two["coefficients"]["step_overhead_s"] == pytest.approx(3e-3, rel=0.05)
+    assert two["fit"]["per_table"][str(slow)]["step_overhead_s"] == pytest.approx(5e-3, rel=0.05)
+    assert "one value per table" in two["provenance"]["step_overhead_s"]
 
 
 @pytest.mark.parametrize("args, match", [
@@ -323,7 +393,7 @@ def test_profile_runner_on_the_cpu(tmp_path):
     with open(path, "w", newline="") as f:
         out = csv.DictWriter(f, fieldnames=COLUMNS)
         out.writeheader()
-        shapes = [Shape("mixed", 2, 17, 1, 5, 3), Shape("decode", 3, 20)]
+        shapes = [Shape("mixed", 2, 17, 1, 5, 3), Shape.ragged((20, 7, 13))]
         assert profile_runner(runner, "tiny", "float16", shapes, "H100-SXM", "cpu", out, repeats=1, target_s=0,
                               passes=1) == 2
     rows = list(csv.DictReader(open(path)))
@@ -331,3 +401,5 @@ def test_profile_runner_on_the_cpu(tmp_path):
     assert (rows[0]["num_decode_seqs"], rows[0]["decode_context_tokens"], rows[0]["prefill_attn_pairs"]) == \
         ("2", "34", str(5 * 3 + 15))
     assert float(rows[1]["step_s"]) > 0 and rows[1]["cuda_graph"] == "0" and rows[1]["repeats"] == "1"
+    assert (rows[1]["decode_context"], rows[1]["decode_context_tokens"], rows[1]["decode_max_context"],
+            rows[1]["max_model_len"]) == ("20", "40", "20", "128")

@@ -96,3 +96,59 @@ def test_crossing_moments_match_brute_force(bs, clock, tokens, steps):
     crossings = [c.blocks_needed(j) - c.blocks_needed(j - 1) if j > 1 else c.blocks_needed(1) for j in range(1, steps + 1)]
     assert c.crossing_moments(steps) == (c.blocks_needed(steps), sum(j * n for j, n in enumerate(crossings, 1)),
                                          sum(j * j * n for j, n in enumerate(crossings, 1)))
+
+
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(-50, 50)), max_size=300))
+def test_longest_offset_is_the_largest_of_a_multiset(ops):
+    from collections import Counter
+
+    from kvsim.engine.cohort import LongestOffset
+
+    live, offsets = Counter(), LongestOffset()
+    for add, value in ops:
+        if add or not live:
+            live[value] += 1
+            offsets.add(value)
+        else:
+            gone = sorted(live)[abs(value) % len(live)]  # remove a value that is there
+            live[gone] -= 1
+            live += Counter()  # drop zeros
+            offsets.remove(gone)
+        if live:
+            assert offsets.top == max(live)
+    assert len(offsets._heap) <= 2 * len(offsets._count) + 65 or not live
+
+
+@settings(max_examples=100, deadline=None)
+@given(events=st.lists(st.tuples(st.sampled_from(["join", "join", "advance", "dissolve"]),
+                                 st.integers(1, 3000), st.integers(1, 40)), max_size=60))
+def test_cohort_longest_is_its_longest_member(events):
+    c = DecodeCohort(_Alloc(16))
+    c.grows = False  # no allocator to claim blocks from
+    members, rid = [], 0
+    for kind, ctx, n in events:
+        if kind == "join":
+            s = Sequence(Request(rid, 0.0, ctx, ctx + n))
+            rid += 1
+            s.num_computed_tokens, s.num_tokens, s.num_output_tokens = ctx, ctx + 1, 1
+            c.join(s)
+            members.append(s)
+        elif kind == "advance":
+            c.advance(min(n, c.steps_to_next_finish()))
+            done = c.pop_finished()
+            members = [s for s in members if s not in done]
+        elif kind == "dissolve":
+            c.dissolve()
+            members = []
+        assert c.longest() == max((s.num_computed_tokens + c.clock - s.cohort_clock for s in members), default=0)
+
+
+def test_a_cohort_told_not_to_keeps_no_longest():
+    c = DecodeCohort(_Alloc(16), track_longest=False)
+    c.grows = False
+    s = Sequence(Request(0, 0.0, 9, 20))
+    s.num_computed_tokens, s.num_tokens, s.num_output_tokens = 9, 10, 1
+    c.join(s)
+    assert c.offsets is None and c.longest() == 0 and c.size == 1
+    c.advance(19)
+    assert c.pop_finished() == [s] and c.size == 0

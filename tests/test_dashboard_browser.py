@@ -14,7 +14,8 @@ from tests.browser import DRAWN, HEADINGS, ROOT, Browser, count, find_chromium, 
 
 CHROMIUM = find_chromium()
 ARTIFACTS = ROOT / "artifacts" / "dashboard"
-MIN_FIGURES = {"What-if": 4, "Memory": 3}  # on the default scenario; any other page: at least one
+MIN_FIGURES = {"What-if": 4, "Capacity": 3, "Memory": 3, "Validation": 1}  # on the default scenario; any other
+# page: at least one (Capacity: its first visit plans the default scenario with the page's quick settings)
 
 
 def pages() -> list[tuple[str, str]]:
@@ -35,7 +36,7 @@ def assert_not_blank(png: bytes) -> None:
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium; "
                                              ".ci/run installs it)")
 def test_every_page_draws_in_chromium():
-    assert [t for _, t in pages()][:2] == ["What-if", "Memory"]
+    assert [t for _, t in pages()][:4] == ["What-if", "Capacity", "Memory", "Validation"]
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with streamlit_app() as url, Browser(CHROMIUM, width=1400, height=2000) as browser:
         for path, title in pages():

@@ -190,6 +190,14 @@ def test_choose_num_splits():
     assert decode_attention.choose_num_splits(1, 2, 1024, cpu) == 2  # no split under 512 tokens
     assert decode_attention.choose_num_splits(64, 8, 32768, cpu) == 1
     assert decode_attention.choose_num_splits(1, 1, 10**6, cpu) == 16
+    # the step-time model prices the engine's splits (its rule, rounded down to a power of two as the runner does)
+    from kvsim.perf.roofline import decode_splits
+    for b in (1, 2, 3, 5, 9, 24, 64):
+        for kv in ("bfloat16", "fp8"):
+            got = decode_attention.choose_num_splits(b, 8, 8192, cpu, kv, power_of_two=True)
+            assert got == decode_splits(b, 8, 8192, 8, kv == "fp8") and got & (got - 1) == 0
+    assert decode_attention.choose_num_splits(3, 2, 32768, cpu) == 3 and \
+        decode_attention.choose_num_splits(3, 2, 32768, cpu, power_of_two=True) == 2
 
 
 # ---- prefill ----

@@ -12,7 +12,7 @@ from kvsim.batch import Batch
 from kvsim.errors import KvsimError
 from kvsim.perf.calibration import Calibration, load_calibration, resolve_calibration, shipped_path
 from kvsim.perf.roofline import (StepModel, _envelope, _run_time, _sum_max_lines, activation_bytes_per_token,
-                                 allreduce_seconds)
+                                 allreduce_seconds, decode_splits)
 from kvsim.scenario.catalog import GPUS, MODELS
 
 LLAMA8, QWEN8, LLAMA70, QWEN06 = MODELS["Llama-3.1-8B"], MODELS["Qwen3-8B"], MODELS["Llama-3.1-70B"], MODELS["Qwen3-0.6B"]
@@ -67,6 +67,55 @@ def test_decode_attention_roofline_and_floor():
     assert fp8.decode_attention_time(8, 8000) == pytest.approx(8000 * max(per_pair + dequant, kv8), rel=1e-12)
 
 
+KEY = replace(CAL, decode_key_s=3e-8)  # every term on, and the decode kernel's serial time a key
+KV = 2 * 32 * 8 * 128 * 2 / BW  # Llama-3.1-8B, bf16: 131,072 B of K and V per token
+
+
+def test_decode_splits_follow_the_triton_engine():
+    # two programs per SM (four when quantized) over batch x 8 KV heads, rounded down to a power of two
+    assert [decode_splits(b, 8, 17408, 132, False) for b in (1, 2, 4, 8, 9, 16, 24, 32, 40, 64)] == \
+        [32, 16, 8, 4, 4, 2, 2, 2, 1, 1]
+    assert decode_splits(12, 8, 17408, 132, False, power_of_two=False) == 3  # ceil(264 / 96)
+    assert [decode_splits(b, 8, 17408, 132, True) for b in (16, 64, 128)] == [4, 2, 1]
+    assert decode_splits(1, 8, 4096, 132, False) == 8  # no split shorter than 512 tokens of max_model_len
+    assert StepModel(LLAMA8, H100, 1, "auto", KEY).decode_splits(1) == 32  # max_model_len 0: no cap
+    assert StepModel(LLAMA8, H100, 1, "auto", KEY, max_model_len=4096).decode_splits(1) == 8
+    assert StepModel(LLAMA8, A100, 1, "auto", KEY).decode_splits(4) == 4  # ceil(216 / 32) = 7 -> 4
+
+
+def test_decode_serial_time_of_the_longest_sequence():
+    sm = StepModel(LLAMA8, H100, 1, "auto", KEY)
+    # one sequence of 8192 among 15 of 128, a graph of 16 (two splits): its programs walk 4096 keys a
+    # layer while the rest stream 16 x 128 tokens; then they walk their last 8192 - 128 keys alone
+    total, s = 8192 + 15 * 128, 32 * 3e-8 / 2
+    tail = s * (8192 - 128) + total * KV * 16 * 128 / total
+    assert tail > s * 8192 > total * KV
+    assert sm.decode_attention_time(16, total, 8192, 16) == pytest.approx(tail, rel=1e-12)
+    assert sm.decode_attention_time(16, total, 8192) == pytest.approx(tail, rel=1e-12)  # rows default to the batch
+    # one sequence alone: its serial walk, split 32 ways (batch of 1)
+    assert sm.decode_attention_time(1, 65536, 65536, 1) == pytest.approx(
+        max(32 * 3e-8 * 65536 / 32, 65536 * KV), rel=1e-12)
+    # a uniform batch is the roofline's (longest 0: the mean), the same as without the term
+    off = StepModel(LLAMA8, H100, 1, "auto", CAL)
+    for args in ((16, 16 * 1024, 1024, 16), (16, 16 * 1024, 0, 16), (64, 64 * 300, 0, 64)):
+        assert sm.decode_attention_time(*args) == pytest.approx(off.decode_attention_time(*args), rel=1e-12)
+    # nine sequences replay the graph of 16, whose kernel has 2 splits (9 alone would have 4)
+    b = Batch(num_decode_seqs=9, decode_context_tokens=4000 + 8 * 100, decode_max_context=4000)
+    want = sm.overhead(9, True) + sm.gemm_time(16, 16) + sm.activation_time(16, 16) + \
+        sm.decode_attention_time(9, 4800, 4000, 16)
+    s = 32 * 3e-8 / 2
+    assert sm.decode_attention_time(9, 4800, 4000, 16) == pytest.approx(
+        max(s * 4000, s * (4000 - 100) + 4800 * KV * 9 * 100 / 4800), rel=1e-12)
+    assert sm.step_time(b) == pytest.approx(want, rel=1e-12)
+    # a mixed step is eager: the decode kernel splits for its 9 decodes
+    mixed = Batch(num_decode_seqs=9, decode_context_tokens=4800, decode_max_context=4000, num_prefill_seqs=1,
+                  num_prefill_tokens=4096, prefill_attn_pairs=4096 * 4097 // 2)
+    body = (sm.gemm_time(4105, 10) + sm.activation_time(4105, 10) + sm.decode_attention_time(9, 4800, 4000, 9)
+            + sm.prefill_attention_time(1, 4096 * 4097 // 2, 4096, 4096))
+    assert sm.decode_splits(9) == 4 and body > sm.host_time(1, 9)
+    assert sm.step_time(mixed) == pytest.approx(sm.overhead(10) + body, rel=1e-12)
+
+
 def test_prefill_attention_compute_serial_floor_and_quantized_factor():
     sm = StepModel(LLAMA8, H100, 1, "auto", CAL)
     per_pair = 4 * 32 * 32 * 128 / (PEAK * 0.5)
@@ -84,6 +133,12 @@ def test_prefill_attention_compute_serial_floor_and_quantized_factor():
     pairs = 4096 * 4097 // 2
     want = pairs * per_pair * 2.5 + 4096 * 65_536 * 2 / 66.9e12
     assert fp8.prefill_attention_time(1, pairs, 4096) == pytest.approx(want, rel=1e-12)
+    # and a cost per new token (32 layers x 4e-8 s), which a 16-bit cache does not pay
+    tok = replace(CAL, quantized_prefill_token_s=4e-8)
+    fp8 = StepModel(LLAMA8, H100, 1, "fp8", tok)
+    assert fp8.prefill_attention_time(1, pairs, 4096, 4096) == pytest.approx(want + 4096 * 32 * 4e-8, rel=1e-12)
+    bf16 = StepModel(LLAMA8, H100, 1, "auto", tok)
+    assert bf16.prefill_attention_time(1, pairs, 4096, 4096) == sm.prefill_attention_time(1, pairs, 4096)
 
 
 def test_activation_term_by_hand():
@@ -176,6 +231,62 @@ def step_models():
         StepModel(LLAMA8, slow_fp32, 1, "int4", big_floor, graph_sizes=()),  # eager: a host floor as well
         StepModel(QWEN06, H100, 1, "auto", replace(CAL, eager_layer_s=5e-4), graph_sizes=()),
     ])
+
+
+def ragged(n: int, ctx: int, longest: int) -> Batch:
+    return Batch(num_decode_seqs=n, decode_context_tokens=ctx, decode_max_context=longest)
+
+
+def brute_ragged(sm: StepModel, n: int, ctx: int, longest: int, k: int) -> float:
+    return sum(sm.step_time(ragged(n, ctx + i * n, longest + i)) for i in range(k))
+
+
+def serial_models():
+    slow_fp32 = replace(A100, fp32_tflops=0.5)
+    return st.sampled_from([
+        StepModel(LLAMA8, H100, 1, "auto", KEY),
+        StepModel(LLAMA8, H100, 1, "fp8", KEY, max_model_len=4096),
+        StepModel(QWEN06, H100, 1, "auto", replace(KEY, decode_key_s=4e-7)),  # the serial line rules
+        StepModel(LLAMA8, slow_fp32, 1, "int4", replace(KEY, attention_floor_s=2e-4)),  # the compute line
+        StepModel(QWEN06, H100, 1, "auto", replace(KEY, eager_layer_s=5e-4), graph_sizes=()),  # eager: a host floor
+        StepModel(LLAMA70, H100, 4, "fp8", replace(Calibration(), decode_key_s=3e-8)),
+    ])
+
+
+@st.composite
+def ragged_runs(draw):
+    n = draw(st.integers(1, 300))
+    others = draw(st.integers(1, 6000))
+    longest = others + draw(st.integers(0, 60_000)) if n > 1 else others
+    return n, longest + (n - 1) * others + draw(st.integers(0, n - 1)) * (n > 1), longest
+
+
+@settings(max_examples=150, deadline=None)
+@given(sm=serial_models(), shape=ragged_runs(), k=st.integers(1, 250))
+def test_ragged_decode_run_time_matches_brute_force(sm, shape, k):
+    n, ctx, longest = shape
+    assert sm.decode_run_time(n, ctx, k, longest) == pytest.approx(brute_ragged(sm, n, ctx, longest, k), rel=1e-10)
+    total, first = sm.decode_run(n, ctx, k, longest)
+    assert total == pytest.approx(brute_ragged(sm, n, ctx, longest, k), rel=1e-10)
+    assert first == pytest.approx(sm.step_time(ragged(n, ctx, longest)), rel=1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(sm=serial_models(), shape=ragged_runs(), max_steps=st.integers(1, 300),
+       budget=st.floats(1e-4, 2.0) | st.just(float("inf")))
+def test_ragged_decode_run_within_matches_brute_force(sm, shape, max_steps, budget):
+    n, ctx, longest = shape
+    k, total, first = sm.decode_run_within(n, ctx, max_steps, budget, longest)
+    t, brute = 0.0, 0
+    while brute < max_steps and t < budget:
+        t += sm.step_time(ragged(n, ctx + brute * n, longest + brute))
+        brute += 1
+    assert k == brute or sm.decode_run_time(n, ctx, min(k, brute), longest) == pytest.approx(budget, rel=1e-12)
+    assert total == pytest.approx(brute_ragged(sm, n, ctx, longest, k), rel=1e-10)
+    if math.isfinite(budget):
+        within = sm.decode_steps_within(n, ctx, budget, longest)
+        assert sm.decode_run_time(n, ctx, within, longest) >= budget * (1 - 1e-12)
+        assert within == 1 or sm.decode_run_time(n, ctx, within - 1, longest) < budget * (1 + 1e-12)
 
 
 def test_run_crossing_from_the_host_floor_to_a_roof():

@@ -381,6 +381,16 @@ def check_blocks(sched: Scheduler, cfg: Config, seqs: list, exact: bool) -> None
         assert len(free) == alloc.num_free_blocks and not held & free
 
 
+def longest_decode(sched: Scheduler, batch) -> int:
+    """The batch's longest decode context, member by member (cohort members at the cohort's clock)."""
+    ctx = [s.num_computed_tokens + 1 for s, n in zip(batch.seqs, batch.num_new_tokens)
+           if n == 1 and s.num_computed_tokens >= s.request.prompt_len]
+    if batch.cohort_size:
+        c = sched.cohort
+        ctx += [s.num_computed_tokens + c.clock - s.cohort_clock + 1 for *_, s in c._finish]
+    return max(ctx, default=0)
+
+
 def drive(cfg: Config, requests, cohort=False, fuse=None, max_events=20000, stats=None):
     """Run the mix to the end, adding each request at its step; `fuse(step) -> bool` says whether to
     ask for a run of decode steps. Returns per request (status, first-token step, finish step,
@@ -404,6 +414,7 @@ def drive(cfg: Config, requests, cohort=False, fuse=None, max_events=20000, stat
             continue
         batch = sched.schedule()
         assert batch.seqs or batch.cohort_size, "no progress with work queued"
+        assert batch.decode_max_context == longest_decode(sched, batch)
         assert batch.num_tokens == sum(batch.num_new_tokens) + batch.cohort_size <= sched.max_num_batched_tokens
         assert len(set(map(id, batch.seqs))) == len(batch.seqs)
         assert sched.num_running <= cfg.max_num_seqs

@@ -111,6 +111,10 @@ FUSION_CASES = {
         "num_requests": 120, "arrival": {"rate": 15.0}, "prefix": {"num_groups": 3, "prefix_len": 512}}),
     "budget smaller than the batch": dict(engine={"max_num_batched_tokens": 32, "max_num_seqs": 64},
                                           workload={"num_requests": 80, "arrival": {"rate": 20.0}}),
+    # the triton calibration prices the longest decode's serial walk: runs carry the longest context too
+    "ragged decodes, serial term": dict(backend={"calibration": "triton"}, workload={
+        "num_requests": 120, "arrival": {"rate": 20.0}, "prompt_len": {"dist": "lognormal", "mean": 900, "sigma": 1.0,
+                                                                       "max": 3500}}),
 }
 
 
@@ -142,6 +146,15 @@ def test_fused_decode_runs_match_step_by_step(monkeypatch, case):
         assert len(fr) == len(sr) and len(sr) > 20, name
         for a, b in zip(fr, sr):
             assert a[:2] == b[:2] and a[3:] == b[3:] and a[2] == pytest.approx(b[2], abs=2e-6), (name, a, b)
+
+
+def test_the_cohort_keeps_its_longest_member_only_when_the_price_reads_it():
+    sc = make_scenario()
+    model, gpu = model_spec(sc), gpu_spec(sc)
+    cap = kv_capacity(sc, sc.policies[0], model, gpu)
+    assert not AnalyticBackend(sc, sc.policies[0], model, gpu, cap).prices_longest_decode  # vLLM: no serial term
+    triton = make_scenario(backend={"calibration": "triton"})
+    assert AnalyticBackend(triton, triton.policies[0], model, gpu, cap).prices_longest_decode
 
 
 @pytest.mark.parametrize("case", ["tight memory, preemptions", "prefix groups, two replicas"])

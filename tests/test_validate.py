@@ -146,7 +146,7 @@ def test_step_log_of_the_triton_backend(tmp_path, scenario, monkeypatch):
 
     monkeypatch.setenv("KVSIM_STEP_LOG", str(tmp_path / "steps.csv"))
     model, gpu = model_spec(scenario), gpu_spec(scenario)
-    log = StepLog(scenario, scenario.policies[0], model, gpu, [1, 2, 4, 8])
+    log = StepLog(scenario, scenario.policies[0], model, gpu, [1, 2, 4, 8], 4096)
     seqs = []
     for i, ctx in enumerate((100, 300)):
         s = Sequence(Request(i, 0.0, ctx, 10))
@@ -160,7 +160,7 @@ def test_step_log_of_the_triton_backend(tmp_path, scenario, monkeypatch):
     prefill.add(Sequence(Request(9, 0.0, 64, 4)), 64)
     log.add(prefill, 0.010)
     log.close()
-    sm = StepModel(model, gpu, 1, "auto", load_calibration(shipped_path("H100-SXM", "triton")), 16, (1, 2, 4, 8))
+    sm = StepModel(model, gpu, 1, "auto", load_calibration(shipped_path("H100-SXM", "triton")), 16, (1, 2, 4, 8), 4096)
     summary = log.summary()
     assert summary["calibration"] == "shipped:H100-SXM-triton.json"
     assert summary["decode"]["predicted_s"] == pytest.approx(sm.step_time(decode))
@@ -169,7 +169,15 @@ def test_step_log_of_the_triton_backend(tmp_path, scenario, monkeypatch):
     assert list(rows[0]) == list(STEP_LOG_COLUMNS)
     assert (rows[0]["phase"], rows[0]["decode_context"], rows[0]["graph_batch"], rows[0]["cuda_graph"]) == \
         ("decode", "301", "2", "1")
+    assert (rows[0]["decode_max_context"], rows[0]["max_model_len"]) == ("301", "4096")
     assert rows[1]["phase"] == "prefill" and rows[1]["num_prefill_tokens"] == "64" and rows[1]["step_s"] == "0.01"
+    # benchmarks/reprice_steps.py prices the log again: the same calibration gives the logged prices
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/reprice_steps.py"), str(tmp_path / "steps.csv")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("| steps.csv | auto | decode | **all**"))
+    before, after = line.split("|")[7], line.split("|")[9]
+    assert float(before) == float(after) == pytest.approx(sm.step_time(decode) / 0.004, abs=5e-4)
 
 
 def test_gpu_validation_script_runs_on_the_cpu(tmp_path):

@@ -8,6 +8,7 @@ every page sees the same scenario: a page calls `current()`.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +58,18 @@ class Current:
         """(TOML text, Scenario) of the settings with `extra` overrides, validated as a file would be."""
         text = self.toml(extra)
         return text, scenario_from_toml(text, self.base.source, self.base.base_dir)
+
+    def arguments(self, policies: bool = True) -> str | None:
+        """The settings as command-line arguments: the shipped scenario file and the changes as `--set`
+        (with `policies`, `--policy` for each one compared when some are left out); None when they came from
+        an upload or leave a key unset (then: the file `download_toml` gives)."""
+        b = self.base
+        if not b.source.startswith("scenarios/") or b.overrides or self.unset:
+            return None
+        out = b.source + "".join(f" --set {shlex.quote(o)}" for o in self.overrides)
+        if policies and len(self.policies) < len(b.scenario.policies):
+            out += "".join(f" --policy {p}" for p in self.policies)
+        return out
 
     def download_toml(self) -> str:
         """The settings as a file for `python -m kvsim`: uploaded files named as uploaded (keep them beside

@@ -49,9 +49,9 @@ class StepLog:
     """Measured step times by phase beside the analytic model's price of the same steps (the shipped
     triton-engine calibration, or the scenario's): `kvsim validate` shows step-level error from them.
     With KVSIM_STEP_LOG=path.csv set, every step is also appended there, in `kvsim profile`'s columns
-    (source kvsim-serving) plus the longest decode context and the predicted time."""
+    (source kvsim-serving) plus the predicted time."""
 
-    def __init__(self, scenario, policy, model, gpu, graph_sizes):
+    def __init__(self, scenario, policy, model, gpu, graph_sizes, max_model_len: int):
         from kvsim.perf.calibration import resolve_calibration
         from kvsim.perf.roofline import StepModel
 
@@ -61,7 +61,7 @@ class StepLog:
                 update={"backend": scenario.backend.model_copy(update={"calibration": "triton"})})
             calibration, self.calibration_source = resolve_calibration(sc, gpu.name)
             self.model = StepModel(model, gpu, scenario.hardware.tensor_parallel_size, policy.kv_cache_dtype,
-                                   calibration, scenario.engine.block_size, tuple(graph_sizes))
+                                   calibration, scenario.engine.block_size, tuple(graph_sizes), max_model_len)
         except KvsimError:
             self.model, self.calibration_source = None, None
         self.phases: dict[str, list] = {}
@@ -75,6 +75,7 @@ class StepLog:
             if new:
                 self._csv.writerow(STEP_LOG_COLUMNS)
             self._fixed = ("kvsim-serving", "serving", gpu.name, "", model.name, policy.kv_cache_dtype, 1)
+            self._max_model_len = max_model_len
 
     def add(self, batch, seconds: float) -> None:
         phase = "prefill" if not batch.num_decode_seqs else "mixed" if batch.num_prefill_seqs else "decode"
@@ -83,11 +84,11 @@ class StepLog:
         if self._csv is not None:
             nd, np_ = batch.num_decode_seqs, batch.num_prefill_seqs
             graph = next((b for b in self.graph_sizes if b >= nd), 0) if phase == "decode" else 0
-            longest = max((s.num_computed_tokens + 1 for s, n in zip(batch.seqs, batch.num_new_tokens) if n == 1
-                           and s.num_computed_tokens >= s.prompt_len), default=0)
+            longest = batch.decode_max_context
             self._csv.writerow((*self._fixed, int(graph > 0), phase, nd, longest, np_, 0, 0, np_,
                                 batch.num_prefill_tokens, batch.prefill_attn_pairs, batch.prefill_context_tokens,
-                                nd, batch.decode_context_tokens, f"{seconds:.7g}", f"{predicted:.7g}", graph))
+                                nd, batch.decode_context_tokens, f"{seconds:.7g}", f"{predicted:.7g}", graph,
+                                longest, self._max_model_len))
 
     def close(self) -> None:
         if self._csv is not None:
@@ -110,7 +111,8 @@ class StepLog:
 STEP_LOG_COLUMNS = ("source", "grid", "gpu", "device", "model", "kv_cache_dtype", "tp", "cuda_graph", "phase",
                     "decode_seqs", "decode_context", "prefill_seqs", "prefill_chunk", "prefill_cached",
                     "num_prefill_seqs", "num_prefill_tokens", "prefill_attn_pairs", "prefill_context_tokens",
-                    "num_decode_seqs", "decode_context_tokens", "step_s", "predicted_s", "graph_batch")
+                    "num_decode_seqs", "decode_context_tokens", "step_s", "predicted_s", "graph_batch",
+                    "decode_max_context", "max_model_len")
 
 
 def _release_previous() -> None:
@@ -153,7 +155,7 @@ class TritonBackend:
             raise KvsimError(f"{scenario.source}: policy {policy.name}: {exc}") from None
         self.num_blocks = self.runner.num_blocks
         self._capacity, self._policy = capacity, policy.name
-        self.step_log = StepLog(scenario, policy, model, gpu, self.runner.graph_sizes)
+        self.step_log = StepLog(scenario, policy, model, gpu, self.runner.graph_sizes, cfg.max_model_len)
         _live.append(weakref.ref(self))
         print(self._profile_line(), file=sys.stderr)
 

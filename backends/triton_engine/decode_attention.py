@@ -11,7 +11,6 @@ num_splits is fixed: no host syncs, and the heuristic for num_splits=None reads 
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import triton
@@ -19,11 +18,9 @@ import triton.language as tl
 
 from backends.triton_engine.kv_quant import (DOT_F32, KV_KIND, LayerKVCache, attend_tile, attention_args,
                                              check_cache, load_kv_tile)
+from kvsim.perf.roofline import decode_splits
 
 LOG2E = 1.4426950408889634
-# Tokens of context per iteration and per split: at least this many tokens before it pays to split.
-MIN_TOKENS_PER_SPLIT = 512
-MAX_SPLITS = 32
 
 
 @triton.jit
@@ -107,14 +104,13 @@ def _num_sms(device_index: int) -> int:
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device,
-                      kv_dtype: str = "bfloat16") -> int:
+                      kv_dtype: str = "bfloat16", power_of_two: bool = False) -> int:
     """Enough splits to give every SM about two programs (four for quantized caches, whose programs
-    spend longer converting than loading), none shorter than MIN_TOKENS_PER_SPLIT."""
+    spend longer converting than loading), none shorter than 512 tokens: the rule the step-time model
+    prices (kvsim.perf.roofline.decode_splits)."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
-    per_sm = 2 if kv_dtype in ("bfloat16", "float16") else 4
-    want = math.ceil(per_sm * sms / max(num_seqs * num_kv_heads, 1))
-    most = max(max_context // MIN_TOKENS_PER_SPLIT, 1)
-    return max(1, min(want, most, MAX_SPLITS))
+    return decode_splits(num_seqs, num_kv_heads, max_context, sms, kv_dtype not in ("bfloat16", "float16"),
+                         power_of_two)
 
 
 def _launch_config(cache: LayerKVCache) -> dict:

@@ -279,9 +279,8 @@ class ModelRunner:
     def decode_splits(self, num_decode: int) -> int:
         """Flash-decoding splits for a decode batch: the kernel's choice for max_model_len, rounded down to a
         power of two, so a handful of compiled variants (one per value) serve every step."""
-        n = choose_num_splits(num_decode, self.spec.num_key_value_heads, self.cfg.max_model_len, self.device,
-                              self.kv_dtype)
-        return 1 << (n.bit_length() - 1)
+        return choose_num_splits(num_decode, self.spec.num_key_value_heads, self.cfg.max_model_len, self.device,
+                                 self.kv_dtype, power_of_two=True)
 
     def _dummy_decode(self, num_decode: int) -> StepInputs:
         zeros = np.zeros(num_decode, np.int32)

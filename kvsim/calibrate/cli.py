@@ -17,8 +17,9 @@ def add_commands(sub) -> None:
                       help="KV cache dtype (repeatable; default auto). auto gets the full grid, others a cut-down one")
     prof.add_argument("--gpu", help="GPU preset the rows are for (default: from the device name)")
     prof.add_argument("--device", default="cuda:0")
-    prof.add_argument("--grid", choices=("fit", "heldout", "both"), default="fit",
-                      help="the regular grid (fit), random shapes off it (heldout), or both")
+    prof.add_argument("--grid", choices=("fit", "heldout", "both", "serving"), default="fit",
+                      help="the regular grid (fit), random shapes off it (heldout), both, or the shapes serving "
+                           "produces (ragged decode batches, long cached prefixes) with random ragged ones held out")
     prof.add_argument("--heldout-per-phase", type=int, default=20, help="random shapes per phase (heldout grid)")
     prof.add_argument("--repeats", type=int, default=5, help="timed repeats per shape (at least; median kept)")
     prof.add_argument("--passes", type=int, default=2, help="passes over the grid; the least median is kept")
@@ -38,6 +39,8 @@ def add_commands(sub) -> None:
                      "--gpu); coefficients the tables cannot move keep these values and their provenance")
     cal.add_argument("--free", help="comma-separated coefficients to fit (default: every one the tables move)")
     cal.add_argument("--fix", help="comma-separated coefficients to keep at their starting values")
+    cal.add_argument("--per-table", help="comma-separated coefficients fitted once per table (tables profiled on "
+                     "different machines: the host-side ones); the calibration written holds the first table's")
     cal.add_argument("--only", help="comma-separated observation kinds to use: step, gemm, elementwise, allreduce, "
                      "serving (default: all the tables hold)")
     cal.add_argument("--folds", type=int, default=5, help="k of the k-fold hold-out (default 5)")
@@ -130,7 +133,8 @@ def cmd_calibrate(args, console) -> int:
     max_error = fitting.MAX_HOLDOUT_ERROR if args.max_error is None else args.max_error
     if not 0 < max_error:
         raise KvsimError(f"--max-error: must be a positive fraction, got {max_error}")
-    obs = read_tables(args.tables, args.gpu)
+    per_table = _names(args.per_table, "--per-table")
+    obs = read_tables(args.tables, args.gpu, across_tables=not per_table)
     for scenario, result in args.serving:
         obs += serving_observations(scenario, result)
     if args.only:
@@ -145,16 +149,20 @@ def cmd_calibrate(args, console) -> int:
     train = [o for o in obs if o.grid != "heldout"]
     free = _names(args.free, "--free") or fitting.identifiable(train, start)
     free = [n for n in free if n not in _names(args.fix, "--fix")]
-    final = fitting.fit(train, start, free)
-    errors = fitting.holdout_errors(obs, start, free, args.folds)
+    final = fitting.fit(train, start, free, per_table)
+    errors = fitting.holdout_errors(obs, start, free, args.folds, per_table=per_table)
     rows = fitting.slice_table(obs, errors)
 
     coef = Table(title=f"fit to {len(train)} observations ({len(obs) - len(train)} held-out shapes)")
     for col in ("coefficient", "start", "fitted"):
         coef.add_column(col, justify="right" if col != "coefficient" else "left")
+    others = list(final.tables)
+    for t in others:
+        coef.add_column(f"fitted: {Path(t).name}", justify="right")
     for name in COEFFICIENTS:
         coef.add_row(name, f"{getattr(start, name):.4g}",
-                     f"{getattr(final.calibration, name):.4g}" if name in final.free else "(kept)")
+                     f"{getattr(final.calibration, name):.4g}" if name in final.free else "(kept)",
+                     *(f"{final.tables[t][name]:.4g}" if name in final.tables[t] else "" for t in others))
     console.print(coef)
     table = Table(title="hold-out error (k-fold; held-out shapes by the fit to the rest)")
     for col in ("phase", "band", "tp", "n", "median |error|", "median error", "worst |error|"):
@@ -174,7 +182,8 @@ def cmd_calibrate(args, console) -> int:
                       provenance=fitting.provenance(final, start_prov, sources, len(train)),
                       fit={"observations": len(train), "heldout_shapes": len(obs) - len(train), "folds": args.folds,
                            "holdout_median_abs_error": round(overall, 4), "max_error": max_error,
-                           "fitted": final.free, "slices": _rounded(rows)})
+                           "fitted": final.free, "slices": _rounded(rows),
+                           **({"per_table": {str(t): v for t, v in final.tables.items()}} if final.tables else {})})
     console.print(f"calibration: {args.out}")
     return 0
 

@@ -6,6 +6,11 @@ few odd measurements do not drag the rest). Only coefficients the observations c
 k-fold hold-out (each fold's observations predicted by a fit to the others) and, when the tables hold
 shapes marked `heldout`, by those shapes, never fitted: `holdout_errors` returns one relative error
 per observation, `slice_table` groups them by phase, batch band and tensor-parallel size.
+
+Coefficients named `per_table` take one value per table (`Observation.table`): tables profiled on
+different machines share what the GPU does but not what their host does (a CUDA-graph replay's
+launch, an eager step's Python). The fit's calibration holds the first table's values; `Fit.tables`
+the others'.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import math
 import os
 import statistics
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -28,10 +33,11 @@ from kvsim.scenario.catalog import GPUS
 # Where each coefficient may go: efficiencies in (0, 1], the rest non-negative.
 _UPPER = {"quantized_prefill_factor": 50.0, "dequant_flops_per_element": 1e4}
 # Where a fit starts a coefficient whose starting value is zero (its usual magnitude).
-_TYPICAL = {"prefill_key_s": 1e-8, "eager_attention_s": 3e-5, "eager_quantized_s": 3e-5, "eager_layer_s": 1e-4,
+_TYPICAL = {"prefill_key_s": 1e-8, "decode_key_s": 3e-8, "eager_attention_s": 3e-5, "eager_quantized_s": 3e-5,
+            "eager_layer_s": 1e-4,
             "layer_overhead_s": 1e-5, "attention_floor_s": 5e-6, "per_seq_overhead_s": 1e-5,
             "graph_step_overhead_s": 5e-4, "step_overhead_s": 2e-3, "allreduce_latency_s": 2e-5,
-            "dequant_flops_per_element": 2.0, "quantized_prefill_factor": 1.0}
+            "dequant_flops_per_element": 2.0, "quantized_prefill_factor": 1.0, "quantized_prefill_token_s": 3e-8}
 MAX_HOLDOUT_ERROR = 0.10  # refuse a fit whose hold-out median |error| is above this (see check_fit)
 
 
@@ -41,6 +47,7 @@ class Fit:
     free: list[str]  # the coefficients fitted; the others kept their starting values
     cost: float
     nfev: int
+    tables: dict = field(default_factory=dict)  # table -> {per-table coefficient: value}, tables after the first
 
 
 class Pricer:
@@ -52,11 +59,11 @@ class Pricer:
         self._serving: dict[str, dict] = {}
 
     def step_model(self, o: Observation) -> StepModel:
-        key = (o.model, o.gpu, o.tp, o.kv_cache_dtype, o.graph_batch)
+        key = (o.model, o.gpu, o.tp, o.kv_cache_dtype, o.graph_batch, o.max_model_len)
         sm = self._models.get(key)
         if sm is None:
             graphs = (o.graph_batch,) if o.graph_batch else ()
-            sm = StepModel(o.model, GPUS[o.gpu], o.tp, o.kv_cache_dtype, self.calibration, 16, graphs)
+            sm = StepModel(o.model, GPUS[o.gpu], o.tp, o.kv_cache_dtype, self.calibration, 16, graphs, o.max_model_len)
             self._models[key] = sm
         return sm
 
@@ -103,10 +110,13 @@ def simulate_with(scenario_path: str, policy: str, calibration: Calibration) -> 
         os.unlink(path)
 
 
-def log_errors(observations: list[Observation], calibration: Calibration) -> np.ndarray:
-    """log(predicted / measured) per observation."""
-    pricer = Pricer(calibration)
-    return np.array([math.log(max(pricer.price(o), 1e-12) / o.measured) for o in observations])
+def log_errors(observations: list[Observation], calibration: Calibration, tables: dict | None = None) -> np.ndarray:
+    """log(predicted / measured) per observation; an observation of a table in `tables` is priced with
+    that table's coefficients (a Fit's `tables`)."""
+    pricers = {t: Pricer(replace(calibration, **values)) for t, values in (tables or {}).items()}
+    default = Pricer(calibration)
+    return np.array([math.log(max(pricers.get(o.table, default).price(o), 1e-12) / o.measured)
+                     for o in observations])
 
 
 def _bounds(names: list[str]) -> tuple[list[float], list[float]]:
@@ -142,19 +152,35 @@ def identifiable(observations: list[Observation], start: Calibration, candidates
     return out
 
 
-def fit(observations: list[Observation], start: Calibration = Calibration(), free=None) -> Fit:
-    """Least-squares fit of the `free` coefficients (default: the identifiable ones) on log error."""
+def table_order(observations: list[Observation]) -> list[str]:
+    """The tables of the observations in their first appearance's order."""
+    return list(dict.fromkeys(o.table for o in observations))
+
+
+def fit(observations: list[Observation], start: Calibration = Calibration(), free=None, per_table=()) -> Fit:
+    """Least-squares fit of the `free` coefficients (default: the identifiable ones) on log error; those
+    also in `per_table` get one value per table (the first table's go into the calibration)."""
     if not observations:
         raise KvsimError("no observations to fit")
     names = list(free) if free is not None else identifiable(observations, start)
     if not names:
         raise KvsimError("no coefficient of the step model moves these observations' predictions")
+    local = [n for n in names if n in per_table]
+    others = table_order(observations)[1:] if local else []
+    params = names + local * len(others)
+
+    def unpack(x):
+        values = dict(zip(names, map(float, x)))
+        rest = iter(map(float, x[len(names):]))
+        tables = {t: {n: next(rest) for n in local} for t in others}
+        return replace(start, **values), tables
 
     def residuals(x):
-        return log_errors(observations, replace(start, **dict(zip(names, map(float, x)))))
+        return log_errors(observations, *unpack(x))
 
-    res = _least_squares(residuals, _start(start, names), _bounds(names))
-    return Fit(replace(start, **dict(zip(names, map(float, res.x)))), names, float(res.cost), int(res.nfev))
+    res = _least_squares(residuals, _start(start, params), _bounds(params))
+    calibration, tables = unpack(res.x)
+    return Fit(calibration, names, float(res.cost), int(res.nfev), tables)
 
 
 def _least_squares(residuals, x0, bounds):
@@ -177,7 +203,7 @@ def folds(observations: list[Observation], k: int, seed: int = 0) -> list[int]:
 
 
 def holdout_errors(observations: list[Observation], start: Calibration, free: list[str], k: int = 5,
-                   seed: int = 0) -> np.ndarray:
+                   seed: int = 0, per_table=()) -> np.ndarray:
     """Relative error (predicted / measured - 1) of each observation, predicted by a fit that never saw
     it: observations of grid 'heldout' by the fit to all the others, the rest by k-fold."""
     train = [i for i, o in enumerate(observations) if o.grid != "heldout"]
@@ -189,11 +215,11 @@ def holdout_errors(observations: list[Observation], start: Calibration, free: li
         out_idx = [i for i, g in zip(train, fold) if g == f]
         if not out_idx or not fit_idx:
             continue
-        cal = fit([observations[i] for i in fit_idx], start, free).calibration
-        errors[out_idx] = np.expm1(log_errors([observations[i] for i in out_idx], cal))
+        f = fit([observations[i] for i in fit_idx], start, free, per_table)
+        errors[out_idx] = np.expm1(log_errors([observations[i] for i in out_idx], f.calibration, f.tables))
     if test:
-        cal = fit([observations[i] for i in train], start, free).calibration
-        errors[test] = np.expm1(log_errors([observations[i] for i in test], cal))
+        f = fit([observations[i] for i in train], start, free, per_table)
+        errors[test] = np.expm1(log_errors([observations[i] for i in test], f.calibration, f.tables))
     return errors
 
 
@@ -239,8 +265,12 @@ def check_fit(errors: np.ndarray, rows: list[dict], max_error: float = MAX_HOLDO
 def provenance(fitted: Fit, start_provenance: dict, sources: list[str], n: int) -> dict:
     """Where each coefficient of a fit comes from."""
     out = {}
+    local = {k for values in fitted.tables.values() for k in values}
     for name in COEFFICIENTS:
-        if name in fitted.free:
+        if name in local:
+            out[name] = (f"fitted by kvsim calibrate to {n} observations from {', '.join(sources)}, one value per "
+                         f"table: this is {sources[0]}'s (the others' are under fit.per_table)")
+        elif name in fitted.free:
             out[name] = f"fitted by kvsim calibrate to {n} observations from {', '.join(sources)}"
         else:
             out[name] = start_provenance.get(name, "kvsim's built-in default (not fitted: the tables do not move it)")

@@ -1,19 +1,19 @@
 """`kvsim profile`: step times of the triton engine over a grid of step shapes, written as a CSV.
 
 No simulation: a `ModelRunner` (random weights, the model's real shapes) is driven directly with
-synthetic sequences whose block tables point at distinct, shuffled cache blocks. Each shape is a
-pure-decode step (batch x context; CUDA graph as the engine replays it, and eager for a few), a
-prefill step (chunk x cached context, one or several sequences) or a mixed step (decodes plus one
-prefill chunk). A step is timed as `TritonBackend.execute` times it: host preparation plus device
-work, synchronized; the CSV row holds the median of the repeats and the `Batch` aggregates the
-analytic model prices the same step from. `kvsim calibrate` reads these files.
+synthetic sequences whose block tables point at distinct, shuffled cache blocks. Each shape
+(kvsim.calibrate.shapes) is a pure-decode step (batch x context, or a ragged batch of contexts; CUDA
+graph as the engine replays it, and eager for a few), a prefill step (chunk x cached context, one or
+several sequences) or a mixed step (decodes plus one prefill chunk). A step is timed as
+`TritonBackend.execute` times it: host preparation plus device work, synchronized; the CSV row holds
+the median of the repeats and the `Batch` aggregates the analytic model prices the same step from.
+`kvsim calibrate` reads these files.
 """
 
 from __future__ import annotations
 
 import csv
 import gc
-import math
 import statistics
 import sys
 import time
@@ -22,86 +22,19 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.batch import Batch
+from kvsim.calibrate.shapes import (Shape, anchor_grid, build_step, default_grid, heldout_grid,  # noqa: F401
+                                    ragged_heldout_grid, serving_grid)
 from kvsim.errors import KvsimError
-from kvsim.sequence import Request, Sequence
 
 COLUMNS = ("source", "grid", "gpu", "device", "model", "kv_cache_dtype", "tp", "cuda_graph", "phase", "decode_seqs",
            "decode_context", "prefill_seqs", "prefill_chunk", "prefill_cached", "num_prefill_seqs",
            "num_prefill_tokens", "prefill_attn_pairs", "prefill_context_tokens", "num_decode_seqs",
            "decode_context_tokens", "step_s", "step_min_s", "cpu_s", "prepare_s", "spread", "repeats",
-           "device_allocs", "graph_batch")
+           "device_allocs", "graph_batch", "decode_max_context", "max_model_len")
 SOURCE = "kvsim-profile"
 
 # GPU presets by the device name torch reports.
 _DEVICE_PRESETS = (("H100", "H100-SXM"), ("H200", "H200"), ("A100", "A100-80GB"), ("L40S", "L40S"), ("B200", "B200"))
-
-
-@dataclass(slots=True, frozen=True)
-class Shape:
-    """One step: `decode_seqs` decodes holding `decode_context` tokens each (the new one included), and
-    `prefill_seqs` chunks of `prefill_chunk` new tokens after `prefill_cached` cached ones each."""
-
-    phase: str
-    decode_seqs: int = 0
-    decode_context: int = 0
-    prefill_seqs: int = 0
-    prefill_chunk: int = 0
-    prefill_cached: int = 0
-    eager: bool = False  # a pure decode step run without its CUDA graph
-
-    @property
-    def cache_tokens(self) -> int:
-        return self.decode_seqs * self.decode_context + self.prefill_seqs * (self.prefill_cached + self.prefill_chunk)
-
-    @property
-    def max_len(self) -> int:
-        return max(self.decode_context, self.prefill_cached + self.prefill_chunk)
-
-
-def default_grid(full: bool = True, max_model_len: int = 16384, max_cache_tokens: int = 300_000,
-                 max_num_seqs: int = 256) -> list[Shape]:
-    """The shapes `kvsim profile` times: enough of each phase to fit the step model's terms and to
-    hold some out. `full=False` is the cut-down grid used for the quantized caches."""
-    batches = (1, 2, 4, 8, 16, 32, 64, 128, 256) if full else (1, 4, 16, 64, 256)
-    contexts = (128, 512, 1024, 2048, 4096, 8192, 16384) if full else (512, 2048, 8192)
-    chunks = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192) if full else (64, 512, 2048, 8192)
-    cached = (0, 1024, 4096, 12288) if full else (0, 4096)
-    shapes = [Shape("decode", b, c) for b in batches for c in contexts]
-    shapes += [Shape("decode", b, 1024, eager=True) for b in ((1, 8, 64, 256) if full else (8, 64))]
-    shapes += [Shape("prefill", prefill_seqs=1, prefill_chunk=n, prefill_cached=c) for n in chunks for c in cached]
-    shapes += [Shape("prefill", prefill_seqs=s, prefill_chunk=n) for s, n in ((4, 512), (8, 256), (16, 128), (4, 2048))
-               if full or s == 4]
-    for d in ((4, 16, 64, 128, 256) if full else (4, 64)):
-        for c in ((512, 2048) if full else (2048,)):
-            for n in ((128, 512, 2048) if full else (512, 2048)):
-                for pc in (0, 2048):
-                    shapes.append(Shape("mixed", d, c, 1, n, pc))
-    return [s for s in shapes if s.max_len <= max_model_len and s.cache_tokens <= max_cache_tokens
-            and s.decode_seqs <= max_num_seqs and s.prefill_seqs * s.prefill_chunk <= 8192]
-
-
-def build_step(shape: Shape, blocks: np.ndarray, block_size: int) -> tuple[list[Sequence], list[int], Batch]:
-    """Sequences for `shape` whose block tables take consecutive ids of `blocks`, their new-token
-    counts, and the Batch the scheduler would have built (decodes first, as the runner packs them)."""
-    seqs, counts, batch, next_block = [], [], Batch(), 0
-    rows = [(shape.decode_context - 1, 1)] * shape.decode_seqs
-    rows += [(shape.prefill_cached, shape.prefill_chunk)] * shape.prefill_seqs
-    for i, (computed, new) in enumerate(rows):
-        total = computed + new
-        need = -(-total // block_size)
-        if next_block + need > len(blocks):
-            raise KvsimError(f"profile shape {shape} needs more than the {len(blocks)} cache blocks")
-        prompt = computed if new == 1 else total  # a decode's prompt is done; a chunk ends its prompt
-        seq = Sequence(Request(i, 0.0, prompt, 1 << 20))
-        seq.block_table = blocks[next_block:next_block + need].tolist()
-        next_block += need
-        seq.num_computed_tokens, seq.num_tokens = computed, total
-        seq.num_output_tokens = total - prompt
-        seqs.append(seq)
-        counts.append(new)
-        batch.add(seq, new)
-    return seqs, counts, batch
 
 
 def time_step(runner, seqs, counts, sync, warmup: int, repeats: int, target_s: float) -> dict:
@@ -128,30 +61,6 @@ def time_step(runner, seqs, counts, sync, warmup: int, repeats: int, target_s: f
         prep.append(time.perf_counter() - t0)
     return {"step_s": statistics.median(times), "step_min_s": min(times), "cpu_s": statistics.median(cpu),
             "prepare_s": statistics.median(prep), "repeats": len(times)}
-
-
-def heldout_grid(seed: int, per_phase: int, max_model_len: int = 16384, max_cache_tokens: int = 300_000,
-                 max_num_seqs: int = 256) -> list[Shape]:
-    """Random shapes off the regular grid (log-uniform batches, contexts and chunks), to test a fit on."""
-    rng = np.random.default_rng(seed)
-
-    def logu(lo, hi):
-        return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
-
-    shapes: list[Shape] = []
-    while len(shapes) < 3 * per_phase:
-        kind = ("decode", "prefill", "mixed")[len(shapes) % 3]
-        cached = 0 if rng.random() < 0.4 else logu(64, 12288)
-        if kind == "decode":
-            shape = Shape("decode", logu(1, max_num_seqs), logu(64, max_model_len))
-        elif kind == "prefill":
-            seqs = 1 if rng.random() < 0.75 else logu(2, 8)
-            shape = Shape("prefill", prefill_seqs=seqs, prefill_chunk=logu(16, 8192 // seqs), prefill_cached=cached)
-        else:
-            shape = Shape("mixed", logu(1, 128), logu(64, 8192), 1, logu(16, 4096), cached)
-        if shape.max_len <= max_model_len and shape.cache_tokens <= max_cache_tokens:
-            shapes.append(shape)
-    return shapes
 
 
 def _combine(passes: list[dict]) -> dict:
@@ -232,13 +141,14 @@ def profile_runner(runner, spec_name: str, kv_cache_dtype: str, shapes, gpu: str
             "decode_context_tokens": batch.decode_context_tokens, "step_s": f"{t['step_s']:.7g}",
             "step_min_s": f"{t['step_min_s']:.7g}", "cpu_s": f"{t['cpu_s']:.7g}", "prepare_s": f"{t['prepare_s']:.7g}",
             "spread": f"{t['spread']:.4g}", "repeats": t["repeats"], "device_allocs": t["device_allocs"],
-            "graph_batch": padded})
+            "graph_batch": padded, "decode_max_context": batch.decode_max_context,
+            "max_model_len": runner.cfg.max_model_len})
     return len(best)
 
 
 @dataclass(slots=True)
 class ProfileOptions:
-    grid: str = "fit"  # "fit": the regular grid; "heldout": random shapes off it; "both"
+    grid: str = "fit"  # "fit": the regular grid; "heldout": random shapes off it; "both"; "serving" (see shapes_for)
     full_dtypes: tuple = ("auto",)  # KV dtypes that get the full regular grid (others a cut-down one)
     heldout_per_phase: int = 20  # random shapes per phase for a full-grid dtype (a third of that for others)
     repeats: int = 5
@@ -250,15 +160,21 @@ class ProfileOptions:
 
 
 def shapes_for(opts: ProfileOptions, kv: str, cache_tokens: int) -> list[tuple[str, Shape]]:
-    """(grid name, shape) pairs to time for one KV dtype, given the tokens the cache holds."""
+    """(grid name, shape) pairs to time for one KV dtype, given the tokens the cache holds. "serving":
+    the serving grid and a few regular-grid anchors (fitted) and random ragged decode batches (held out)."""
     full = kv in opts.full_dtypes
+    limits = (opts.max_model_len, cache_tokens, opts.max_num_seqs)
     out = []
     if opts.grid in ("fit", "both"):
-        out += [("fit", s) for s in default_grid(full, opts.max_model_len, cache_tokens, opts.max_num_seqs)]
+        out += [("fit", s) for s in default_grid(full, *limits)]
     if opts.grid in ("heldout", "both"):
         n = opts.heldout_per_phase if full else max(1, opts.heldout_per_phase // 3)
-        out += [("heldout", s) for s in heldout_grid(sum(map(ord, kv)), n, opts.max_model_len,
-                                                       cache_tokens, opts.max_num_seqs)]
+        out += [("heldout", s) for s in heldout_grid(sum(map(ord, kv)), n, *limits)]
+    if opts.grid == "serving":
+        out += [("fit", s) for s in serving_grid(full, *limits) + anchor_grid(full) if s.cache_tokens <= cache_tokens]
+        n = opts.heldout_per_phase if full else max(1, opts.heldout_per_phase // 3)
+        out += [("heldout", s) for s in ragged_heldout_grid(sum(map(ord, kv)) + 1, n, opts.max_model_len, cache_tokens,
+                                                              min(opts.max_num_seqs, 128))]
     return out
 
 

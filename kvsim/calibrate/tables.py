@@ -27,7 +27,7 @@ from kvsim.scenario.files import parse_json, read_text
 from kvsim.scenario.catalog import GPUS, MODELS, ModelSpec
 
 BATCH_FIELDS = ("num_prefill_seqs", "num_prefill_tokens", "prefill_attn_pairs", "prefill_context_tokens",
-                "num_decode_seqs", "decode_context_tokens")
+                "num_decode_seqs", "decode_context_tokens", "decode_max_context")
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 SMALL_OPS = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 _PATH_GPUS = {"h100": "H100-SXM", "a100": "A100-80GB", "h200": "H200"}
@@ -60,6 +60,8 @@ class Observation:
     grid: str = "fit"  # "heldout": a shape kept out of the fit, to test it on
     group: str = ""  # observations of one group share a hold-out fold
     serving: Optional[tuple] = None  # (scenario path, policy, summary key path)
+    max_model_len: int = 0  # steps: the engine's, which caps its decode kernel's splits (0: not recorded)
+    table: str = ""  # the file it was read from (a fit may give each table its own host coefficients)
 
 
 def token_band(tokens: int) -> str:
@@ -128,8 +130,17 @@ def graph_batch_of(row: dict, where: str) -> int:
     return 0
 
 
+def _longest_decode(row: dict, where: str) -> int:
+    """The longest decode context: its own column, else `decode_context` (a profile's per-sequence
+    context, a step log's longest; tables written before the column)."""
+    for column in ("decode_max_context", "decode_context"):
+        if row.get(column) not in ("", None):
+            return _int(row[column], where, column)
+    return 0
+
+
 def read_profile(path: Path) -> list[Observation]:
-    need = ("source", "gpu", "model", "kv_cache_dtype", "tp", "cuda_graph", "phase", "step_s") + BATCH_FIELDS
+    need = ("source", "gpu", "model", "kv_cache_dtype", "tp", "cuda_graph", "phase", "step_s") + BATCH_FIELDS[:-1]
     _, rows = _rows(path, need)
     models = {k.lower(): v for k, v in MODELS.items()}
     out = []
@@ -140,7 +151,8 @@ def read_profile(path: Path) -> list[Observation]:
             raise KvsimError(f"{where}: model: unknown model '{row['model']}' (presets: {', '.join(MODELS)})")
         if row["gpu"] not in GPUS:
             raise KvsimError(f"{where}: gpu: unknown GPU preset '{row['gpu']}' (presets: {', '.join(GPUS)})")
-        counts = tuple(_int(row[c], where, c) for c in BATCH_FIELDS)
+        counts = tuple(_int(row[c], where, c) for c in BATCH_FIELDS[:-1])
+        counts += (_longest_decode(row, where) if counts[4] else 0,)
         tokens = counts[1] + counts[4]
         phase = row["phase"]
         if phase not in ("decode", "prefill", "mixed"):
@@ -148,7 +160,8 @@ def read_profile(path: Path) -> list[Observation]:
         out.append(Observation(
             "step", _float(row["step_s"], where, "step_s"), row["gpu"], where, model,
             _int(row["tp"], where, "tp"), row["kv_cache_dtype"], graph_batch_of(row, where), counts, phase,
-            token_band(tokens), row.get("grid") or "fit"))
+            token_band(tokens), row.get("grid") or "fit",
+            max_model_len=_int(row.get("max_model_len") or 0, where, "max_model_len"), table=str(path)))
     return out
 
 
@@ -185,7 +198,7 @@ def read_vidur_mlp(path: Path, gpu: Optional[str] = None) -> list[Observation]:
         for kind, group in (("gemm", GEMM_OPS), ("elementwise", SMALL_OPS)):
             ms = sum(_float(row[f"time_stats.{op}.median"], where, f"time_stats.{op}.median") for op in group)
             out.append(Observation(kind, ms / 1e3, gpu, where, model, tp, counts=(tokens,), phase=kind,
-                                   band=token_band(tokens), group=f"{name}:{tokens}:{tp}"))
+                                   band=token_band(tokens), group=f"{name}:{tokens}:{tp}", table=str(path)))
     return out
 
 
@@ -204,16 +217,17 @@ def read_vidur_allreduce(path: Path, gpu: Optional[str] = None) -> list[Observat
         ms = _float(row["time_stats.all_reduce.median"], where, "time_stats.all_reduce.median")
         band = "<64KiB" if size < 1 << 16 else "<1MiB" if size < 1 << 20 else "<16MiB" if size < 1 << 24 else ">=16MiB"
         out.append(Observation("allreduce", ms / 1e3, gpu, where, tp=workers, counts=(size,), phase="allreduce",
-                               band=band, group=f"{path}:{size}:{workers}"))
+                               band=band, group=f"{path}:{size}:{workers}", table=str(path)))
     return out
 
 
-def merge_repeats(observations: list[Observation]) -> list[Observation]:
-    """Step observations of the same shape (several profile files) as one, at the median time."""
+def merge_repeats(observations: list[Observation], across_tables: bool = True) -> list[Observation]:
+    """Step observations of the same shape (in several profile files, unless not across_tables) as one,
+    at the median time."""
     groups: dict[tuple, list[Observation]] = {}
     for o in observations:
-        key = (o.kind, o.gpu, o.model, o.tp, o.kv_cache_dtype, o.graph_batch, o.counts, o.grid) \
-            if o.kind == "step" else (id(o),)
+        key = (o.kind, o.gpu, o.model, o.tp, o.kv_cache_dtype, o.graph_batch, o.max_model_len, o.counts, o.grid,
+               "" if across_tables else o.table) if o.kind == "step" else (id(o),)
         groups.setdefault(key, []).append(o)
     out = []
     for obs in groups.values():
@@ -224,12 +238,13 @@ def merge_repeats(observations: list[Observation]) -> list[Observation]:
             med = statistics.median(o.measured for o in obs)
             out.append(Observation(first.kind, med, first.gpu, f"{first.source} (+{len(obs) - 1} more)", first.model,
                                    first.tp, first.kv_cache_dtype, first.graph_batch, first.counts, first.phase,
-                                   first.band, first.grid, first.group))
+                                   first.band, first.grid, first.group, max_model_len=first.max_model_len,
+                                   table=first.table))
     return out
 
 
-def read_tables(paths, gpu: Optional[str] = None) -> list[Observation]:
-    """Every table's observations, repeated step shapes merged."""
+def read_tables(paths, gpu: Optional[str] = None, across_tables: bool = True) -> list[Observation]:
+    """Every table's observations, repeated step shapes merged (across tables too, unless told not)."""
     out: list[Observation] = []
     for path in map(Path, paths):
         kind = table_kind(path)
@@ -239,7 +254,7 @@ def read_tables(paths, gpu: Optional[str] = None) -> list[Observation]:
             out += read_vidur_mlp(path, gpu)
         else:
             out += read_vidur_allreduce(path, gpu)
-    return merge_repeats(out)
+    return merge_repeats(out, across_tables)
 
 
 @dataclass(slots=True)
@@ -281,5 +296,5 @@ def serving_observations(scenario_path: Path, result_path: Path, policy: Optiona
     group = f"serving:{result_path}"
     return [Observation("serving", value, scenario.hardware.gpu, f"{result_path}:{key}",
                         tp=scenario.hardware.tensor_parallel_size, phase="serving", band=key, group=group,
-                        serving=(str(scenario_path), policy, SERVING_FIGURES[key]))
+                        serving=(str(scenario_path), policy, SERVING_FIGURES[key]), table=str(result_path))
             for key, value in bench.figures.items() if value > 0]

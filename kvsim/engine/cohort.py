@@ -5,7 +5,9 @@ every such sequence at every step makes a simulation cost O(batch) per step; ins
 hands steady decoders to this cohort, which keeps their sums (count, context tokens) and a clock of
 decode steps. A member's counters are brought up to date only when it leaves: when it finishes
 (a heap ordered by the clock at which it will), or when the scheduler needs every sequence
-explicitly (memory is tight, a preemption may follow; see Scheduler).
+explicitly (memory is tight, a preemption may follow; see Scheduler). The longest member's context,
+which the decode kernel's slowest program walks, is the clock plus the largest of the members'
+offsets (context less the clock at joining), kept in a `LongestOffset` when the step price reads it.
 
 Blocks are still exact: a member that has written `v` tokens holds ceil(v / block_size) blocks, so
 advancing the clock by k needs, for each member, the block boundaries its token count crosses. A
@@ -25,10 +27,8 @@ from operator import mul
 from kvsim.sequence import Sequence
 
 
-
-
 class DecodeCohort:
-    def __init__(self, allocator):
+    def __init__(self, allocator, track_longest: bool = True):
         self.allocator = allocator
         self.block_size = allocator.block_size
         self.grows = not getattr(allocator, "fixed_slabs", False)  # contiguous slabs never grow
@@ -48,6 +48,7 @@ class DecodeCohort:
         # join order. Members leave only through pop_finished and dissolve, so no entry is stale.
         self._finish: list[tuple[int, int, Sequence]] = []
         self._serial = 0
+        self.offsets = LongestOffset() if track_longest else None  # None: longest() is not kept
 
     # ---- membership ------------------------------------------------------------------------
     def join(self, seq: Sequence) -> None:
@@ -55,6 +56,8 @@ class DecodeCohort:
         self._serial += 1
         seq.cohort_clock = self.clock
         self.count_phase(seq.num_computed_tokens, 1)
+        if self.offsets is not None:
+            self.offsets.add(seq.num_computed_tokens - self.clock)
         self.size += 1
         self.context += seq.num_computed_tokens
         left = seq.request.output_len - seq.num_output_tokens
@@ -64,6 +67,8 @@ class DecodeCohort:
         """Bring the member's counters and block table up to date and release it."""
         steps = self.clock - seq.cohort_clock
         self.count_phase(seq.num_computed_tokens + steps, -1)
+        if self.offsets is not None:
+            self.offsets.remove(seq.num_computed_tokens - seq.cohort_clock)
         seq.num_computed_tokens += steps
         seq.num_output_tokens += steps
         seq.num_tokens += steps
@@ -80,6 +85,10 @@ class DecodeCohort:
         for seq in members:
             self._leave(seq)
         return members
+
+    def longest(self) -> int:
+        """The largest num_computed_tokens of any member (0 when there is none, or it is not kept)."""
+        return self.offsets.top + self.clock if self.size and self.offsets is not None else 0
 
     def pop_finished(self) -> list[Sequence]:
         """Members whose last token the clock has reached, released."""
@@ -166,3 +175,41 @@ class DecodeCohort:
         written = self.size * steps
         self.context += written
         self.allocator.note_written(written)
+
+
+class LongestOffset:
+    """A multiset of integers whose largest, `top`, is kept up to date: counts by value, and a heap of
+    the values (negated) whose entries for removed values are dropped when they reach the top, or all
+    at once when they outnumber the live ones. Amortized O(log n) per add and remove."""
+
+    __slots__ = ("_count", "_heap", "top")
+
+    def __init__(self):
+        self._count: dict[int, int] = {}
+        self._heap: list[int] = []
+        self.top = -(1 << 62)  # empty
+
+    def add(self, value: int) -> None:
+        n = self._count.get(value, 0)
+        self._count[value] = n + 1
+        if n:
+            return
+        if value > self.top:
+            self.top = value
+        if len(self._heap) > 2 * len(self._count) + 64:  # mostly stale: rebuild from the live values
+            self._heap = [-v for v in self._count]
+            heapq.heapify(self._heap)
+        else:
+            heapq.heappush(self._heap, -value)
+
+    def remove(self, value: int) -> None:
+        n = self._count[value]
+        if n > 1:
+            self._count[value] = n - 1
+            return
+        del self._count[value]
+        if value == self.top:
+            heap, count = self._heap, self._count
+            while heap and -heap[0] not in count:
+                heapq.heappop(heap)
+            self.top = -heap[0] if heap else -(1 << 62)

@@ -37,9 +37,10 @@ KV_CACHE, MAX_NUM_SEQS, TOKEN_BUDGET = "kv_cache", "max_num_seqs", "token_budget
 class Scheduler:
     def __init__(self, allocator, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
                  enable_chunked_prefill: bool = True, preemption_mode: str = "recompute",
-                 num_host_blocks: int = 0, use_cohort: bool = False):
+                 num_host_blocks: int = 0, use_cohort: bool = False, track_longest: bool = True):
         self.allocator = allocator
-        self.cohort = DecodeCohort(allocator) if use_cohort else None
+        # track_longest: the cohort keeps its longest member (Batch.decode_max_context), for step prices that read it
+        self.cohort = DecodeCohort(allocator, track_longest) if use_cohort else None
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -155,6 +156,8 @@ class Scheduler:
             alloc.reserve(self._cohort_step_blocks)
         batch.cohort_size = batch.num_decode_seqs = size
         batch.decode_context_tokens = cohort.context + size
+        if cohort.offsets is not None:
+            batch.decode_max_context = cohort.offsets.top + cohort.clock + 1
         batch.min_output_left = cohort.steps_to_next_finish()
         budget -= size
         for seq in self.running:

@@ -50,9 +50,11 @@ def make_allocator(scenario, policy, num_blocks: int, max_model_len: int):
     return BlockManager(num_blocks, engine.block_size, scenario.prefix_caching(policy))
 
 
-def make_scheduler(scenario, limits, allocator, num_host_blocks: int, use_cohort: bool = False) -> Scheduler:
+def make_scheduler(scenario, limits, allocator, num_host_blocks: int, use_cohort: bool = False,
+                   track_longest: bool = True) -> Scheduler:
     """A scheduler with the policy's resolved engine limits (kvsim.scenario.defaults.engine_limits)."""
-    return Scheduler(allocator, use_cohort=use_cohort, max_num_seqs=limits.max_num_seqs,
+    return Scheduler(allocator, use_cohort=use_cohort, track_longest=track_longest,
+                     max_num_seqs=limits.max_num_seqs,
                      max_num_batched_tokens=limits.max_num_batched_tokens, max_model_len=limits.max_model_len,
                      enable_chunked_prefill=limits.enable_chunked_prefill,
                      preemption_mode=scenario.engine.preemption_mode, num_host_blocks=num_host_blocks)

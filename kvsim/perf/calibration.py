@@ -41,11 +41,13 @@ class Calibration:
     layer_overhead_s: float = 0.0  # per layer: the floor of the small kernels (norms, RoPE, activation, KV store)
     attention_floor_s: float = 0.0  # per layer: the least an attention kernel takes
     prefill_key_s: float = 0.0  # per layer and cached key: one prefill attention program's serial time
+    decode_key_s: float = 0.0  # per layer and key: one decode attention program's serial time over its split
     per_seq_overhead_s: float = 2.5e-6  # host work per scheduled sequence
     allreduce_latency_s: float = 2.9e-5  # per all-reduce call, whatever the tensor parallel size
     allreduce_efficiency: float = 0.78  # achieved bus bandwidth / NVLink bandwidth per direction
     dequant_flops_per_element: float = 27.0  # per KV element read from a quantized cache (int4: twice)
     quantized_prefill_factor: float = 1.0  # prefill attention time with a quantized KV cache / with 16-bit
+    quantized_prefill_token_s: float = 0.0  # per layer and new token: a quantized cache's prefill attention beyond that
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -5,8 +5,13 @@ A step's GPU work (`body`) is a sum of separately priced parts, each its own roo
     GEMMs        max(FLOPs / (peak x compute_efficiency), streamed weights / bandwidth), for the layers and
                  for lm_head (sampled rows only) apart; the input embedding is a gather, not a table read
     attention    the decode and the prefill kernels apart, each max(FLOPs / (peak x attention_efficiency)
-                 (+ KV dequantization), KV bytes / bandwidth, layers x attention_floor_s); a quantized cache
-                 multiplies prefill attention by quantized_prefill_factor
+                 (+ KV dequantization), KV bytes / bandwidth, layers x attention_floor_s, a serial floor);
+                 a quantized cache multiplies prefill attention by quantized_prefill_factor and adds
+                 layers x quantized_prefill_token_s a new token. The decode kernel splits each sequence's
+                 keys over `decode_splits` programs per KV head (the triton engine's rule); a program walks
+                 its split alone at decode_key_s a key, so the longest sequence's programs set a floor,
+                 and share the bandwidth with the others before it (a two-class fluid model: see
+                 decode_attention_time): ragged batches, and batches too small to fill the GPU
     activations  the elementwise kernels' bytes per token (norms, RoPE, SwiGLU, KV store) and the logits'
                  bytes per sampled row, over bandwidth; plus layers x layer_overhead_s of small-kernel time
     all-reduce   (2 x layers + 1) calls x (allreduce_latency_s + ring bytes / (NVLink x allreduce_efficiency))
@@ -15,7 +20,8 @@ A pure-decode step replays a CUDA graph: `graph_step_overhead_s + per_seq x seqs
 run eagerly (or as piecewise graphs), their host launching layer after layer: `step_overhead_s +
 per_seq x seqs + max(layers x eager_layer_s, body)`. Swap copies over PCIe come on top. Within a run of
 decode steps only the attention grows (with the context), so a step is a constant plus the maximum of
-at most three lines in the step index, and runs have closed forms. Pure Python: no torch.
+a few lines in the step index (every context, the longest and the others' mean too, grows by one a
+step), and runs have closed forms. Pure Python: no torch.
 """
 
 from __future__ import annotations
@@ -33,6 +39,21 @@ NEVER = 1 << 62  # a step index no run reaches
 LOGITS_BYTES_PER_VOCAB = 12  # a sampled row: 16-bit logits written, read, fp32 copy written and read
 # vLLM V1's CUDA-graph capture sizes (CompilationConfig): a decode batch is padded to the next one.
 VLLM_GRAPH_SIZES = (1, 2, 4, *range(8, 513, 8))
+# The triton engine's decode kernel: no split shorter than this many tokens of max_model_len, at most this many.
+MIN_TOKENS_PER_SPLIT = 512
+MAX_DECODE_SPLITS = 32
+
+
+def decode_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int, quantized: bool,
+                  power_of_two: bool = True) -> int:
+    """Programs per (sequence, KV head) of the triton engine's decode kernel (flash-decoding splits):
+    enough to give every SM about two programs (four for a quantized cache, whose programs spend longer
+    converting than loading), none shorter than MIN_TOKENS_PER_SPLIT tokens of max_context; the engine
+    rounds it down to a power of two, so that a few compiled variants serve every batch."""
+    per_sm = 4 if quantized else 2
+    want = -(-per_sm * num_sms // max(num_seqs * num_kv_heads, 1))
+    n = max(1, min(want, max(max_context // MIN_TOKENS_PER_SPLIT, 1), MAX_DECODE_SPLITS))
+    return 1 << (n.bit_length() - 1) if power_of_two else n
 
 
 def activation_bytes_per_token(model: ModelSpec, kv_cache_dtype: str, tp: int = 1) -> float:
@@ -109,13 +130,15 @@ def _sum_max_lines(a1: float, b1: float, a2: float, b2: float, k: int) -> float:
 
 class StepModel:
     """Step time of one replica (tp GPUs) serving `model` with a given KV-cache dtype. A pure-decode step
-    of n sequences replays the CUDA graph of the least of `graph_sizes` >= n, padded to it (none: eager)."""
+    of n sequences replays the CUDA graph of the least of `graph_sizes` >= n, padded to it (none: eager).
+    `max_model_len` caps the decode kernel's splits as the engine's does (0: no cap)."""
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, kv_cache_dtype: str,
                  calibration: Calibration, block_size: int = 16, graph_sizes: tuple = VLLM_GRAPH_SIZES,
-                 per_token_scales: bool = False):
+                 max_model_len: int = 0, per_token_scales: bool = False):
         self.model, self.gpu, self.tp = model, gpu, tp
         self.kv_cache_dtype, self.calibration, self.block_size = kv_cache_dtype, calibration, block_size
+        self.max_model_len = max_model_len
         self.graph_sizes = tuple(sorted(graph_sizes))
         self.graph_max_seqs = self.graph_sizes[-1] if self.graph_sizes else 0
         c, layers = calibration, model.num_hidden_layers
@@ -136,6 +159,7 @@ class StepModel:
         quant = c.quantized_prefill_factor if kv_cache_dtype in QUANTIZED_KV else 1.0
         self.prefill_attn_s_per_pair = self.attn_s_per_pair * quant
         self.prefill_key_s = layers * c.prefill_key_s * quant
+        self.quantized_prefill_token_s = layers * c.quantized_prefill_token_s if kv_cache_dtype in QUANTIZED_KV else 0.0
         dequant = 0.0
         if kv_cache_dtype in QUANTIZED_KV:
             per_elem = c.dequant_flops_per_element * (2 if kv_cache_dtype == "int4" else 1)
@@ -143,6 +167,8 @@ class StepModel:
         self.dequant_s_per_kv_token = dequant
         self.kv_s_per_token = self.kv_bytes_per_token / bandwidth
         self.attn_floor_s = layers * c.attention_floor_s
+        self.decode_key_s = layers * c.decode_key_s
+        self._splits: dict[int, int] = {}
         self.act_s_per_token = activation_bytes_per_token(model, kv_cache_dtype, tp) / bandwidth
         self.logits_s_per_seq = LOGITS_BYTES_PER_VOCAB * model.vocab_size / tp / bandwidth
         self.layers_fixed_s = layers * c.layer_overhead_s
@@ -156,7 +182,7 @@ class StepModel:
         per_token = model.hidden_size * model.activation_bytes
         self.allreduce_s_per_token = calls * (allreduce_seconds(per_token, tp, gpu, c) - allreduce_seconds(0, tp, gpu, c))
         self._decode_base: dict[int, tuple] = {}
-        self._last_lines: tuple = (-1, -1, None)
+        self._last_lines: tuple = (-1, -1, -1, None)
 
     # ---- the parts of a step ---------------------------------------------------------------------
     def overhead(self, num_seqs: int, graph: bool = False) -> float:
@@ -169,20 +195,49 @@ class StepModel:
         return (max(layers, self.layers_weights_s) if num_tokens else 0.0) + \
             (max(head, self.lm_head_weights_s) if num_seqs else 0.0)
 
-    def decode_attention_time(self, num_decode: int, context_tokens: int) -> float:
+    def decode_splits(self, rows: int) -> int:
+        """The decode kernel's programs per (sequence, KV head) for a batch of `rows` (padded) sequences."""
+        splits = self._splits.get(rows)
+        if splits is None:
+            splits = decode_splits(rows, kv_heads_per_gpu(self.model, self.tp), self.max_model_len or NEVER,
+                                   self.gpu.num_sms, self.kv_cache_dtype in QUANTIZED_KV)
+            self._splits[rows] = splits
+        return splits
+
+    def decode_attention_time(self, num_decode: int, context_tokens: int, longest: float = 0, rows: int = 0) -> float:
+        """num_decode sequences holding context_tokens in all, the longest `longest` (0: the mean), in a
+        batch of `rows` (a graph's padded size; 0: num_decode) that sets the kernel's splits.
+
+        Besides the rooflines, the longest sequence's programs take s = decode_key_s / splits a key.
+        The others, at their mean m, share the bandwidth with them while they run: the roofline's time
+        for n*m keys, in which the longest's programs also walk m keys; then they walk their last L - m
+        alone (two classes of program in a fluid model: uniform batches get the roofline, a long
+        sequence among short ones its serial time, and a mix of both more than either)."""
         if not num_decode:
             return 0.0
-        compute = context_tokens * (self.attn_s_per_pair + self.dequant_s_per_kv_token)
-        return max(compute, context_tokens * self.kv_s_per_token, self.attn_floor_s)
+        roof = context_tokens * max(self.attn_s_per_pair + self.dequant_s_per_kv_token, self.kv_s_per_token)
+        top = roof if roof > self.attn_floor_s else self.attn_floor_s
+        if not self.decode_key_s:
+            return top
+        s = self.decode_key_s / self.decode_splits(rows or num_decode)
+        longest = max(longest, context_tokens / num_decode)
+        if num_decode > 1:
+            others = (context_tokens - longest) / (num_decode - 1)
+            tail = s * (longest - others) + roof * num_decode * others / context_tokens
+        else:
+            tail = 0.0
+        return max(top, s * longest, tail)
 
-    def prefill_attention_time(self, num_prefill: int, attn_pairs: int, kv_tokens: int) -> float:
+    def prefill_attention_time(self, num_prefill: int, attn_pairs: int, kv_tokens: int, new_tokens: int = 0) -> float:
         """kv_tokens: the cached and new tokens the prefill kernels read from the cache. Besides the
-        compute and memory rooflines, one program walks a whole sequence's keys: a serial floor."""
+        compute and memory rooflines, one program walks a whole sequence's keys: a serial floor. A
+        quantized cache adds a cost per new token (quantized_prefill_token_s)."""
         if not num_prefill:
             return 0.0
         compute = attn_pairs * self.prefill_attn_s_per_pair + kv_tokens * self.dequant_s_per_kv_token
         serial = kv_tokens / num_prefill * self.prefill_key_s
-        return max(compute, kv_tokens * self.kv_s_per_token, serial, self.attn_floor_s)
+        return max(compute, kv_tokens * self.kv_s_per_token, serial, self.attn_floor_s) + \
+            new_tokens * self.quantized_prefill_token_s
 
     def layer_gemm_time(self, num_tokens: int) -> float:
         """One layer's projections (qkv, o, gate_up, down) for num_tokens tokens."""
@@ -225,19 +280,23 @@ class StepModel:
         padded = self.graph_batch(np_, nd)
         rows = padded or tokens  # a graph computes its padded rows too
         body = (self.gemm_time(rows, padded or seqs) + self.activation_time(rows, padded or seqs)
-                + self.allreduce_time(rows) + self.decode_attention_time(nd, batch.decode_context_tokens)
+                + self.allreduce_time(rows)
+                + self.decode_attention_time(nd, batch.decode_context_tokens, batch.decode_max_context, padded)
                 + self.prefill_attention_time(np_, batch.prefill_attn_pairs,
-                                              batch.prefill_context_tokens + batch.num_prefill_tokens))
+                                              batch.prefill_context_tokens + batch.num_prefill_tokens,
+                                              batch.num_prefill_tokens))
         if padded:
             return self.overhead(seqs, True) + body + swap
         host = self.host_time(np_, nd)
         return self.overhead(seqs) + (body if body > host else host) + swap
 
     # ---- runs of pure-decode steps in closed form -----------------------------------------------
-    def _decode_lines(self, n: int, x0: int) -> tuple:
-        """Decode step i of n sequences holding x0 + i*n context tokens, as _envelope's lines in i."""
-        if n == self._last_lines[0] and x0 == self._last_lines[1]:  # a run is sized, then priced
-            return self._last_lines[2]
+    def _decode_lines(self, n: int, x0: int, longest: int = 0) -> tuple:
+        """Decode step i of n sequences holding x0 + i*n context tokens, the longest longest + i (0: the
+        mean), as _envelope's lines in i."""
+        last = self._last_lines
+        if n == last[0] and x0 == last[1] and longest == last[2]:  # a run is sized, then priced
+            return last[3]
         base = self._decode_base.get(n)
         if base is None:
             rows = self.graph_batch(0, n)
@@ -250,34 +309,44 @@ class StepModel:
         c_slope = self.attn_s_per_pair + self.dequant_s_per_kv_token
         m_slope = self.kv_s_per_token
         floor = self.attn_floor_s
-        if graph:  # fixed + rest + max(floor, c_slope * ctx, m_slope * ctx)
-            lines = ((floor, 0.0), (c_slope * x0, c_slope * n), (m_slope * x0, m_slope * n))
-            lines = _envelope(fixed + rest, lines)
-        else:  # fixed + max(host, rest + floor, rest + c_slope * ctx, rest + m_slope * ctx)
-            lines = ((max(self.host_time(0, n), rest + floor), 0.0), (rest + c_slope * x0, c_slope * n),
-                     (rest + m_slope * x0, m_slope * n))
-            lines = _envelope(fixed, lines)
-        self._last_lines = (n, x0, lines)
+        if graph:  # fixed + rest + max(floor, c_slope * ctx, m_slope * ctx, s_slope * longest)
+            lines = [(floor, 0.0), (c_slope * x0, c_slope * n), (m_slope * x0, m_slope * n)]
+            top = 0.0
+        else:  # fixed + max(host, rest + floor, rest + c_slope * ctx, rest + m_slope * ctx, ...)
+            lines = [(max(self.host_time(0, n), rest + floor), 0.0), (rest + c_slope * x0, c_slope * n),
+                     (rest + m_slope * x0, m_slope * n)]
+            top = rest
+        if self.decode_key_s:  # the serial line, and the fluid model's tail (see decode_attention_time)
+            s_slope = self.decode_key_s / self.decode_splits(self.graph_batch(0, n) or n)
+            first = max(longest, x0 / n)
+            lines.append((top + s_slope * first, s_slope))
+            if n > 1:
+                others = (x0 - first) / (n - 1)  # their mean grows by one a step, as the longest does
+                tail = top + s_slope * (first - others)
+                lines += [(tail + c_slope * n * others, c_slope * n), (tail + m_slope * n * others, m_slope * n)]
+        lines = _envelope(fixed + rest if graph else fixed, lines)
+        self._last_lines = (n, x0, longest, lines)
         return lines
 
-    def decode_run_time(self, num_seqs: int, context_tokens: int, k: int) -> float:
+    def decode_run_time(self, num_seqs: int, context_tokens: int, k: int, longest: int = 0) -> float:
         """Seconds for k pure-decode steps of num_seqs sequences; step i has
-        decode_context_tokens = context_tokens + i*num_seqs. Closed form in k."""
+        decode_context_tokens = context_tokens + i*num_seqs and decode_max_context = longest + i (longest
+        0: the mean). Closed form in k."""
         if k <= 0 or num_seqs <= 0:
             return 0.0
-        return _run_time(self._decode_lines(num_seqs, context_tokens), k)
+        return _run_time(self._decode_lines(num_seqs, context_tokens, longest), k)
 
-    def decode_run(self, num_seqs: int, context_tokens: int, k: int) -> tuple[float, float]:
+    def decode_run(self, num_seqs: int, context_tokens: int, k: int, longest: int = 0) -> tuple[float, float]:
         """(seconds for the k steps, seconds for the first) of a run as in decode_run_time."""
-        _, total, first = self.decode_run_within(num_seqs, context_tokens, k, math.inf)
+        _, total, first = self.decode_run_within(num_seqs, context_tokens, k, math.inf, longest)
         return total, first
 
     def decode_run_within(self, num_seqs: int, context_tokens: int, max_steps: int,
-                          budget_s: float) -> tuple[int, float, float]:
+                          budget_s: float, longest: int = 0) -> tuple[int, float, float]:
         """(k, seconds, seconds of the first step) of the run's first k <= max_steps steps that start
         within budget_s: k = max_steps if those all end before budget_s, else the smallest k whose
         steps reach it (decode_steps_within)."""
-        lines = self._decode_lines(num_seqs, context_tokens)
+        lines = self._decode_lines(num_seqs, context_tokens, longest)
         first = lines[0] + lines[1]
         if max_steps == 1:
             return 1, first, first
@@ -286,11 +355,11 @@ class StepModel:
             return max_steps, total, first
         return (*_steps_within(lines, budget_s), first)
 
-    def decode_steps_within(self, num_seqs: int, context_tokens: int, budget_s: float) -> int:
-        """The smallest k >= 1 with decode_run_time(num_seqs, context_tokens, k) >= budget_s."""
+    def decode_steps_within(self, num_seqs: int, context_tokens: int, budget_s: float, longest: int = 0) -> int:
+        """The smallest k >= 1 with decode_run_time(num_seqs, context_tokens, k, longest) >= budget_s."""
         if num_seqs <= 0 or not math.isfinite(budget_s):
             raise ValueError(f"need num_seqs > 0 and a finite budget, got {num_seqs}, {budget_s}")
-        return _steps_within(self._decode_lines(num_seqs, context_tokens), budget_s)[0]
+        return _steps_within(self._decode_lines(num_seqs, context_tokens, longest), budget_s)[0]
 
 
 def _steps_within(lines: tuple, budget_s: float) -> tuple[int, float]:

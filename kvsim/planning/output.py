@@ -68,12 +68,16 @@ def check_out(out_dir: Path, scenario, force: bool = False) -> None:
     check_target(Path(out_dir).expanduser().resolve(), force, input_paths(scenario))
 
 
-def write_plan(out_dir: Path, result, scenario=None, force: bool = False) -> Path:
-    """plan.json (the whole answer), plan.csv (a row per policy or deployment), points.csv."""
+def plan_files(result) -> dict[str, str]:
+    """plan.json (the whole answer), plan.csv (a row per policy or deployment), points.csv: name -> text."""
     doc = result.to_dict()
     points = doc.pop("points")
-    return write_outputs(out_dir, {"plan.json": json_text(doc), "plan.csv": csv_text(result.rows()),
-                                   "points.csv": csv_text(points)}, scenario, force)
+    return {"plan.json": json_text(doc), "plan.csv": csv_text(result.rows()), "points.csv": csv_text(points)}
+
+
+def write_plan(out_dir: Path, result, scenario=None, force: bool = False) -> Path:
+    """`plan_files` into `out_dir` (see write_outputs)."""
+    return write_outputs(out_dir, plan_files(result), scenario, force)
 
 
 # ---- terminal

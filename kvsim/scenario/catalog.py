@@ -205,6 +205,7 @@ class GpuSpec:
     # What the CUDA runtime reports as total (torch.cuda.mem_get_info): vLLM sizes the KV cache
     # from this, a little below nvidia-smi's figure. 0: the same as memory_gib.
     cuda_memory_gib: float = 0.0
+    num_sms: int = 132  # streaming multiprocessors (AMD: compute units): how many programs a kernel runs at once
 
     def __post_init__(self):
         if not self.cuda_memory_gib:
@@ -222,20 +223,21 @@ class GpuSpec:
 # vLLM logs print "total_gpu_memory (79.11-79.33GiB)" and "(139.81GiB)"); A100-80GB 79.15 GiB and
 # L40S 44.52 GiB from PyTorch's out-of-memory messages on those cards ("79.15 GiB total capacity",
 # "a total capacity of 44.52 GiB"); B200: not measured, nvidia-smi's total less the 0.6 GiB the
-# H200 loses; MI300X: rocm-smi's total, which HIP reports too.
+# H200 loses; MI300X: rocm-smi's total, which HIP reports too. SM (CU) counts from the architecture
+# whitepapers (H100 SXM5 132 of GH100's 144, A100 108, L40S 142, B200 148, MI300X 304).
 GPUS: dict[str, GpuSpec] = {g.name: g for g in (
     # A100 SXM 80GB: 312 TF bf16, no fp8 units; NVLink3 600 GB/s total; PCIe Gen4 x16.
-    GpuSpec("A100-80GB", 81920 / 1024, 2039.0, 312.0, 312.0, 19.5, 300.0, 32.0, 79.15),
+    GpuSpec("A100-80GB", 81920 / 1024, 2039.0, 312.0, 312.0, 19.5, 300.0, 32.0, 79.15, 108),
     # H100 SXM5: 989.4 TF bf16, 1978.9 fp8 dense; HBM3 3.35 TB/s; NVLink4 900 GB/s total; PCIe Gen5.
-    GpuSpec("H100-SXM", 81559 / 1024, 3350.0, 989.4, 1978.9, 66.9, 450.0, 64.0, 85017493504 / 2**30),
+    GpuSpec("H100-SXM", 81559 / 1024, 3350.0, 989.4, 1978.9, 66.9, 450.0, 64.0, 85017493504 / 2**30, 132),
     # H200 SXM: H100 compute with 141 GB HBM3e at 4.8 TB/s.
-    GpuSpec("H200", 143771 / 1024, 4800.0, 989.4, 1978.9, 66.9, 450.0, 64.0, 150109880320 / 2**30),
+    GpuSpec("H200", 143771 / 1024, 4800.0, 989.4, 1978.9, 66.9, 450.0, 64.0, 150109880320 / 2**30, 132),
     # L40S: 362 TF bf16, 733 fp8 dense; GDDR6 864 GB/s; no NVLink, so tensor parallel runs over PCIe Gen4.
-    GpuSpec("L40S", 46068 / 1024, 864.0, 362.05, 733.0, 91.6, 32.0, 32.0, 44.52),
+    GpuSpec("L40S", 46068 / 1024, 864.0, 362.05, 733.0, 91.6, 32.0, 32.0, 44.52, 142),
     # B200 (HGX): 2.25 PF bf16, 4.5 PF fp8 dense; HBM3e 8 TB/s; NVLink5 1.8 TB/s total.
-    GpuSpec("B200", 183359 / 1024, 8000.0, 2250.0, 4500.0, 75.0, 900.0, 64.0, 183359 / 1024 - 0.6),
+    GpuSpec("B200", 183359 / 1024, 8000.0, 2250.0, 4500.0, 75.0, 900.0, 64.0, 183359 / 1024 - 0.6, 148),
     # MI300X: 1307.4 TF bf16, 2614.9 fp8 dense, 163.4 fp32 vector; 5.3 TB/s; 7 Infinity Fabric links x 64 GB/s.
-    GpuSpec("MI300X", 206141652992 / 2**30, 5300.0, 1307.4, 2614.9, 163.4, 448.0, 64.0),
+    GpuSpec("MI300X", 206141652992 / 2**30, 5300.0, 1307.4, 2614.9, 163.4, 448.0, 64.0, 206141652992 / 2**30, 304),
 )}
 
 

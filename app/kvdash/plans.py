@@ -1,0 +1,107 @@
+"""Searches for the Capacity page: `kvsim.plan` and `kvsim.deploy` on the sidebar's scenario, exactly as
+`kvsim plan` (and `kvsim plan --target-rate`) runs them, so the page's numbers and its plan.json are
+the command line's.
+
+Each search is cached by the scenario's TOML text, its uploads' digest and the search settings (not
+the worker count: the answers are the same bytes whatever runs them), so going back to a searched
+setting is instant. A search draws a progress bar fed by the library's `progress(done, total)`
+callback; the bar is made inside the cached function, so a cache hit replays it (already emptied)
+instead of pointing at an element of an earlier script run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+import kvsim
+from kvsim.scenario.config import scenario_from_toml
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The search settings `kvsim plan` takes as --seeds, --resolution and --requests."""
+
+    seeds: int = 3
+    resolution: float = 0.05
+    num_requests: int | None = 1000
+
+    def cli(self) -> str:
+        out = f"--seeds {self.seeds} --resolution {self.resolution:g}"
+        return out + (f" --requests {self.num_requests}" if self.num_requests else "")
+
+
+DEFAULT = Settings()  # fast: the command line's are 3 seeds, ±2%, min(scenario's requests, 3000)
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """The deployment search's candidates, as `kvsim plan --target-rate R --gpu G --tp T ...` takes them."""
+
+    target_rate: float
+    policy: str
+    gpus: tuple[str, ...]
+    tensor_parallel: tuple[int, ...]
+    max_replicas: int = 64
+    top: int = 3
+
+    def cli(self, all_gpus: tuple[str, ...]) -> str:
+        out = f"--target-rate {self.target_rate:g} --policy {self.policy}"
+        if set(self.gpus) != set(all_gpus):
+            out += "".join(f" --gpu {g}" for g in self.gpus)
+        if tuple(self.tensor_parallel) != (1, 2, 4, 8):
+            out += "".join(f" --tp {t}" for t in self.tensor_parallel)
+        if self.max_replicas != 64:
+            out += f" --max-replicas {self.max_replicas}"
+        return out + (f" --top {self.top}" if self.top != 3 else "")
+
+
+class Bar:
+    """A `progress(done, total)` callback drawn as a Streamlit progress bar (at most ~100 redraws)."""
+
+    def __init__(self, label: str):
+        self.label, self.shown = label, -1.0
+        self.bar = st.progress(0.0, text=f"{label}: starting")
+
+    def __call__(self, done: int, total: int) -> None:
+        frac = min(1.0, done / total) if total else 0.0
+        if frac - self.shown >= 0.01:
+            self.shown = frac
+            self.bar.progress(frac, text=f"{self.label}: {done} of about {total} points simulated")
+
+    def close(self) -> None:
+        self.bar.empty()
+
+
+def _scenario(toml_text: str, source: str, base_dir: str):
+    return scenario_from_toml(toml_text, source, Path(base_dir))
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def plan(toml_text: str, source: str, base_dir: str, inputs_digest: str, settings: Settings,
+         _workers: int | None = None):
+    """`kvsim.plan` of the scenario (`inputs_digest` keys the uploaded files it reads)."""
+    scenario = _scenario(toml_text, source, base_dir)
+    bar = Bar("Finding each policy's maximum sustainable rate")
+    try:
+        return kvsim.plan(scenario, seeds=settings.seeds, resolution=settings.resolution,
+                          num_requests=settings.num_requests, workers=_workers, progress=bar)
+    finally:
+        bar.close()  # also when the search fails (one error line) or a widget change stops it
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def deploy(toml_text: str, source: str, base_dir: str, inputs_digest: str, settings: Settings, targets: Targets,
+           _workers: int | None = None):
+    """`kvsim.deploy` of the scenario: the cheapest layouts meeting its SLO at the target rate."""
+    scenario = _scenario(toml_text, source, base_dir)
+    bar = Bar(f"Searching deployments for {targets.target_rate:g} req/s")
+    try:
+        return kvsim.deploy(scenario, targets.target_rate, gpus=list(targets.gpus),
+                            tensor_parallel=targets.tensor_parallel, policy=targets.policy, seeds=settings.seeds,
+                            resolution=settings.resolution, num_requests=settings.num_requests, top=targets.top,
+                            max_replicas=targets.max_replicas, workers=_workers, progress=bar)
+    finally:
+        bar.close()

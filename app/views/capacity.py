@@ -1,0 +1,293 @@
+"""Capacity: how much traffic the sidebar's scenario serves, from `kvsim.plan` and `kvsim.deploy` (what
+`python -m kvsim plan` prints and writes to plan.json): each policy's maximum sustainable rate with its
+95% interval, the SLO figures against the rate (the knee), what binds and the headroom at the
+scenario's own rate; then the cheapest deployments (GPU, TP × replicas) that meet the SLO at a target
+rate, with $/hour and $ per million tokens.
+
+A search runs when its button is pressed, with a progress bar, and is cached by the scenario and the
+settings (kvdash.plans); the first visit runs the quick default plan once, so the page opens on an answer.
+"""
+
+import os
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from kvdash import errors, plans, runs, settings
+from kvsim.errors import KvsimError
+from kvsim.planning.capacity import DEFAULT_REQUESTS
+from kvsim.planning.output import deploy_lines, plan_files, plan_lines
+from kvsim.results.report import policy_colors, slo_text
+from kvsim.results.verdict import LABELS, percentile_label
+from kvsim.scenario.catalog import GPUS
+
+RESOLUTIONS = (0.01, 0.02, 0.05, 0.1, 0.2)
+TP_DEGREES = (1, 2, 4, 8)
+SEARCH_PHASES = ("search", "at_max_rate")  # not the what-ifs with twice the FLOP/s or bandwidth
+SLO_RED = "#d62728"
+
+st.title("Capacity")
+cur = settings.current()
+
+
+def as_the_command_line(requests: int) -> None:
+    st.session_state.update({"kvsim.capacity.seeds": 3, "kvsim.capacity.resolution": 0.02,
+                             "kvsim.capacity.requests": requests})
+
+
+def search_settings(cli_requests: int) -> tuple[plans.Settings, int]:
+    cols = st.columns(4)
+    seeds = cols[0].number_input("seeds", 1, 20, plans.DEFAULT.seeds, key="kvsim.capacity.seeds",
+                                 help="Independent replications of the workload per rate (`kvsim plan --seeds`, "
+                                      "default 3): the 95% interval comes from their spread.")
+    res = cols[1].selectbox("rate resolution", RESOLUTIONS, index=RESOLUTIONS.index(plans.DEFAULT.resolution),
+                            format_func=lambda r: f"±{r:.0%}", key="kvsim.capacity.resolution",
+                            help="Each seed's search stops when the knee is bracketed this finely "
+                                 "(`--resolution`; the command line's default is ±2%).")
+    n = cols[2].number_input("requests per point", 10, 100_000, plans.DEFAULT.num_requests, step=500,
+                             key="kvsim.capacity.requests",
+                             help="Requests simulated at each rate tried (`--requests`; the command line's "
+                                  "default: the scenario's, at most 3000). Fewer run faster but put the knee "
+                                  "higher: a queue needs time to grow.")
+    workers = cols[3].number_input("worker processes", 1, 256, os.cpu_count() or 1, key="kvsim.capacity.workers",
+                                   help="Local processes running the simulations (`--workers`); the answers are "
+                                        "the same whatever the number.")
+    cols = st.columns([3, 1], vertical_alignment="center")
+    cols[0].caption(f"Quick settings put the knee a little high (a queue needs time to grow); `kvsim plan`'s defaults, "
+                    f"3 seeds, ±2% and {cli_requests:,} requests a point here, give its exact numbers (chat: ~15-30 s "
+                    "on 2 cores).")
+    cols[1].button("Use the command line's settings", on_click=as_the_command_line, args=(cli_requests,),
+                   key="kvsim.capacity.cli_settings")
+    return plans.Settings(int(seeds), float(res), int(n)), int(workers)
+
+
+def capacity_figure(result, colors: dict) -> dict:
+    """Each policy's maximum rate with its 95% interval, against the scenario's own rate."""
+    ps = result.policies
+    names = [p.policy for p in ps]
+    data = [{"type": "bar", "x": names, "y": [p.max_rate for p in ps], "marker": {"color": [colors[n] for n in names]},
+             "error_y": {"type": "data", "symmetric": False, "array": [p.ci_high - p.max_rate for p in ps],
+                         "arrayminus": [p.max_rate - p.ci_low for p in ps], "color": "#333"},
+             "text": [(">" if p.censored else "") + f"{p.max_rate:.3g}" for p in ps], "textposition": "inside",
+             "insidetextanchor": "start", "customdata": [[p.ci_low, p.ci_high, p.binding or "–"] for p in ps],
+             "showlegend": False, "hovertemplate": "%{x}: %{y:.3g} req/s (95% CI %{customdata[0]:.3g}–"
+                                                   "%{customdata[1]:.3g}); binds: %{customdata[2]}<extra></extra>"}]
+    r0 = result.meta["scenario_rate"]
+    line = {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": r0, "y1": r0,
+            "line": {"dash": "dash", "color": "#444", "width": 1.5}}
+    label = {"xref": "paper", "x": 1, "y": r0, "xanchor": "right", "yanchor": "bottom", "showarrow": False,
+             "text": f"scenario rate {r0:.3g} req/s"}
+    return {"data": data, "layout": {"height": 380, "title": {"text": "Maximum sustainable rate (95% CI)"},
+                                     "yaxis": {"title": {"text": "requests/s"}, "rangemode": "tozero"},
+                                     "shapes": [line], "annotations": [label]}}
+
+
+def curve_figure(result, colors: dict, column: str, title: str, bound) -> dict:
+    """One figure at the percentile against the arrival rate, per policy: the mean over the seeds tried
+    at each rate (open markers: some seed not sustainable there; a star: the rate reported)."""
+    data = []
+    for policy, color in colors.items():
+        by_rate: dict = {}
+        for pt in result.points:
+            if pt["policy"] == policy and pt["phase"] in SEARCH_PHASES:
+                by_rate.setdefault(pt["rate"], []).append(pt)
+        rates = sorted(by_rate)
+        ys = [_mean(pt[column] for pt in by_rate[r]) for r in rates]
+        ok = [all(pt["sustainable"] for pt in by_rate[r]) for r in rates]
+        knee = next(p.max_rate for p in result.policies if p.policy == policy)
+        data.append({"type": "scatter", "mode": "lines+markers", "name": policy, "legendgroup": policy,
+                     "x": rates, "y": ys, "line": {"color": color},
+                     "marker": {"symbol": ["star" if r == knee else "circle" if good else "circle-open"
+                                           for r, good in zip(rates, ok)],
+                                "size": [14 if r == knee else 8 for r in rates]},
+                     "hovertemplate": policy + ": %{y:,.4g} at %{x:.3g} req/s<extra></extra>"})
+    rates = [pt["rate"] for pt in result.points if pt["phase"] in SEARCH_PHASES]
+    if bound is not None and rates:
+        data.append({"type": "scatter", "mode": "lines", "x": [min(rates), max(rates)], "y": [bound, bound],
+                     "name": f"SLO {bound:g} ms", "line": {"dash": "dash", "color": SLO_RED}})
+    yaxis = {"title": {"text": title}}
+    if column.startswith("ttft"):
+        yaxis["type"] = "log"
+    return {"data": data, "layout": {"height": 380, "title": {"text": f"{title} against the arrival rate"},
+                                     "xaxis": {"title": {"text": "arrival rate (requests/s)"}},
+                                     "yaxis": yaxis}}
+
+
+def _mean(values):
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None  # None: beyond every finite value (a gap in the curve)
+
+
+def slo_columns(slo: dict) -> list[tuple[str, str, float]]:
+    """(point column, label, bound) of each figure the SLO bounds."""
+    q = percentile_label(slo.get("percentile", 99.0))
+    return [(f"{k}_at_pct", f"{LABELS[k]} {q} ms", slo[k]) for k in LABELS if slo.get(k) is not None]
+
+
+def plan_rows(result) -> list[dict]:
+    cols = slo_columns(result.meta["slo"])
+    return [{"policy": p.policy, "max req/s": p.max_rate, "CI low": p.ci_low, "CI high": p.ci_high,
+             "censored (> max tried)": p.censored, "headroom": p.headroom * 100,
+             "at scenario rate": "✓ sustainable" if p.sustainable_at_scenario_rate else "✗ not sustainable",
+             **{f"{label} at max": p.at_max_rate.get(col) for col, label, _ in cols},
+             "binds at the knee": p.binding, "why": p.binding_detail} for p in result.policies]
+
+
+def deploy_rows(result) -> list[dict]:
+    """`kvsim plan --target-rate`'s table: a maximum rate is searched for the `top` cheapest passing layouts;
+    the others show whether they meet the target (≥ R or < R)."""
+    r = result.target_rate
+    return [{"GPU": d.gpu, "TP × replicas": f"{d.tensor_parallel_size} × {d.num_replicas}", "GPUs": d.num_gpus,
+             "meets": "✓" if d.meets_target else "✗",
+             "max req/s": f"{d.max_rate:.3g}" if d.max_rate is not None else f"{'≥' if d.meets_target else '<'}{r:g}",
+             "95% CI": "–" if d.ci_low is None else f"{d.ci_low:.3g}–{d.ci_high:.3g}",
+             "$/hour": d.usd_per_hour, "$/M input": d.usd_per_m_input, "$/M output": d.usd_per_m_output,
+             "headroom": "–" if d.headroom is None else f"{d.headroom:+.0%}", "binds": d.binding,
+             "price source": d.price_source} for d in result.deployments]
+
+
+def cost_figure(result) -> dict:
+    ds = [d for d in result.deployments if d.meets_target]
+    labels = [f"{d.gpu} TP{d.tensor_parallel_size}×{d.num_replicas}" for d in ds]
+    return {"data": [{"type": "bar", "orientation": "h", "y": labels, "x": [d.usd_per_m_output for d in ds],
+                      "marker": {"color": "#00CC96"}, "customdata": [[d.usd_per_hour, d.num_gpus] for d in ds],
+                      "hovertemplate": "%{y}: $%{x:.3f} per M output tokens, $%{customdata[0]:.2f}/h on "
+                                       "%{customdata[1]} GPUs<extra></extra>"}],
+            "layout": {"height": 120 + 28 * len(ds), "title": {"text": "Passing deployments: $ per million output tokens"},
+                       "yaxis": {"autorange": "reversed"}, "xaxis": {"title": {"text": "$ per M output tokens"}},
+                       "margin": {"l": 160}}}
+
+
+def show(fig: dict, key: str) -> None:
+    st.plotly_chart(go.Figure(fig), theme=None, key=f"kvsim.capacity_{key}")
+
+
+def downloads(result, prefix: str) -> None:
+    cols = st.columns(3)
+    for col, (name, text) in zip(cols, plan_files(result).items()):
+        col.download_button(name, text, file_name=name, mime="application/json" if name.endswith("json") else "text/csv",
+                            on_click="ignore", key=f"kvsim.dl_{prefix}_{name}")
+
+
+def number_columns(rows: list[dict]) -> dict:
+    """Display formats of a table's numeric columns, by their names."""
+    out = {}
+    for name, value in (rows[0] if rows else {}).items():
+        if not isinstance(value, float):
+            continue
+        if name == "headroom":
+            out[name] = st.column_config.NumberColumn(format="%+.0f%%")
+        elif name.startswith("$"):
+            out[name] = st.column_config.NumberColumn(format="%.3f")
+        elif " ms " in name:
+            out[name] = st.column_config.NumberColumn(format="%.0f")
+        else:
+            out[name] = st.column_config.NumberColumn(format="%.3g")
+    return out
+
+
+def show_plan(result) -> None:
+    st.markdown("  \n".join(plan_lines(result)))  # the command line's summary
+    colors = policy_colors(result.meta["policy_order"])
+    colors = {p.policy: colors[p.policy] for p in result.policies}
+    show(capacity_figure(result, colors), "max_rate")
+    rows = plan_rows(result)
+    st.dataframe(rows, hide_index=True, column_config=number_columns(rows))
+    for i, (col, label, bound) in enumerate(slo_columns(result.meta["slo"])):
+        show(curve_figure(result, colors, col, label, bound), f"curve_{i}")
+    downloads(result, "plan")
+
+
+def show_deploy(result) -> None:
+    st.markdown("  \n".join(deploy_lines(result)))
+    rows = deploy_rows(result)
+    st.dataframe(rows, hide_index=True, column_config=number_columns(rows), height="content")
+    if any(d.meets_target for d in result.deployments):
+        show(cost_figure(result), "cost")
+    if result.skipped:
+        with st.expander(f"{len(result.skipped)} layouts left out"):
+            st.dataframe(result.skipped, hide_index=True)
+    downloads(result, "deploy")
+
+
+def deploy_targets(scenario) -> plans.Targets | None:
+    """The deployment search's form; its targets when submitted, else None."""
+    with st.form("kvsim.capacity.deploy_form", border=True):
+        cols = st.columns([1, 1, 2, 1, 1])
+        rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, float(scenario.workload.arrival.rate or 1.0),
+                                    step=1.0, format="%g", key="kvsim.capacity.target_rate",
+                                    help="The SLO must be met at this arrival rate (`--target-rate R`).")
+        names = [p.name for p in scenario.policies]
+        policy = cols[1].selectbox("policy deployed", names, key="kvsim.capacity.policy",
+                                   help="The policy every layout runs (`--policy`; default: the scenario's first).")
+        gpus = cols[2].multiselect("candidate GPUs", list(GPUS), default=list(GPUS), key="kvsim.capacity.gpus",
+                                   help="GPU presets to price (`--gpu`, repeatable; default: all).")
+        tps = cols[3].multiselect("TP degrees", TP_DEGREES, default=list(TP_DEGREES), key="kvsim.capacity.tps",
+                                  help="tensor_parallel_size values to try (`--tp`; default 1, 2, 4, 8).")
+        most = cols[4].number_input("max replicas", 1, 4096, 64, key="kvsim.capacity.max_replicas",
+                                    help="Layouts needing more replicas are left out (`--max-replicas`).")
+        go_ = st.form_submit_button("Search deployments", type="primary")
+    if not go_:
+        return None
+    if not gpus or not tps:
+        raise KvsimError("deployment search: choose at least one candidate GPU and one TP degree")
+    return plans.Targets(float(rate), policy, tuple(g for g in GPUS if g in gpus), tuple(sorted(tps)), int(most))
+
+
+def same_numbers(args: str, policies: bool) -> str:
+    """'Same numbers: `python -m kvsim plan ...`' with `args` on the sidebar's scenario."""
+    scenario = cur.arguments(policies)
+    note = "" if scenario else " (SCENARIO.toml: the scenario file above)"
+    return f"Same numbers: `python -m kvsim plan {scenario or 'SCENARIO.toml'} {args}`{note}"
+
+
+def remembered(name: str, key: tuple, pressed: bool, first_visit: bool = False):
+    """The search to show: this one when its button was pressed (or on a first visit, if allowed), else
+    the session's last one of `name` if it searched this very scenario."""
+    state = f"kvsim.capacity.{name}"
+    if pressed or (first_visit and state not in st.session_state):
+        st.session_state[state] = key
+    last = st.session_state.get(state)
+    return last if last is not None and last[0] == key[0] else None
+
+
+scenario, base = cur.scenario, cur.base
+toml = cur.toml()
+here = (toml, base.source, str(base.base_dir), base.digest)
+hw = scenario.hardware
+st.caption(f"{scenario.name}: {scenario.model.name or 'hf_config model'} on {hw.gpu}, TP {hw.tensor_parallel_size} × "
+           f"{hw.num_replicas} replica{'s' if hw.num_replicas > 1 else ''}; {slo_text(scenario.slo.model_dump())}. "
+           "Sustainable = the SLO met at its percentile and the engine keeping up with the arrivals.")
+st.download_button("scenario TOML", cur.download_toml(), file_name=f"{scenario.name or 'scenario'}.toml",
+                   mime="application/toml", on_click="ignore", key="kvsim.capacity.dl_toml",
+                   help="These settings as a scenario file for `python -m kvsim plan`")
+with st.expander("Search settings", expanded=True):
+    count = runs.request_count(*here)  # None: a duration, not a count
+    search, workers = search_settings(min(count or DEFAULT_REQUESTS, DEFAULT_REQUESTS))
+
+st.subheader("Maximum sustainable rate per policy")
+with errors.caught(st):
+    pressed = st.button("Find the maximum rates", type="primary", key="kvsim.capacity.plan_button",
+                        help="Bracket and bisect each policy's arrival rate under the SLO (`kvsim plan`).")
+    want = remembered("plan", (here, search), pressed, first_visit=True)
+    if want is None:
+        st.info("The scenario changed since the last search: press **Find the maximum rates**.")
+    else:
+        (_, settings_used) = want
+        result = plans.plan(*here, settings_used, _workers=workers)
+        st.caption(same_numbers(f"{settings_used.cli()} --out DIR", policies=True)
+                   + ("" if settings_used == search else " (these are the last settings searched)"))
+        show_plan(result)
+
+st.subheader("Deployment search: the cheapest layouts at a target rate")
+with errors.caught(st):
+    targets = deploy_targets(scenario)
+    key = (here, search, targets)
+    want = remembered("deploy", key, targets is not None)
+    if want is None:
+        st.info("Pick the target rate and the candidates, then press **Search deployments**.")
+    else:
+        (_, settings_used, targets_used) = want
+        result = plans.deploy(*here, settings_used, targets_used, _workers=workers)
+        st.caption(same_numbers(f"{targets_used.cli(tuple(GPUS))} {settings_used.cli()} --out DIR", policies=False))
+        show_deploy(result)

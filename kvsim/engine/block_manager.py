@@ -116,6 +116,11 @@ class BlockManager:
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.free_queue.num_free
 
+    def block_counts(self) -> tuple[int, int, int]:
+        """(used, cached, free) blocks at once: the figures of a time-series sample."""
+        queue = self.free_queue
+        return self.num_blocks - queue.num_free, queue.num_cached, queue.num_free
+
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

@@ -138,6 +138,9 @@ class Simulation:
         series = metrics.series(rep.index)
         fuse = getattr(backend, "fuses_decode_runs", False)
         runs = RunSeries(sched, backend, metrics.interval) if fuse else None
+        # bound once: this loop runs once per engine event
+        schedule, postprocess, sample, peek = sched.schedule, sched.postprocess, metrics.sample, env.peek
+        waiting, swapped = sched.waiting, sched.swapped  # the scheduler's queues (never replaced)
         now = env.now  # this engine's clock: ahead of env.now while it needs no SimPy event (below)
         cohort_last_token = 0.0  # when the scheduler's decode cohort last produced tokens
         while True:
@@ -147,7 +150,7 @@ class Simulation:
                 yield rep.idle
                 now = env.now
                 continue
-            batch = sched.schedule()
+            batch = schedule()
             seqs, cohort_size = batch.seqs, batch.cohort_size
             if not seqs and not cohort_size:
                 raise RuntimeError("scheduler made no progress with work queued")
@@ -173,15 +176,15 @@ class Simulation:
                 k, duration = 1, backend.execute(batch)
                 first = duration
             end = now + duration
-            if sched.waiting:
+            if waiting:
                 metrics.held_back(sched.admission_limit, duration)
             # Only SimPy events due before the step ends (arrivals, other replicas' steps) can
             # change what this engine sees next; while there are none, skip the timeout and go on.
-            if end >= env.peek():
+            if end >= peek():
                 yield env.timeout(end - env.now)
             self.num_steps += 1
             self.num_decode_steps += k
-            emitted, finished = sched.postprocess(batch, k)
+            emitted, finished = postprocess(batch, k)
             if emitted:
                 self._stamp_tokens(emitted, now + first, end)
             if cohort_size:  # a run's later steps differ by far less than a histogram bin: their mean
@@ -196,15 +199,14 @@ class Simulation:
                 self._ended(len(finished))
             block_s = -1.0  # KV block-seconds since the last sample; -1: the last sample's use held throughout
             if fused:
-                for sample in runs.marks:  # the rows of the buckets the run crossed, as step by step
-                    metrics.sample(sample[0], series, *sample[1:], used_block_s=0.0)
+                for mark in runs.marks:  # the rows of the buckets the run crossed, as step by step
+                    sample(mark[0], series, *mark[1:], 0.0)
                 metrics.note_used(series, runs.peak)  # the use after the run's next-to-last step
                 block_s = runs.block_s
-            cached = alloc.num_cached_blocks
-            metrics.sample(end, series, sched.num_running, len(sched.waiting), len(sched.swapped),
-                           alloc.num_used_blocks, cached, alloc.num_free_blocks - cached,
-                           alloc.reserved_unused_tokens, batch.num_tokens, alloc.external_fragmentation,
-                           used_block_s=block_s)
+            used, cached, free = alloc.block_counts()
+            sample(end, series, sched.num_running, len(waiting), len(swapped), used, cached, free - cached,
+                   alloc.reserved_unused_tokens, batch.num_prefill_tokens + batch.num_decode_seqs,
+                   alloc.external_fragmentation, block_s)
             now = end
 
     def _stamp_tokens(self, emitted: list[Sequence], t_token: float, t_end: float) -> None:

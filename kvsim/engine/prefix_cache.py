@@ -79,7 +79,7 @@ def block_hashes(token_ids, block_size: int) -> np.ndarray:
     """Chained identity (uint64) of every full block of `token_ids` (an int32 array or KeyedTokens)."""
     if isinstance(token_ids, KeyedTokens) and token_ids.span % block_size == 0:
         per = token_ids.span // block_size
-        keyed = chain(np.asarray(token_ids.keys).astype(np.uint64))  # one identity per key ...
+        keyed = _keyed_chain(token_ids.keys)  # one identity per key ...
         within = _WITHIN.get(per)
         if within is None:
             within = _WITHIN[per] = np.arange(1, per + 1, dtype=np.uint64) * _GOLDEN
@@ -89,9 +89,36 @@ def block_hashes(token_ids, block_size: int) -> np.ndarray:
 
 
 _WITHIN: dict[int, np.ndarray] = {}
+_KEYED: dict[bytes, np.ndarray] = {}  # chain() of key sequences, by their bytes (as uint64)
+KEYED_CACHE_BYTES = 64 << 20
+_keyed_bytes = 0
+
+
+def _keyed_chain(keys) -> np.ndarray:
+    """chain() of a prompt's keys, remembered: every policy of a scenario replays the same trace
+    rows, so each one's identities are computed once per run, not once per policy (up to
+    KEYED_CACHE_BYTES of keys and identities are kept; then the memory starts over)."""
+    global _keyed_bytes
+    values = np.asarray(keys).astype(np.uint64)
+    key = values.tobytes()
+    out = _KEYED.get(key)
+    if out is None:
+        if _keyed_bytes > KEYED_CACHE_BYTES:
+            _KEYED.clear()
+            _keyed_bytes = 0
+        out = _KEYED[key] = chain(values)
+        out.flags.writeable = False
+        _keyed_bytes += 2 * len(key)
+    return out
 
 
 SMALL_RUN = 32  # runs of blocks up to this long are handled element by element, longer ones by numpy
+
+
+def _index(blocks: array) -> np.ndarray:
+    """A run of block ids as numpy's index type: fancy indexing with int32 ids converts them on
+    every use, which costs more than converting once (3x for a gather of ~750 blocks)."""
+    return np.frombuffer(blocks, np.int32).astype(np.intp)
 
 
 def first_difference(a: array, b: array, lo: int, hi: int) -> int:
@@ -156,7 +183,7 @@ class BlockContent:
                 if not holds(b, run, head):
                     return i
             return len(blocks)
-        ids = np.frombuffer(blocks, np.int32)
+        ids = _index(blocks)
         held = (self._run[ids] == run) & ((self._ref[ids] > 0) | (self._pos[ids] >= head))
         return int(np.argmin(held))
 
@@ -165,7 +192,7 @@ class BlockContent:
         if len(blocks) <= SMALL_RUN:
             ref = self.ref
             return sum(1 for b in blocks if not ref[b])
-        return int(np.count_nonzero(self._ref[np.frombuffer(blocks, np.int32)] == 0))
+        return int(np.count_nonzero(self._ref[_index(blocks)] == 0))
 
     def acquire(self, blocks: array):
         """A reference more to each of `blocks` (distinct); returns the free-queue positions of those
@@ -178,7 +205,7 @@ class BlockContent:
                     free.append(pos[b])
                 ref[b] = r + 1
             return free
-        ids = np.frombuffer(blocks, np.int32)
+        ids = _index(blocks)
         ref = self._ref
         free = self._pos[ids[ref[ids] == 0]]
         ref[ids] += 1
@@ -192,7 +219,7 @@ class BlockContent:
                 ref[b] = 1
                 run[b] = 0
         else:
-            ids = np.frombuffer(blocks, np.int32)
+            ids = _index(blocks)
             self._ref[ids] = 1
             self._run[ids] = 0
 
@@ -203,7 +230,7 @@ class BlockContent:
             for b in blocks:
                 run[b] = serial
         else:
-            self._run[np.frombuffer(blocks, np.int32)] = serial
+            self._run[_index(blocks)] = serial
 
     def release(self, blocks: array) -> array:
         """A reference less to each of `blocks`, all or none: returns those no table references now,
@@ -225,10 +252,11 @@ class BlockContent:
         ids = np.frombuffer(blocks, np.int32)
         if ids.min() < 0 or ids.max() >= len(self.ref):
             raise ValueError("holds unknown blocks")
-        left = self._ref[ids] - 1
+        index = ids.astype(np.intp)
+        left = self._ref[index] - 1
         if (left < 0).any():
             raise ValueError(f"holds block {int(ids[np.argmin(left)])}, which is free")
-        self._ref[ids] = left
+        self._ref[index] = left
         return array("i", ids[left == 0][::-1].tobytes())
 
     def set_positions(self, blocks: array, start: int) -> None:
@@ -238,7 +266,7 @@ class BlockContent:
             for i, b in enumerate(blocks, start):
                 pos[b] = i
         else:
-            self._pos[np.frombuffer(blocks, np.int32)] = np.arange(start, start + len(blocks))
+            self._pos[_index(blocks)] = np.arange(start, start + len(blocks))
 
 
 class CachedRun:

@@ -137,7 +137,8 @@ class DecodeCohort:
         c0 = self.clock % bs
         if steps <= bs:  # the usual run: within one period
             part = self.crossings[c0:c0 + steps]  # part[j - 1] = c_j
-            return sum(part), sum(map(mul, part, self._w1)), sum(map(mul, part, self._w2))
+            m0 = sum(part)
+            return (m0, sum(map(mul, part, self._w1)), sum(map(mul, part, self._w2))) if m0 else (0, 0, 0)
         w = self.crossings[c0:c0 + bs]  # w[t]: members crossing at steps j with (j - 1) % bs == t
         q, rem = divmod(steps, bs)
         s0, s1, s2 = sum(w), sum(map(mul, w, self._t1)), sum(map(mul, w, self._t2))

@@ -241,12 +241,16 @@ class BlockContent:
             ref = self.ref
             if min(blocks) < 0 or max(blocks) >= len(ref):
                 raise ValueError("holds unknown blocks")
-            left = [ref[b] - 1 for b in blocks]
-            if min(left) < 0:
-                raise ValueError(f"holds block {blocks[left.index(-1)]}, which is free")
-            for b, n in zip(blocks, left):
+            freed = array("i")
+            for i, b in enumerate(blocks):  # blocks are distinct: each is read before it is written
+                n = ref[b] - 1
+                if n <= 0:
+                    if n < 0:
+                        for undo in blocks[:i]:  # all or none
+                            ref[undo] += 1
+                        raise ValueError(f"holds block {b}, which is free")
+                    freed.append(b)
                 ref[b] = n
-            freed = array("i", [b for b, n in zip(blocks, left) if not n])
             freed.reverse()
             return freed
         ids = np.frombuffer(blocks, np.int32)

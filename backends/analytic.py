@@ -36,17 +36,17 @@ class AnalyticBackend:
     def decode_run(self, batch: Batch, max_steps: int, budget_s: float = math.inf) -> tuple[int, float, float]:
         """(k, seconds for the k steps, seconds for the first) of the cohort-only `batch` repeated:
         k = max_steps, or fewer if a step would start at or after budget_s (the next arrival)."""
-        return self.step_model.decode_run_within(batch.num_decode_seqs, batch.decode_context_tokens,
+        return self.step_model.decode_run_within(batch.num_decode_seqs, batch.decode_read_tokens,
                                                  max_steps, budget_s, batch.decode_max_context)
 
     def decode_run_time(self, batch: Batch, k: int) -> float:
         """Seconds for the first k steps of the cohort-only `batch` repeated (0 for k = 0)."""
-        return self.step_model.decode_run_time(batch.num_decode_seqs, batch.decode_context_tokens, k,
+        return self.step_model.decode_run_time(batch.num_decode_seqs, batch.decode_read_tokens, k,
                                                batch.decode_max_context)
 
     def decode_steps_within(self, batch: Batch, budget_s: float) -> int:
         """The smallest k >= 1 whose first k steps take budget_s or more."""
-        return self.step_model.decode_steps_within(batch.num_decode_seqs, batch.decode_context_tokens, budget_s,
+        return self.step_model.decode_steps_within(batch.num_decode_seqs, batch.decode_read_tokens, budget_s,
                                                    batch.decode_max_context)
 
     def free(self, seq) -> None:

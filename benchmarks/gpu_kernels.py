@@ -213,7 +213,7 @@ def decode_case(batch, ctx, kv_dtypes, dense: bool, splits=(None,)) -> dict:
         out = torch.empty_like(q)
         for n in splits:
             times[kv_dtype, n] = median_ms(
-                lambda: decode_attention.paged_decode_attention(q, cache, tables, lens, SCALE, n, out=out))
+                lambda c=cache, n=n: decode_attention.paged_decode_attention(q, c, tables, lens, SCALE, n, out=out))
         if dense and kv_dtype == "bfloat16":
             times["paged_vs_dense_err"] = rel_err(out, dense_out.double())
         del cache

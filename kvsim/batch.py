@@ -22,6 +22,9 @@ class Batch:
     num_decode_seqs: int = 0
     decode_context_tokens: int = 0  # sum over decoding sequences of (num_computed_tokens + 1)
     decode_max_context: int = 0  # the longest of them (0: not known, take the mean)
+    # Pure-decode steps: tokens of blocks that running sequences hold at once, counted once per extra
+    # holder. The step's attention reads such a block from HBM once; the other holders find it in L2.
+    decode_shared_tokens: int = 0
     swap_out_blocks: int = 0  # blocks copied GPU -> host before this step (swap preemption)
     swap_in_blocks: int = 0  # blocks copied host -> GPU before this step
     preempted: list[Sequence] | tuple = ()  # a list once the step preempts (rare: no list per step)
@@ -32,6 +35,14 @@ class Batch:
     @property
     def num_tokens(self) -> int:
         return self.num_prefill_tokens + self.num_decode_seqs
+
+    @property
+    def decode_read_tokens(self) -> int:
+        """Context tokens the decode attention reads from HBM: shared blocks once (never fewer than
+        the longest sequence's own: a running sequence left out of the step may hold shared blocks)."""
+        if not self.decode_shared_tokens:
+            return self.decode_context_tokens
+        return max(self.decode_context_tokens - self.decode_shared_tokens, self.decode_max_context)
 
     @property
     def is_pure_decode(self) -> bool:

@@ -148,6 +148,9 @@ def test_prefix_hit_shares_blocks_and_counts_references():
     assert b.num_computed_tokens == 8 and b.num_cached_tokens == 8
     assert [bm.ref_count(x) for x in hits] == [2, 2]
     assert list(b.block_table[:2]) == hits and b.block_table[2] not in a.block_table
+    assert bm.num_shared_refs == 2  # b's two hit blocks: the decode attention reads them once
+    bm.deallocate(a)
+    assert bm.num_shared_refs == 0 and [bm.ref_count(x) for x in hits] == [1, 1]
 
 
 def test_whole_prompt_hit_still_computes_one_token():
@@ -456,6 +459,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
                 counts[b] += 1
             private += s.block_table[k:]
         assert counts == refs(self.bm, 24)
+        assert self.bm.num_shared_refs == sum(c - 1 for c in counts if c > 1)  # every holder past a block's first
         assert len(private) == len(set(private))
         assert not any(counts[b] for b in private)
 

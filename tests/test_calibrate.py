@@ -104,7 +104,7 @@ def test_read_profile_and_merge_repeats(tmp_path):
     assert len(obs) == 2  # the decode shape of both files merged
     dec = next(o for o in obs if o.phase == "decode")
     assert dec.measured == pytest.approx(0.009) and dec.graph_batch == 24  # padded as vLLM pads 20
-    assert dec.counts == (0, 0, 0, 0, 20, 20000, 0) and dec.model is MODELS["Llama-3.1-8B"]
+    assert dec.counts == (0, 0, 0, 0, 20, 20000, 0, 0) and dec.model is MODELS["Llama-3.1-8B"]
     pre = next(o for o in obs if o.phase == "prefill")
     assert pre.grid == "heldout" and pre.graph_batch == 0 and pre.band == "129-1024"
 
@@ -116,8 +116,8 @@ def test_read_profile_longest_decode_and_max_model_len(tmp_path):
     del old["decode_max_context"], old["max_model_len"]
     write_csv(b, [old])
     new, before = read_tables([a]), read_tables([b])
-    assert new[0].counts[-1] == 5000 and new[0].max_model_len == 8192 and new[0].table == str(a)
-    assert before[0].counts[-1] == 1000 and before[0].max_model_len == 0
+    assert new[0].counts[6] == 5000 and new[0].max_model_len == 8192 and new[0].table == str(a)
+    assert before[0].counts[6] == 1000 and before[0].counts[7] == 0 and before[0].max_model_len == 0
     # the same shape in two tables: one observation, unless each table keeps its own
     write_csv(b, [profile_row(decode_context=3000, decode_max_context=5000, max_model_len=8192, step_s="0.01")])
     assert len(read_tables([a, b])) == 1 and len(read_tables([a, b], across_tables=False)) == 2

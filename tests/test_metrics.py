@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from kvsim.results.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS, LogHistogram, Metrics
+from kvsim.results.distributions import LogHistogram
+from kvsim.results.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS, Metrics
 from kvsim.scenario.config import SloConfig
 from kvsim.sequence import Request, Sequence
 
@@ -236,7 +237,7 @@ def test_request_rows_quote_the_policy_and_keep_twelve_digits():
 
 
 def test_bulk_itl_binning_equals_one_by_one():
-    from kvsim.results.metrics import LogHistogram
+    from kvsim.results.distributions import LogHistogram
     values = np.random.default_rng().lognormal(-4, 1.5, 5000)
     a, b = LogHistogram(), LogHistogram()
     for v in values:

@@ -67,6 +67,18 @@ def test_decode_attention_roofline_and_floor():
     assert fp8.decode_attention_time(8, 8000) == pytest.approx(8000 * max(per_pair + dequant, kv8), rel=1e-12)
 
 
+def test_decode_attention_reads_shared_blocks_once():
+    # 4 sequences of 1,000 tokens, 600 of them one shared prefix: 3 x 600 tokens are found in L2
+    sm = StepModel(LLAMA8, H100, 1, "auto", CAL)
+    shared = Batch(num_decode_seqs=4, decode_context_tokens=4000, decode_max_context=1000,
+                   decode_shared_tokens=1800)
+    assert shared.decode_read_tokens == 2200
+    assert sm.step_time(shared) == pytest.approx(sm.step_time(decode(4, 2200)), rel=1e-12)
+    assert sm.step_time(shared) < sm.step_time(decode(4, 4000))
+    # never below the longest sequence's own tokens (a holder left out of the step shares them too)
+    assert replace(shared, decode_shared_tokens=3900).decode_read_tokens == 1000
+
+
 KEY = replace(CAL, decode_key_s=3e-8)  # every term on, and the decode kernel's serial time a key
 KV = 2 * 32 * 8 * 128 * 2 / BW  # Llama-3.1-8B, bf16: 131,072 B of K and V per token
 

@@ -549,3 +549,18 @@ def test_sequences_finishing_together_are_freed_in_running_order_with_or_without
             _, done = sched.postprocess(sched.schedule())
             finished_at.update((s.seq_id, i) for s in done)
         assert finished_at == {0: 2, 1: 2} and freed == [0, 1], (cohort, freed)
+
+
+def test_pure_decode_steps_count_the_blocks_their_sequences_share():
+    sched = sched_of(budget=64, prefix=True)
+    prefix = list(range(100, 112))  # 3 full blocks of 4
+    a, b = make_seq(0, 14, 5, prefix), make_seq(1, 14, 5, prefix)
+    sched.add(a)
+    step(sched)  # a's prompt: its 3 shareable blocks cached
+    sched.add(b)
+    work, mixed = step(sched)  # a decodes, b's prompt hits a's 3 blocks
+    assert work == [(0, 1), (1, 2)] and b.num_cached_tokens == 12
+    assert mixed.decode_shared_tokens == 0  # mixed steps price their reads in full
+    work, batch = step(sched)
+    assert work == [(0, 1), (1, 1)]
+    assert batch.decode_shared_tokens == 12 and batch.decode_read_tokens == batch.decode_context_tokens - 12

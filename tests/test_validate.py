@@ -195,3 +195,14 @@ def test_gpu_validation_script_runs_on_the_cpu(tmp_path):
     assert all(f"| {n} |" in table for n in names) and "scenarios within the 5% target" in table
     assert subprocess.run([sys.executable, str(ROOT / "benchmarks/validate_gpu.py"), "--out", str(out)],
                           capture_output=True, text=True).returncode != 0  # never into an existing folder
+
+
+@pytest.mark.parametrize("path", sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("scenarios/**/*.toml")))
+def test_shipped_triton_scenarios_pass_the_engines_checks(path):
+    """The GPU validation runs must not stop on a setting the triton engine refuses (checked without a GPU)."""
+    from backends.triton_engine.backend import _check_scenario
+    from kvsim.scenario.catalog import model_spec
+
+    sc = kvsim.load_scenario(ROOT / path)
+    if sc.backend.name == "triton":
+        _check_scenario(sc, model_spec(sc))

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import make_scenario
-from kvsim.results.metrics import Metrics, nearest_rank
+from kvsim.results.distributions import nearest_rank
+from kvsim.results.metrics import Metrics
 from kvsim.results.verdict import judge
 from kvsim.pipeline import run_scenario
 from kvsim.scenario.config import SloConfig

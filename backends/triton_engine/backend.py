@@ -31,6 +31,10 @@ def _check_scenario(scenario, model) -> None:
         raise KvsimError(f"{scenario.source}: hardware: {need} one GPU (tensor_parallel_size = 1, num_replicas = 1)")
     if model.dtype == "fp8":
         raise KvsimError(f"{scenario.source}: model.dtype: {need} bfloat16, float16 or float32 weights, not fp8")
+    for policy in scenario.policies:
+        if policy.kv_cache_dtype.startswith("fp8") and policy.kv_cache_scales != "per_token":
+            raise KvsimError(f"{scenario.source}: policy {policy.name}: kv_cache_scales: the triton backend stores "
+                             f"fp8 KV with a scale per token and head; set kv_cache_scales = \"per_token\"")
 
 
 def _import_torch():
@@ -88,7 +92,7 @@ class StepLog:
             self._csv.writerow((*self._fixed, int(graph > 0), phase, nd, longest, np_, 0, 0, np_,
                                 batch.num_prefill_tokens, batch.prefill_attn_pairs, batch.prefill_context_tokens,
                                 nd, batch.decode_context_tokens, f"{seconds:.7g}", f"{predicted:.7g}", graph,
-                                longest, self._max_model_len))
+                                longest, self._max_model_len, batch.decode_shared_tokens))
 
     def close(self) -> None:
         if self._csv is not None:
@@ -112,7 +116,7 @@ STEP_LOG_COLUMNS = ("source", "grid", "gpu", "device", "model", "kv_cache_dtype"
                     "decode_seqs", "decode_context", "prefill_seqs", "prefill_chunk", "prefill_cached",
                     "num_prefill_seqs", "num_prefill_tokens", "prefill_attn_pairs", "prefill_context_tokens",
                     "num_decode_seqs", "decode_context_tokens", "step_s", "predicted_s", "graph_batch",
-                    "decode_max_context", "max_model_len")
+                    "decode_max_context", "max_model_len", "decode_shared_tokens")
 
 
 def _release_previous() -> None:
@@ -135,9 +139,6 @@ class TritonBackend:
         from backends.triton_engine.runner import ModelRunner, RunnerConfig
         from kvsim.scenario.defaults import engine_limits
 
-        if policy.kv_cache_dtype.startswith("fp8") and policy.kv_cache_scales != "per_token":
-            raise KvsimError(f"{scenario.source}: policy {policy.name}: kv_cache_scales: the triton backend stores "
-                             f"fp8 KV with a scale per token and head; set kv_cache_scales = \"per_token\"")
         _release_previous()
         engine, self._torch = scenario.engine, torch
         limits = engine_limits(scenario, policy, model, gpu)

@@ -27,7 +27,7 @@ from kvsim.scenario.files import parse_json, read_text
 from kvsim.scenario.catalog import GPUS, MODELS, ModelSpec
 
 BATCH_FIELDS = ("num_prefill_seqs", "num_prefill_tokens", "prefill_attn_pairs", "prefill_context_tokens",
-                "num_decode_seqs", "decode_context_tokens", "decode_max_context")
+                "num_decode_seqs", "decode_context_tokens", "decode_max_context", "decode_shared_tokens")
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 SMALL_OPS = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 _PATH_GPUS = {"h100": "H100-SXM", "a100": "A100-80GB", "h200": "H200"}
@@ -140,7 +140,7 @@ def _longest_decode(row: dict, where: str) -> int:
 
 
 def read_profile(path: Path) -> list[Observation]:
-    need = ("source", "gpu", "model", "kv_cache_dtype", "tp", "cuda_graph", "phase", "step_s") + BATCH_FIELDS[:-1]
+    need = ("source", "gpu", "model", "kv_cache_dtype", "tp", "cuda_graph", "phase", "step_s") + BATCH_FIELDS[:-2]
     _, rows = _rows(path, need)
     models = {k.lower(): v for k, v in MODELS.items()}
     out = []
@@ -151,8 +151,9 @@ def read_profile(path: Path) -> list[Observation]:
             raise KvsimError(f"{where}: model: unknown model '{row['model']}' (presets: {', '.join(MODELS)})")
         if row["gpu"] not in GPUS:
             raise KvsimError(f"{where}: gpu: unknown GPU preset '{row['gpu']}' (presets: {', '.join(GPUS)})")
-        counts = tuple(_int(row[c], where, c) for c in BATCH_FIELDS[:-1])
-        counts += (_longest_decode(row, where) if counts[4] else 0,)
+        counts = tuple(_int(row[c], where, c) for c in BATCH_FIELDS[:-2])
+        counts += (_longest_decode(row, where) if counts[4] else 0,
+                   _int(row.get("decode_shared_tokens") or 0, where, "decode_shared_tokens"))
         tokens = counts[1] + counts[4]
         phase = row["phase"]
         if phase not in ("decode", "prefill", "mixed"):

@@ -101,6 +101,7 @@ class BlockManager:
         # Slots held but not (yet) written: the tails of last blocks, and reserved blocks. Tables
         # (and reservations) add their slots, written tokens take theirs off.
         self.reserved_unused_tokens = 0
+        self.num_shared_refs = 0  # references beyond a block's first: what holders share
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -230,6 +231,7 @@ class BlockManager:
             free = self.content.acquire(hits.blocks[:hits.num_shared])
             if len(free):
                 self.free_queue.remove_positions(free)
+            self.num_shared_refs += hits.num_shared - len(free)
         if hits.queue_hi > hits.queue_lo:
             self.free_queue.remove_range(hits.queue_lo, hits.queue_hi)
         self._parked.pop(seq, None)
@@ -379,6 +381,8 @@ class BlockManager:
         n, bs, queue = len(table), self.block_size, self.free_queue
         shared = min(n, self.num_shareable(seq)) if seq.request.token_ids is not None else 0
         freed = self._release_shared(seq, table, shared) if shared else None
+        if shared:
+            self.num_shared_refs -= shared - len(freed)
         if shared < n:
             private = table[shared:]  # a copy: the table itself stays as the runs and the parking saw it
             private.reverse()

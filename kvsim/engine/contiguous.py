@@ -23,6 +23,7 @@ class ContiguousAllocator:
     fixed_slabs = True  # a sequence never needs blocks beyond its slab
     num_cached_blocks = 0
     num_reserved_blocks = 0
+    num_shared_refs = 0  # slabs are never shared
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, reserve: str = "max_model_len"):
         if num_blocks <= 0 or block_size <= 0:

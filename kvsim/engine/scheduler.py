@@ -119,6 +119,8 @@ class Scheduler:
         if self.waiting and not limit:
             limit = KV_CACHE  # a preemption this step, or swapped sequences waiting for blocks
         self.admission_limit = limit
+        if self.allocator.num_shared_refs and batch.num_decode_seqs and not batch.num_prefill_seqs:
+            batch.decode_shared_tokens = self.allocator.num_shared_refs * self.allocator.block_size
         return batch
 
     def _schedule_running(self, batch: Batch, budget: int) -> int:

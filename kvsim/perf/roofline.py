@@ -11,7 +11,9 @@ A step's GPU work (`body`) is a sum of separately priced parts, each its own roo
                  keys over `decode_splits` programs per KV head (the triton engine's rule); a program walks
                  its split alone at decode_key_s a key, so the longest sequence's programs set a floor,
                  and share the bandwidth with the others before it (a two-class fluid model: see
-                 decode_attention_time): ragged batches, and batches too small to fill the GPU
+                 decode_attention_time): ragged batches, and batches too small to fill the GPU. In a
+                 pure-decode step, blocks several sequences hold (a shared prefix) are read from HBM
+                 once (Batch.decode_read_tokens): the other holders' programs find them in L2
     activations  the elementwise kernels' bytes per token (norms, RoPE, SwiGLU, KV store) and the logits'
                  bytes per sampled row, over bandwidth; plus layers x layer_overhead_s of small-kernel time
     all-reduce   (2 x layers + 1) calls x (allreduce_latency_s + ring bytes / (NVLink x allreduce_efficiency))
@@ -281,7 +283,7 @@ class StepModel:
         rows = padded or tokens  # a graph computes its padded rows too
         body = (self.gemm_time(rows, padded or seqs) + self.activation_time(rows, padded or seqs)
                 + self.allreduce_time(rows)
-                + self.decode_attention_time(nd, batch.decode_context_tokens, batch.decode_max_context, padded)
+                + self.decode_attention_time(nd, batch.decode_read_tokens, batch.decode_max_context, padded)
                 + self.prefill_attention_time(np_, batch.prefill_attn_pairs,
                                               batch.prefill_context_tokens + batch.num_prefill_tokens,
                                               batch.num_prefill_tokens))

@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -138,7 +139,7 @@ class ResultsWriter:
         self._created: list[Path] = []  # parent folders made here, removed again on abort
         self.tmp_dir = None
         self.requests_file = self._timeseries_file = None
-        try:
+        with self._aborting():
             self._make_parents(self.out_dir.parent)
             self.tmp_dir = self._fresh_dir("tmp")
             if streams:
@@ -148,12 +149,6 @@ class ResultsWriter:
                 self.requests_csv.writerow(REQUEST_COLUMNS)
                 self._timeseries_csv = csv.writer(self._timeseries_file)
                 self._timeseries_csv.writerow(TIMESERIES_COLUMNS)
-        except OSError as exc:
-            self.abort()
-            raise _cannot_write(self.out_dir, exc) from None
-        except BaseException:
-            self.abort()
-            raise
         self._latencies: dict[str, dict[str, np.ndarray]] = {}
         self._series: dict[tuple[str, int], dict[str, np.ndarray]] = {}  # the report's, as timeseries_arrays
         self._series_policies: set[str] = set()
@@ -212,7 +207,7 @@ class ResultsWriter:
         return self._commit(write)
 
     def _commit(self, write) -> Path:
-        try:
+        with self._aborting():
             self._close()
             write()
             files = sorted(p.name for p in self.tmp_dir.iterdir())
@@ -220,14 +215,20 @@ class ResultsWriter:
             (self.tmp_dir / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
             check_target(self.out_dir, self.force, self.inputs)  # again: the run took a while
             self._swap_in()
+        self.committed = True
+        return self.out_dir
+
+    @contextmanager
+    def _aborting(self):
+        """Anything raised inside removes the temporary folder; an OSError becomes one line."""
+        try:
+            yield
         except OSError as exc:
             self.abort()
             raise _cannot_write(self.out_dir, exc) from None
         except BaseException:
             self.abort()
             raise
-        self.committed = True
-        return self.out_dir
 
     def _swap_in(self) -> None:
         if not os.path.lexists(self.out_dir):

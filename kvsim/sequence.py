@@ -85,7 +85,7 @@ class Sequence:
     num_output_tokens: int  # tokens generated so far
     num_tokens: int  # prompt + generated: what the KV cache must hold to compute the next token
     block_table: Seq[int]  # block ids, as the allocator keeps them
-    block_hashes: Optional[np.ndarray]  # chained identities of the shareable full blocks, set by the allocator
+    block_hashes: Optional[Seq[int]]  # chained identities of the shareable full blocks, set by the allocator
     num_cached_tokens: int  # prompt tokens served by prefix-cache hits, over all admissions
     num_preemptions: int
     first_scheduled_time: float  # -1.0 until it happens, as the other times

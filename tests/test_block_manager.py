@@ -259,6 +259,24 @@ def test_keyed_tokens_share_blocks_by_key_and_expand_to_the_same_tokens():
     assert np.array_equal(a[512:520], tokens[512:520]) and a.tobytes() == tokens.tobytes()
 
 
+def test_remembered_keyed_chains_equal_fresh_ones_and_tell_dtypes_apart():
+    from kvsim.engine import prefix_cache
+    from kvsim.scenario.traces import block_token_ids
+    from kvsim.sequence import KeyedTokens
+
+    keys = np.array([5, 7, 9], dtype=np.int64)
+    fresh = prefix_cache.chain(keys.astype(np.uint64))
+    first = prefix_cache.block_hashes(KeyedTokens(keys, 512, 1536, block_token_ids), 16)
+    again = prefix_cache.block_hashes(KeyedTokens(keys.copy(), 512, 1536, block_token_ids), 16)
+    assert np.array_equal(first, again) and np.array_equal(first[::32], fresh + prefix_cache._WITHIN[32][0])
+    remembered = prefix_cache._keyed_chain(keys)
+    assert remembered is prefix_cache._keyed_chain(keys.copy()) and not remembered.flags.writeable
+    # int32 [1, 0] has the bytes of int64 [1]: the remembered chains are keyed by the values
+    a = prefix_cache._keyed_chain(np.array([1, 0], dtype=np.int32))
+    b = prefix_cache._keyed_chain(np.array([1], dtype=np.int64))
+    assert len(a) == 2 and len(b) == 1 and a[0] == b[0]
+
+
 # ---- against a reference: vLLM v0.11.0's BlockPool, block by block ------------------------
 
 class RefPool:

@@ -23,7 +23,7 @@ def test_blocks_needed_matches_brute_force(bs, clock, tokens, steps):
     c = DecodeCohort(_Alloc(bs))
     c.clock = clock
     for t in tokens:
-        c.residues[(t - clock) % bs] += 1
+        c.count_phase(t, 1)
         c.size += 1
     brute = sum(-(-(t + steps) // bs) - -(-t // bs) for t in tokens)
     assert c.blocks_needed(steps) == brute
@@ -32,7 +32,7 @@ def test_blocks_needed_matches_brute_force(bs, clock, tokens, steps):
 def test_affordable_steps_is_the_largest_that_fits():
     c = DecodeCohort(_Alloc(4))
     for t in (3, 4, 9):  # 1, 0 and 3 free slots in their last blocks
-        c.residues[t % 4] += 1
+        c.count_phase(t, 1)
         c.size += 1
     assert [c.blocks_needed(k) for k in range(1, 7)] == [1, 2, 2, 3, 4, 5]
     assert c.affordable_steps(6, 3) == (4, 3) and c.affordable_steps(6, 100) == (6, 5)
@@ -91,7 +91,7 @@ def test_crossing_moments_match_brute_force(bs, clock, tokens, steps):
     c = DecodeCohort(_Alloc(bs))
     c.clock = clock
     for t in tokens:
-        c.residues[(t - clock) % bs] += 1
+        c.count_phase(t, 1)
         c.size += 1
     crossings = [c.blocks_needed(j) - c.blocks_needed(j - 1) if j > 1 else c.blocks_needed(1) for j in range(1, steps + 1)]
     assert c.crossing_moments(steps) == (c.blocks_needed(steps), sum(j * n for j, n in enumerate(crossings, 1)),

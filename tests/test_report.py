@@ -220,6 +220,33 @@ def test_in_memory_latencies_equal_the_csv_columns(tmp_path):
             assert len(values) == len(mem[col]) and np.allclose(values, mem[col], rtol=1e-11, atol=0), (p, col)
 
 
+def test_in_memory_timeseries_equal_the_csv_columns(tmp_path):
+    """The report's time series come from the rows the writer was given; they must equal timeseries.csv
+    read back, bit for bit (floats are written as repr, which reads back exactly)."""
+    from kvsim.results.report import _read_timeseries, timeseries_arrays
+    rng = np.random.default_rng(3)
+    writer = ResultsWriter(tmp_path / "res")
+    with writer:
+        for p in POLICIES:
+            m = Metrics(p, SloConfig(), 0.25)
+            for t in np.cumsum(rng.exponential(0.07, 200)):
+                replica = int(rng.integers(0, 3))
+                m.sample(float(t), m.series(replica), running=int(rng.integers(0, 9)), waiting=1, swapped=0,
+                         blocks_used=int(rng.integers(0, 500)), blocks_cached=3, blocks_free=7,
+                         reserved_unused_tokens=11, batch_tokens=int(rng.integers(1, 9000)),
+                         external_fragmentation=float(rng.random()))
+            writer.add_timeseries(p, m.timeseries_rows())
+        writer._timeseries_file.flush()
+        from_csv = _read_timeseries(writer.tmp_dir / "timeseries.csv")
+        in_memory = writer._series
+    assert list(from_csv) == list(in_memory) and len(from_csv) == 2 * 3
+    for key, cols in from_csv.items():
+        assert list(cols) == list(TIMESERIES_COLUMNS[2:])
+        for col, values in cols.items():
+            assert values.dtype == np.float64 and np.array_equal(values, in_memory[key][col]), (key, col)
+    assert timeseries_arrays([]) == {}
+
+
 def test_report_opens_with_the_verdict_and_draws_the_slo(tmp_path):
     meta = {"model": "Llama-3.1-8B", "gpu": "H100-SXM", "tensor_parallel_size": 2, "num_replicas": 3,
             "arrival": {"process": "poisson", "rate": 4.0}, "policy_order": ["other", *POLICIES],

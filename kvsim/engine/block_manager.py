@@ -117,6 +117,11 @@ class BlockManager:
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.free_queue.num_free
 
+    def block_counts(self) -> tuple[int, int, int]:
+        """(used, cached, free) blocks at once: the figures of a time-series sample."""
+        queue = self.free_queue
+        return self.num_blocks - queue.num_free, queue.num_cached, queue.num_free
+
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
@@ -134,7 +139,7 @@ class BlockManager:
         return self.free_queue.block_ids()
 
     def ref_count(self, block: int) -> int:
-        return int(self.content.ref[block]) if block < len(self.content.ref) else 0
+        return self.content.ref[block] if block < len(self.content.ref) else 0
 
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         bs, table = self.block_size, seq.block_table
@@ -146,9 +151,10 @@ class BlockManager:
         ids = seq.request.token_ids
         return 0 if ids is None or not self.enable_prefix_caching else len(ids) // self.block_size
 
-    def _chain(self, seq: Sequence) -> np.ndarray:
-        """Identities of the sequence's shareable full blocks (kept on the sequence for the other
-        replicas' allocators, and per token_ids array for the other members of a prefix group)."""
+    def _chain(self, seq: Sequence) -> array:
+        """Identities of the sequence's shareable full blocks, as an `array('Q')` (kept on the
+        sequence for the other replicas' allocators, and per token_ids array for the other members
+        of a prefix group)."""
         chain = seq.block_hashes
         if chain is None:
             ids = seq.request.token_ids
@@ -156,7 +162,7 @@ class BlockManager:
             if entry is not None and entry[0] is ids:
                 chain = entry[1]
             else:
-                chain = block_hashes(ids, self.block_size)
+                chain = array("Q", block_hashes(ids, self.block_size).tobytes())
                 if isinstance(ids, np.ndarray):
                     if len(self._chains) >= CONTENT_CACHE_SIZE:
                         del self._chains[next(iter(self._chains))]
@@ -215,20 +221,17 @@ class BlockManager:
         if not hits:
             return 0
         if hits.num_revived < 0:
-            shared = np.frombuffer(hits.blocks, dtype=np.int32)[:hits.num_shared]
-            hits.num_revived = int(np.count_nonzero(self.content.ref[shared] == 0)) + hits.queue_hi - hits.queue_lo
+            shared = self.content.count_free(hits.blocks[:hits.num_shared]) if hits.num_shared else 0
+            hits.num_revived = shared + hits.queue_hi - hits.queue_lo
         return hits.num_revived
 
     def _revive(self, seq: Sequence, hits: PrefixHit) -> None:
         """The sequence takes a reference to each hit block; free ones leave the free queue."""
         if hits.num_shared:
-            shared = np.frombuffer(hits.blocks, dtype=np.int32)[:hits.num_shared]
-            ref = self.content.ref
-            free = shared[ref[shared] == 0]
+            free = self.content.acquire(hits.blocks[:hits.num_shared])
             if len(free):
-                self.free_queue.remove_positions(self.content.pos[free])
-            ref[shared] += 1
-            self.num_shared_refs += len(shared) - len(free)
+                self.free_queue.remove_positions(free)
+            self.num_shared_refs += hits.num_shared - len(free)
         if hits.queue_hi > hits.queue_lo:
             self.free_queue.remove_range(hits.queue_lo, hits.queue_hi)
         self._parked.pop(seq, None)
@@ -338,9 +341,7 @@ class BlockManager:
         if seq.request.token_ids is not None and len(table) * self.block_size < seq.request.prompt_len:
             shared = self.num_shareable(seq) - len(table)  # how many land at shareable positions
             if shared > 0:  # held, and holding nothing until registered
-                ids = np.frombuffer(new, dtype=np.int32)[:shared]
-                self.content.ref[ids] = 1
-                self.content.run[ids] = 0
+                self.content.hold(new[:shared])
         table.extend(new)
 
     def reserve(self, n: int) -> None:
@@ -392,11 +393,11 @@ class BlockManager:
                 pos = queue.append(private, n - max(full, shared))
                 if full > shared and seq.num_output_tokens < seq.request.output_len:  # it will come back
                     self._parked[seq] = _Parked(table, shared, full, pos)
-        if freed is not None and len(freed):
+        if freed:
             # Shareable positions at or past the computed tokens were never filled (nobody can
             # hold them but this table), so they come first, tail first, and hold nothing to reuse.
-            pos = queue.append(array("i", freed.tobytes()), max(0, shared - seq.num_computed_tokens // bs))
-            self.content.pos[freed] = np.arange(pos, pos + len(freed))
+            pos = queue.append(freed, max(0, shared - seq.num_computed_tokens // bs))
+            self.content.set_positions(freed, pos)
         if self._runs:
             self._runs.pop(seq, None)
         self.reserved_unused_tokens -= n * bs - seq.num_computed_tokens
@@ -404,16 +405,10 @@ class BlockManager:
         seq.block_table = array("i")
         seq.num_computed_tokens = 0
 
-    def _release_shared(self, seq: Sequence, table: array, shared: int) -> np.ndarray:
+    def _release_shared(self, seq: Sequence, table: array, shared: int) -> array:
         """Drop a reference to each block at a shareable position (all or none); returns those now
         free, tail first."""
-        ids = np.frombuffer(table, dtype=np.int32)[:shared]
-        ref = self.content.ref
-        if ids.min() < 0 or ids.max() >= len(ref):
-            raise AllocationError(f"sequence {seq.seq_id}: its block table holds unknown blocks")
-        left = ref[ids] - 1
-        if (left < 0).any():
-            bad = int(ids[np.argmin(left)])
-            raise AllocationError(f"sequence {seq.seq_id}: its block table holds block {bad}, which is free")
-        ref[ids] = left
-        return ids[left == 0][::-1].copy()
+        try:
+            return self.content.release(table[:shared])
+        except ValueError as err:
+            raise AllocationError(f"sequence {seq.seq_id}: its block table {err}") from None

@@ -10,10 +10,13 @@ which the decode kernel's slowest program walks, is the clock plus the largest o
 offsets (context less the clock at joining), kept in a `LongestOffset` when the step price reads it.
 
 Blocks are still exact: a member that has written `v` tokens holds ceil(v / block_size) blocks, so
-advancing the clock by k needs, for each member, the block boundaries its token count crosses;
-members are counted by their token count modulo block_size, which makes that sum O(block_size).
-The blocks are reserved from the allocator (taken off its free queue in LRU order, evicting as it
-would) at once, and handed to each member's block table when it leaves.
+advancing the clock by k needs, for each member, the block boundaries its token count crosses. A
+member crosses into a new block at the steps whose clock value is congruent to its *phase*
+((clock - v) mod block_size at any moment), so members are counted by phase (`crossings`), and the
+blocks a run of steps takes, and their moments in the step index, are sums over a window of that
+count: O(block_size), with no per-member work. The blocks are reserved from the allocator (taken off
+its free queue in LRU order, evicting as it would) at once, and handed to each member's block table
+when it leaves.
 """
 
 from __future__ import annotations
@@ -24,12 +27,6 @@ from operator import mul
 from kvsim.sequence import Sequence
 
 
-_T1 = {bs: list(range(bs)) for bs in (1, 8, 16, 32, 64, 128, 4, 2)}
-_T2 = {bs: [t * t for t in range(bs)] for bs in _T1}
-_J1 = {bs: list(range(1, bs + 1)) for bs in _T1}
-_J2 = {bs: [j * j for j in range(1, bs + 1)] for bs in _T1}
-
-
 class DecodeCohort:
     def __init__(self, allocator, track_longest: bool = True):
         self.allocator = allocator
@@ -38,7 +35,15 @@ class DecodeCohort:
         self.clock = 0  # decode steps given to every member so far
         self.size = 0
         self.context = 0  # sum of the members' num_computed_tokens, kept exact
-        self.residues = [0] * self.block_size  # members by (num_computed_tokens - clock) mod block_size
+        # crossings[p]: members of phase p, i.e. that take a new block at the step whose clock value
+        # before it is congruent to p (their last block is full then). Kept twice over (p and p + bs),
+        # so that any window of up to bs phases from clock % bs is one slice.
+        bs = self.block_size
+        self.crossings = [0] * (2 * bs)
+        self._w1 = list(range(1, bs + 1))  # weights j and j*j of the window's steps j = 1..bs
+        self._w2 = [j * j for j in self._w1]
+        self._t1 = list(range(bs))  # ... and t, t*t (t = j - 1) for whole periods
+        self._t2 = [t * t for t in self._t1]
         # Every member, as (clock at its last token, serial, seq); serials are unique and give the
         # join order. Members leave only through pop_finished and dissolve, so no entry is stale.
         self._finish: list[tuple[int, int, Sequence]] = []
@@ -50,7 +55,7 @@ class DecodeCohort:
         """Take a sequence whose next step is a decode (its KV covers all but its newest token)."""
         self._serial += 1
         seq.cohort_clock = self.clock
-        self.residues[(seq.num_computed_tokens - self.clock) % self.block_size] += 1
+        self.count_phase(seq.num_computed_tokens, 1)
         if self.offsets is not None:
             self.offsets.add(seq.num_computed_tokens - self.clock)
         self.size += 1
@@ -61,7 +66,7 @@ class DecodeCohort:
     def _leave(self, seq: Sequence) -> None:
         """Bring the member's counters and block table up to date and release it."""
         steps = self.clock - seq.cohort_clock
-        self.residues[(seq.num_computed_tokens - seq.cohort_clock) % self.block_size] -= 1
+        self.count_phase(seq.num_computed_tokens + steps, -1)
         if self.offsets is not None:
             self.offsets.remove(seq.num_computed_tokens - seq.cohort_clock)
         seq.num_computed_tokens += steps
@@ -101,28 +106,27 @@ class DecodeCohort:
         return self._finish[0][0] - self.clock if self._finish else 1 << 62
 
     # ---- blocks ----------------------------------------------------------------------------
-    def blocks_needed(self, steps: int) -> int:
-        """New blocks the members need to write `steps` more tokens each.
+    def count_phase(self, num_computed_tokens: int, n: int) -> None:
+        """Add n members (n < 0: remove) that have written `num_computed_tokens` tokens by now."""
+        p = (self.clock - num_computed_tokens) % self.block_size
+        c = self.crossings
+        c[p] += n
+        c[p + self.block_size] += n
 
-        A member whose last block holds q tokens (q = 0: full) needs ceil((q + steps) / bs) - [q > 0]
-        blocks. With steps = a*bs + b that is a, plus one if q is 0 or q > bs - b (b > 0): every
-        member's `a`, and one more for the members in a cyclic range of b residues.
-        """
-        if steps == 1:  # the every-step case: members whose last block is full
-            return self.residues[-self.clock % self.block_size] if self.grows else 0
+    def blocks_needed(self, steps: int) -> int:
+        """New blocks the members need to write `steps` more tokens each: over a whole period
+        of block_size steps every member takes one, then those whose phase lies in the rest."""
+        bs = self.block_size
+        if steps == 1:  # the every-step case
+            return self.crossings[self.clock % bs] if self.grows else 0
         if not self.grows or steps <= 0:
             return 0
-        bs = self.block_size
+        if steps < bs:
+            c0 = self.clock % bs
+            return sum(self.crossings[c0:c0 + steps])
         a, b = divmod(steps, bs)
-        total = a * self.size
-        if b:
-            res = self.residues
-            r0 = (bs - b + 1 - self.clock) % bs  # residue of members with q = bs - b + 1 (q = 0 when b = 1)
-            if r0 + b <= bs:
-                total += sum(res[r0:r0 + b])
-            else:
-                total += sum(res[r0:]) + sum(res[:r0 + b - bs])
-        return total
+        c0 = self.clock % bs
+        return a * self.size + sum(self.crossings[c0:c0 + b]) if b else a * self.size
 
     def crossing_moments(self, steps: int) -> tuple[int, int, int]:
         """(sum of c_j, of j * c_j, of j * j * c_j) over the next steps j = 1..`steps`, c_j the
@@ -130,21 +134,21 @@ class DecodeCohort:
         first sum is blocks_needed(steps)). With the step times in closed form they give the
         block-seconds a run holds, without a loop over steps."""
         bs = self.block_size
-        res = self.residues[::-1]  # step j takes residues[-(clock + j - 1) % bs]: a rotation of this
-        s = (bs - 1 - (-self.clock % bs)) % bs
-        w = res[s:] + res[:s]  # w[t]: members crossing at steps j with (j - 1) % bs == t
+        c0 = self.clock % bs
         if steps <= bs:  # the usual run: within one period
-            part = w[:steps]
-            return sum(part), sum(map(mul, part, _J1[bs])), sum(map(mul, part, _J2[bs]))
+            part = self.crossings[c0:c0 + steps]  # part[j - 1] = c_j
+            m0 = sum(part)
+            return (m0, sum(map(mul, part, self._w1)), sum(map(mul, part, self._w2))) if m0 else (0, 0, 0)
+        w = self.crossings[c0:c0 + bs]  # w[t]: members crossing at steps j with (j - 1) % bs == t
         q, rem = divmod(steps, bs)
-        s0, s1, s2 = sum(w), sum(map(mul, w, _T1[bs])), sum(map(mul, w, _T2[bs]))
+        s0, s1, s2 = sum(w), sum(map(mul, w, self._t1)), sum(map(mul, w, self._t2))
         lin = bs * q * (q - 1) // 2 + q  # sum over full periods p < q of (p * bs + 1)
         sq = bs * bs * (q - 1) * q * (2 * q - 1) // 6 + bs * q * (q - 1) + q  # ... of (p * bs + 1)^2
         m0, m1 = q * s0, s0 * lin + q * s1
         m2 = s0 * sq + 2 * s1 * lin + q * s2
         if rem:
             part = w[:rem]
-            r0, r1, r2 = sum(part), sum(map(mul, part, _T1[bs])), sum(map(mul, part, _T2[bs]))
+            r0, r1, r2 = sum(part), sum(map(mul, part, self._t1)), sum(map(mul, part, self._t2))
             base = q * bs + 1
             m0 += r0
             m1 += base * r0 + r1

@@ -42,6 +42,10 @@ class ContiguousAllocator:
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks
 
+    def block_counts(self) -> tuple[int, int, int]:
+        """(used, cached, free) blocks at once: the figures of a time-series sample."""
+        return self.num_blocks - self.num_free_blocks, 0, self.num_free_blocks
+
     @property
     def largest_free_extent(self) -> int:
         return max((n for _, n in self.extents), default=0)

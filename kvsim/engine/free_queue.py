@@ -163,8 +163,19 @@ class FreeBlockQueue:
         else:
             heapq.heappush(self._stale, (lo, hi))
 
-    def remove_positions(self, positions: np.ndarray) -> None:
-        """Take the live entries at these log positions out of the queue, wherever they are."""
+    def remove_positions(self, positions) -> None:
+        """Take the live entries at these log positions (a list, or a numpy array when there are
+        many) out of the queue, wherever they are."""
+        if isinstance(positions, list):
+            positions.sort()
+            lo = prev = positions[0]
+            for p in positions:
+                if p > prev + 1:
+                    self.remove_range(lo, prev + 1)
+                    lo = p
+                prev = p
+            self.remove_range(lo, prev + 1)
+            return
         pos = np.sort(positions)
         breaks = np.flatnonzero(np.diff(pos) != 1) + 1
         for run in np.split(pos, breaks) if len(breaks) else (pos,):

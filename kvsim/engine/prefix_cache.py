@@ -29,6 +29,8 @@ first block is gone is dead and dropped, when met or in a sweep once the index h
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
 from kvsim.sequence import KeyedTokens
@@ -77,7 +79,7 @@ def block_hashes(token_ids, block_size: int) -> np.ndarray:
     """Chained identity (uint64) of every full block of `token_ids` (an int32 array or KeyedTokens)."""
     if isinstance(token_ids, KeyedTokens) and token_ids.span % block_size == 0:
         per = token_ids.span // block_size
-        keyed = chain(np.asarray(token_ids.keys).astype(np.uint64))  # one identity per key ...
+        keyed = _keyed_chain(token_ids.keys)  # one identity per key ...
         within = _WITHIN.get(per)
         if within is None:
             within = _WITHIN[per] = np.arange(1, per + 1, dtype=np.uint64) * _GOLDEN
@@ -87,6 +89,53 @@ def block_hashes(token_ids, block_size: int) -> np.ndarray:
 
 
 _WITHIN: dict[int, np.ndarray] = {}
+_KEYED: dict[bytes, np.ndarray] = {}  # chain() of key sequences, by their bytes (as uint64)
+KEYED_CACHE_BYTES = 64 << 20
+_keyed_bytes = 0
+
+
+def _keyed_chain(keys) -> np.ndarray:
+    """chain() of a prompt's keys, remembered: every policy of a scenario replays the same trace
+    rows, so each one's identities are computed once per run, not once per policy (up to
+    KEYED_CACHE_BYTES of keys and identities are kept; then the memory starts over)."""
+    global _keyed_bytes
+    values = np.asarray(keys).astype(np.uint64)
+    key = values.tobytes()
+    out = _KEYED.get(key)
+    if out is None:
+        if _keyed_bytes > KEYED_CACHE_BYTES:
+            _KEYED.clear()
+            _keyed_bytes = 0
+        out = _KEYED[key] = chain(values)
+        out.flags.writeable = False
+        _keyed_bytes += 2 * len(key)
+    return out
+
+
+SMALL_RUN = 32  # runs of blocks up to this long are handled element by element, longer ones by numpy
+
+
+def _index(blocks: array) -> np.ndarray:
+    """A run of block ids as numpy's index type: fancy indexing with int32 ids converts them on
+    every use, which costs more than converting once (3x for a gather of ~750 blocks)."""
+    return np.frombuffer(blocks, np.int32).astype(np.intp)
+
+
+def first_difference(a: array, b: array, lo: int, hi: int) -> int:
+    """Offset from `lo` of the first depth in [lo, hi) where chains `a` and `b` differ, given that
+    they agree at `lo` and differ at hi - 1. Identities are chained, so two chains that agree at a
+    depth agree at every depth before it (up to a 2^-64 collision, which vLLM trusts too): a
+    binary search finds where they part."""
+    lo += 1
+    hi -= 1  # a[lo - 1] == b[lo - 1], a[hi] != b[hi]: the answer lies in [lo, hi]
+    base = lo - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] == b[mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - base
 
 
 class BlockContent:
@@ -94,28 +143,134 @@ class BlockContent:
     the run that last registered it, the references from tables at shareable positions, and the
     free-queue position it last entered at. A block holds what its run registered while a table
     references it, or while it is free and not taken since it was freed: a block taken off the free
-    queue loses its content without any work at that moment (that would be per block)."""
+    queue loses its content without any work at that moment (that would be per block).
 
-    __slots__ = ("run", "ref", "pos")
+    The state is kept in typed arrays with numpy views of the same memory, and every operation takes
+    a run of block ids (an `array('i')`): runs up to SMALL_RUN blocks are read and written element by
+    element, longer ones with one numpy call each (a numpy call costs as much as ~20 elements).
+    """
+
+    __slots__ = ("run", "ref", "pos", "_run", "_ref", "_pos")
 
     def __init__(self):
-        self.run = np.zeros(0, np.int64)  # serial of the registering run; 0: none
-        self.ref = np.zeros(0, np.int32)
-        self.pos = np.zeros(0, np.int64)
+        self.run = array("q")  # serial of the registering run; 0: none
+        self.ref = array("i")
+        self.pos = array("q")
+        self._views()
+
+    def _views(self) -> None:
+        self._run = np.frombuffer(self.run, np.int64)
+        self._ref = np.frombuffer(self.ref, np.int32)
+        self._pos = np.frombuffer(self.pos, np.int64)
 
     def grow(self, n: int) -> None:
         size = max(n, 2 * len(self.ref), 64)
         for name, fill in (("run", 0), ("ref", 0), ("pos", -1)):
             old = getattr(self, name)
-            new = np.full(size, fill, old.dtype)
+            new = array(old.typecode, [fill]) * size
             new[:len(old)] = old
             setattr(self, name, new)
+        self._views()
 
     def holds(self, block: int, run: int, head: int) -> bool:
         return self.run[block] == run and (self.ref[block] > 0 or self.pos[block] >= head)
 
-    def held(self, blocks: np.ndarray, run: int, head: int) -> np.ndarray:
-        return (self.run[blocks] == run) & ((self.ref[blocks] > 0) | (self.pos[blocks] >= head))
+    def first_not_held(self, blocks: array, run: int, head: int) -> int:
+        """Index of the first of `blocks` that no longer holds what `run` registered (one does not)."""
+        if len(blocks) <= SMALL_RUN:
+            holds = self.holds
+            for i, b in enumerate(blocks):
+                if not holds(b, run, head):
+                    return i
+            return len(blocks)
+        ids = _index(blocks)
+        held = (self._run[ids] == run) & ((self._ref[ids] > 0) | (self._pos[ids] >= head))
+        return int(np.argmin(held))
+
+    def count_free(self, blocks: array) -> int:
+        """How many of `blocks` no table references."""
+        if len(blocks) <= SMALL_RUN:
+            ref = self.ref
+            return sum(1 for b in blocks if not ref[b])
+        return int(np.count_nonzero(self._ref[_index(blocks)] == 0))
+
+    def acquire(self, blocks: array):
+        """A reference more to each of `blocks` (distinct); returns the free-queue positions of those
+        that were free (a list, or an array for a long run), which leave the queue."""
+        if len(blocks) <= SMALL_RUN:
+            ref, pos, free = self.ref, self.pos, []
+            for b in blocks:
+                r = ref[b]
+                if not r:
+                    free.append(pos[b])
+                ref[b] = r + 1
+            return free
+        ids = _index(blocks)
+        ref = self._ref
+        free = self._pos[ids[ref[ids] == 0]]
+        ref[ids] += 1
+        return free
+
+    def hold(self, blocks: array) -> None:
+        """`blocks`, just taken off the free queue, are referenced once and hold nothing yet."""
+        if len(blocks) <= SMALL_RUN:
+            ref, run = self.ref, self.run
+            for b in blocks:
+                ref[b] = 1
+                run[b] = 0
+        else:
+            ids = _index(blocks)
+            self._ref[ids] = 1
+            self._run[ids] = 0
+
+    def register(self, blocks: array, serial: int) -> None:
+        """`blocks` now hold what run `serial` registered."""
+        if len(blocks) <= SMALL_RUN:
+            run = self.run
+            for b in blocks:
+                run[b] = serial
+        else:
+            self._run[_index(blocks)] = serial
+
+    def release(self, blocks: array) -> array:
+        """A reference less to each of `blocks`, all or none: returns those no table references now,
+        last first. ValueError (and nothing changed) if a block is unknown or already unreferenced."""
+        if not blocks:
+            return array("i")
+        if len(blocks) <= SMALL_RUN:
+            ref = self.ref
+            if min(blocks) < 0 or max(blocks) >= len(ref):
+                raise ValueError("holds unknown blocks")
+            freed = array("i")
+            for i, b in enumerate(blocks):  # blocks are distinct: each is read before it is written
+                n = ref[b] - 1
+                if n <= 0:
+                    if n < 0:
+                        for undo in blocks[:i]:  # all or none
+                            ref[undo] += 1
+                        raise ValueError(f"holds block {b}, which is free")
+                    freed.append(b)
+                ref[b] = n
+            freed.reverse()
+            return freed
+        ids = np.frombuffer(blocks, np.int32)
+        if ids.min() < 0 or ids.max() >= len(self.ref):
+            raise ValueError("holds unknown blocks")
+        index = ids.astype(np.intp)
+        left = self._ref[index] - 1
+        if (left < 0).any():
+            raise ValueError(f"holds block {int(ids[np.argmin(left)])}, which is free")
+        self._ref[index] = left
+        return array("i", ids[left == 0][::-1].tobytes())
+
+    def set_positions(self, blocks: array, start: int) -> None:
+        """`blocks` entered the free queue at positions start, start + 1, ..."""
+        if len(blocks) <= SMALL_RUN:
+            pos = self.pos
+            for i, b in enumerate(blocks, start):
+                pos[b] = i
+        else:
+            self._pos[_index(blocks)] = np.arange(start, start + len(blocks))
 
 
 class CachedRun:
@@ -124,7 +279,7 @@ class CachedRun:
 
     __slots__ = ("owner", "table", "chain", "start", "end", "splits", "serial")
 
-    def __init__(self, owner, chain: np.ndarray, start: int):
+    def __init__(self, owner, chain: array, start: int):
         self.owner, self.table, self.chain, self.start, self.end = owner, owner.block_table, chain, start, start
         self.splits = None  # depths where another run branched off: this one stops there, a new one starts
         self.serial = 0  # set when the index takes it
@@ -133,16 +288,15 @@ class CachedRun:
         """Does the block at `depth` (in [start, end)) still hold what this run registered?"""
         return content.holds(self.table[depth], self.serial, head)
 
-    def match(self, chain: np.ndarray, limit: int, content: BlockContent, head: int) -> int:
+    def match(self, chain: array, limit: int, content: BlockContent, head: int) -> int:
         """How far from `start` this run holds the blocks of `chain`, up to `limit`."""
         d, e = self.start, min(self.end, limit)
         if e <= d:
             return d
         if self.chain is not chain and self.chain[e - 1] != chain[e - 1]:  # the chains part: where?
-            e = d + int(np.argmin(self.chain[d:e] == chain[d:e]))
+            e = d + first_difference(self.chain, chain, d, e)
         if e > d and not self.holds(e - 1, content, head):  # its tail was evicted: where does it stop?
-            blocks = np.frombuffer(self.table, dtype=np.int32)[d:e]
-            e = d + int(np.argmin(content.held(blocks, self.serial, head)))
+            e = d + content.first_not_held(self.table[d:e], self.serial, head)
         return e
 
 
@@ -163,19 +317,19 @@ class PrefixIndex:
         if run.end == run.start:
             if self.num_runs >= self._sweep_at:
                 self.sweep(content, head)
-            self._heads.setdefault(int(run.chain[run.start]), []).append(run)
+            self._heads.setdefault(run.chain[run.start], []).append(run)
             self.num_runs += 1
             self._serial += 1
             run.serial = self._serial
-        content.run[np.frombuffer(run.table, dtype=np.int32)[run.end:upto]] = run.serial
+        content.register(run.table[run.end:upto], run.serial)
         run.end = upto
 
-    def longest_hit(self, chain: np.ndarray, limit: int, content: BlockContent, head: int) -> tuple[list, int]:
+    def longest_hit(self, chain: array, limit: int, content: BlockContent, head: int) -> tuple[list, int]:
         """The cached blocks holding the longest prefix of `chain` (at most `limit` blocks), as
         (run, start, end) slices of runs in depth order, and the depth reached."""
         heads, d, found = self._heads, 0, []
         while d < limit:
-            runs = heads.get(int(chain[d]))
+            runs = heads.get(chain[d])
             if runs is None:
                 break
             best, best_end = None, d
@@ -184,7 +338,7 @@ class PrefixIndex:
                 if end > best_end:
                     best, best_end = run, end
             if best is None:  # every run starting here lost its first block: dead
-                self._drop(int(chain[d]), [r for r in runs if not r.holds(r.start, content, head)])
+                self._drop(chain[d], [r for r in runs if not r.holds(r.start, content, head)])
                 break
             found.append((best, d, best_end))
             d = best_end

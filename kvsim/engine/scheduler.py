@@ -285,10 +285,10 @@ class Scheduler:
         return emitted, finished
 
     # ---- runs of identical decode steps ----------------------------------------------------
-    def extend_decode_run(self, batch: Batch, max_steps: int, on_plan=None) -> int:
+    def plan_decode_run(self, batch: Batch, max_steps: int) -> tuple[int, int]:
         """How many identical decode steps (>= 1) the cohort-only `batch` can run before the
-        schedule could change, at most `max_steps`; the extra steps' blocks are reserved
-        (`on_plan(k)` is called first, while the allocator still shows the state before them).
+        schedule could change, at most `max_steps`, and the blocks its steps after the first need
+        (to reserve before they run; schedule() reserved the first step's).
 
         The schedule changes when a sequence finishes or when the blocks would run out (a
         preemption); arrivals are the caller's bound. Nothing else can change it: the waiting
@@ -296,16 +296,22 @@ class Scheduler:
         """
         cohort = self.cohort
         if cohort is None or batch.seqs or not batch.cohort_size:
-            return 1
+            return 1, 0
         k = min(max_steps, batch.min_output_left)
         if k > 1:
             first = self._cohort_step_blocks  # reserved by schedule()
             k, need = cohort.affordable_steps(k, self.allocator.num_free_blocks + first)
             if k > 1:
-                if on_plan is not None:
-                    on_plan(k)
-                if need > first:
-                    self.allocator.reserve(need - first)
-            else:
-                k = 1
+                return k, need - first
+        return 1, 0
+
+    def extend_decode_run(self, batch: Batch, max_steps: int, on_plan=None) -> int:
+        """plan_decode_run, with the extra steps' blocks reserved (`on_plan(k)` is called first,
+        while the allocator still shows the state before them)."""
+        k, more = self.plan_decode_run(batch, max_steps)
+        if k > 1:
+            if on_plan is not None:
+                on_plan(k)
+            if more > 0:
+                self.allocator.reserve(more)
         return k

@@ -17,6 +17,7 @@ import simpy
 
 from kvsim.engine.block_manager import BlockManager
 from kvsim.engine.contiguous import ContiguousAllocator
+from kvsim.engine.fused_run import RunSeries
 from kvsim.engine.scheduler import Scheduler
 from kvsim.sequence import Request, Sequence
 
@@ -136,6 +137,10 @@ class Simulation:
         alloc = sched.allocator
         series = metrics.series(rep.index)
         fuse = getattr(backend, "fuses_decode_runs", False)
+        runs = RunSeries(sched, backend, metrics.interval) if fuse else None
+        # bound once: this loop runs once per engine event
+        schedule, postprocess, sample, peek = sched.schedule, sched.postprocess, metrics.sample, env.peek
+        waiting, swapped = sched.waiting, sched.swapped  # the scheduler's queues (never replaced)
         now = env.now  # this engine's clock: ahead of env.now while it needs no SimPy event (below)
         cohort_last_token = 0.0  # when the scheduler's decode cohort last produced tokens
         while True:
@@ -145,7 +150,7 @@ class Simulation:
                 yield rep.idle
                 now = env.now
                 continue
-            batch = sched.schedule()
+            batch = schedule()
             seqs, cohort_size = batch.seqs, batch.cohort_size
             if not seqs and not cohort_size:
                 raise RuntimeError("scheduler made no progress with work queued")
@@ -154,31 +159,32 @@ class Simulation:
             for seq in seqs:
                 if seq.first_scheduled_time < 0:
                     seq.first_scheduled_time = now
-            run = None
+            fused = False
             if fuse and not seqs and not batch.preempted:  # cohort only: a decode run
                 # as many identical steps as start before the next arrival and end by the next finish
                 k, duration, first = backend.decode_run(batch, batch.min_output_left, self.next_arrival_time - now)
                 if k > 1:
-                    plan = []  # the run's figures step by step, read before its blocks are taken
-                    fits = sched.extend_decode_run(batch, k, lambda n: plan.append(self._plan_run(
-                        rep, batch, n, now, first, duration if n == k else backend.decode_run_time(batch, n),
-                        metrics.interval)))
+                    fits, more = sched.plan_decode_run(batch, k)
                     if fits < k:
                         k, duration, first = backend.decode_run(batch, fits)
-                    run = plan[0] if plan else None
+                    if k > 1:  # its figures step by step, read before its later blocks are taken
+                        runs.plan(batch, k, now, first, duration, series.bucket_end)
+                        if more:
+                            alloc.reserve(more)
+                        fused = True
             else:
                 k, duration = 1, backend.execute(batch)
                 first = duration
             end = now + duration
-            if sched.waiting:
+            if waiting:
                 metrics.held_back(sched.admission_limit, duration)
             # Only SimPy events due before the step ends (arrivals, other replicas' steps) can
             # change what this engine sees next; while there are none, skip the timeout and go on.
-            if end >= env.peek():
+            if end >= peek():
                 yield env.timeout(end - env.now)
             self.num_steps += 1
             self.num_decode_steps += k
-            emitted, finished = sched.postprocess(batch, k)
+            emitted, finished = postprocess(batch, k)
             if emitted:
                 self._stamp_tokens(emitted, now + first, end)
             if cohort_size:  # a run's later steps differ by far less than a histogram bin: their mean
@@ -192,84 +198,16 @@ class Simulation:
                     metrics.on_finish(seq)
                 self._ended(len(finished))
             block_s = -1.0  # KV block-seconds since the last sample; -1: the last sample's use held throughout
-            if run is not None:
-                marks, block_s, before_last = run
-                for sample in marks:  # the rows of the buckets the run crossed, as step by step
-                    metrics.sample(*sample[:1], series, *sample[1:], used_block_s=0.0)
-                metrics.note_used(series, before_last)  # the use after the run's next-to-last step
-            cached = alloc.num_cached_blocks
-            metrics.sample(end, series, sched.num_running, len(sched.waiting), len(sched.swapped),
-                           alloc.num_used_blocks, cached, alloc.num_free_blocks - cached,
-                           alloc.reserved_unused_tokens, batch.num_tokens, alloc.external_fragmentation,
-                           used_block_s=block_s)
+            if fused:
+                for mark in runs.marks:  # the rows of the buckets the run crossed, as step by step
+                    sample(mark[0], series, *mark[1:], 0.0)
+                metrics.note_used(series, runs.peak)  # the use after the run's next-to-last step
+                block_s = runs.block_s
+            used, cached, free = alloc.block_counts()
+            sample(end, series, sched.num_running, len(waiting), len(swapped), used, cached, free - cached,
+                   alloc.reserved_unused_tokens, batch.num_prefill_tokens + batch.num_decode_seqs,
+                   alloc.external_fragmentation, block_s)
             now = end
-
-    def _plan_run(self, rep: Replica, batch, k: int, now: float, first: float, tk: float, interval: float) -> tuple:
-        """A fused run of k decode steps starting at `now`, seen step by step in closed form: the
-        samples step-by-step scheduling would leave as the last of each time-series bucket the run
-        crosses (but its last), the KV block-seconds it holds, and the blocks held after its
-        next-to-last step (the most it holds in a sample: the last step may free finished ones).
-        Called before the run's later blocks are taken (its first step's are)."""
-        sched, backend = rep.scheduler, rep.backend
-        cohort = sched.cohort
-        # Step j ends T(j) = a*j + b*j(j-1)/2 after `now` while the run stays in one regime of the
-        # step-time model (checked at k); otherwise T comes from the backend step by step.
-        b = (backend.decode_run_time(batch, 2) - 2 * first) if k > 2 else 0.0
-        quadratic = k <= 2 or abs(first * k + b * k * (k - 1) / 2 - tk) <= 1e-9 * tk
-        marks = (self._run_marks(rep, batch, k, now, first, b if quadratic else None, tk, interval)
-                 if int((now + first) // interval) != int((now + tk) // interval) else ())
-        u0 = sched.allocator.num_used_blocks - sched._cohort_step_blocks  # before the run's first step
-        if not cohort.grows:
-            return marks, u0 * tk, u0
-        # Block-seconds: sum over steps j of U(j-1) * dt_j, U(j) = U0 + B(j) the blocks held after
-        # step j. By parts: (U0 + B(k-1)) * T(k) - sum_{j<k} (B(j) - B(j-1)) * T(j), and with T
-        # quadratic the last sum is a*M1 + b*(M2 - M1)/2 (the cohort's crossing moments).
-        last, m1, m2 = cohort.crossing_moments(k - 1)
-        if quadratic:
-            held = first * m1 + b * (m2 - m1) / 2
-        else:
-            held = sum((cohort.blocks_needed(j) - cohort.blocks_needed(j - 1)) * backend.decode_run_time(batch, j)
-                       for j in range(1, k))
-        return marks, (u0 + last) * tk - held, u0 + last
-
-    def _run_marks(self, rep: Replica, batch, k: int, now: float, a: float, b, tk: float, interval: float) -> list:
-        """The samples of the last step ending in each bucket the run crosses, but the end's
-        (T(j) = a*j + b*j(j-1)/2 when `b` is given, else from the backend)."""
-        sched, backend = rep.scheduler, rep.backend
-        alloc, cohort = sched.allocator, sched.cohort
-        if b is None:
-            def end(j):
-                return now + backend.decode_run_time(batch, j)
-        else:
-            def end(j):
-                return now + a * j + b * j * (j - 1) / 2
-        steps, ends = [], []
-        for bucket in range(int((now + a) // interval), int((now + tk) // interval)):
-            limit = (bucket + 1) * interval - now  # the last step ending before this
-            if b:  # largest j with a*j + b*j(j-1)/2 < limit, then checked against rounding
-                c = a - b / 2
-                j = int((-c + math.sqrt(c * c + 2 * b * limit)) / b)
-            else:
-                j = int(limit // a)
-            while j > 1 and end(j) - now >= limit:
-                j -= 1
-            while j + 1 < k and end(j + 1) - now < limit:
-                j += 1
-            t = end(j) if 1 <= j < k else 0.0
-            if j >= 1 and (not steps or j > steps[-1]) and int(t // interval) == bucket:
-                steps.append(j)
-                ends.append(t)
-        if not steps:
-            return []
-        first_blocks, size = sched._cohort_step_blocks, batch.cohort_size
-        used, reserved, free = alloc.num_used_blocks, alloc.reserved_unused_tokens, alloc.num_free_blocks
-        cached, frag = alloc.num_cached_blocks, alloc.external_fragmentation
-        more = [cohort.blocks_needed(j) - first_blocks for j in steps]
-        queue = getattr(alloc, "free_queue", None)
-        evicted = queue.cached_ahead(more) if queue is not None else [0] * len(steps)
-        return [(t, sched.num_running, len(sched.waiting), len(sched.swapped), used + m, cached - e,
-                 free - m - (cached - e), reserved + m * alloc.block_size - j * size, size, frag)
-                for j, t, m, e in zip(steps, ends, more, evicted)]
 
     def _stamp_tokens(self, emitted: list[Sequence], t_token: float, t_end: float) -> None:
         """Token times of the explicitly scheduled sequences (one token each, at t_token)."""

@@ -301,34 +301,39 @@ class StepModel:
             return last[3]
         base = self._decode_base.get(n)
         if base is None:
-            rows = self.graph_batch(0, n)
-            graph = rows > 0
-            rows = rows or n
-            rest = self.gemm_time(rows, rows) + self.activation_time(rows, rows) + self.allreduce_time(rows)
-            base = (self.overhead(n, graph), rest, graph)
-            self._decode_base[n] = base
-        fixed, rest, graph = base
-        c_slope = self.attn_s_per_pair + self.dequant_s_per_kv_token
-        m_slope = self.kv_s_per_token
-        floor = self.attn_floor_s
-        if graph:  # fixed + rest + max(floor, c_slope * ctx, m_slope * ctx, s_slope * longest)
-            lines = [(floor, 0.0), (c_slope * x0, c_slope * n), (m_slope * x0, m_slope * n)]
-            top = 0.0
-        else:  # fixed + max(host, rest + floor, rest + c_slope * ctx, rest + m_slope * ctx, ...)
-            lines = [(max(self.host_time(0, n), rest + floor), 0.0), (rest + c_slope * x0, c_slope * n),
-                     (rest + m_slope * x0, m_slope * n)]
-            top = rest
-        if self.decode_key_s:  # the serial line, and the fluid model's tail (see decode_attention_time)
-            s_slope = self.decode_key_s / self.decode_splits(self.graph_batch(0, n) or n)
+            base = self._decode_base[n] = self._decode_constants(n)
+        fixed, top, line0, c_slope, m_slope, cn, mn, s_slope = base
+        # graph: fixed + rest + max(floor, c_slope * ctx, m_slope * ctx, s_slope * longest, ...) (top 0);
+        # eager: fixed + max(host, rest + floor, rest + c_slope * ctx, ...) (top = rest)
+        lines = [line0, (top + c_slope * x0, cn), (top + m_slope * x0, mn)]
+        if s_slope is not None:  # the serial line, and the fluid model's tail (see decode_attention_time)
             first = max(longest, x0 / n)
             lines.append((top + s_slope * first, s_slope))
             if n > 1:
                 others = (x0 - first) / (n - 1)  # their mean grows by one a step, as the longest does
                 tail = top + s_slope * (first - others)
-                lines += [(tail + c_slope * n * others, c_slope * n), (tail + m_slope * n * others, m_slope * n)]
-        lines = _envelope(fixed + rest if graph else fixed, lines)
+                lines += [(tail + cn * others, cn), (tail + mn * others, mn)]
+        lines = _envelope(fixed, lines)
         self._last_lines = (n, x0, longest, lines)
         return lines
+
+    def _decode_constants(self, n: int) -> tuple:
+        """What _decode_lines reads for n sequences whatever their context: (the envelope's fixed
+        part, the part added inside each line, the flat line, the context slopes and those times n,
+        the serial slope or None)."""
+        rows = self.graph_batch(0, n)
+        graph = rows > 0
+        rows = rows or n
+        rest = self.gemm_time(rows, rows) + self.activation_time(rows, rows) + self.allreduce_time(rows)
+        fixed = self.overhead(n, graph)
+        c_slope = self.attn_s_per_pair + self.dequant_s_per_kv_token
+        m_slope = self.kv_s_per_token
+        if graph:
+            fixed, top, line0 = fixed + rest, 0.0, (self.attn_floor_s, 0.0)
+        else:
+            top, line0 = rest, (max(self.host_time(0, n), rest + self.attn_floor_s), 0.0)
+        s_slope = self.decode_key_s / self.decode_splits(rows) if self.decode_key_s else None
+        return fixed, top, line0, c_slope, m_slope, c_slope * n, m_slope * n, s_slope
 
     def decode_run_time(self, num_seqs: int, context_tokens: int, k: int, longest: int = 0) -> float:
         """Seconds for k pure-decode steps of num_seqs sequences; step i has

@@ -261,8 +261,8 @@ class Metrics:
         r.batch_max = batch_tokens
 
     def _row(self, r: _ReplicaSeries) -> tuple:
-        t, *counts, frag = r.last
-        return (self.policy, r.index, round(t, 6), *counts, round(frag, 6), r.batch_max)
+        last = r.last  # (t, counts..., external fragmentation)
+        return (self.policy, r.index, round(last[0], 6), *last[1:8], round(last[8], 6), r.batch_max)
 
     def timeseries_rows(self) -> list[tuple]:
         """Rows for timeseries.csv (columns `TIMESERIES_COLUMNS`), by time then replica."""

@@ -187,13 +187,28 @@ def _read_latencies(path: Path) -> dict[str, dict[str, np.ndarray]]:
 
 def _read_timeseries(path: Path) -> dict[tuple[str, int], dict[str, np.ndarray]]:
     """Per (policy, replica), each numeric column of timeseries.csv as an array."""
-    rows: dict[tuple[str, int], list[list[float]]] = {}
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         header = next(reader, None) or list(TIMESERIES_COLUMNS)
-        for row in reader:
-            rows.setdefault((row[0], int(row[1])), []).append([float(x) for x in row[2:]])
-    return {key: dict(zip(header[2:], np.asarray(vals).T)) for key, vals in rows.items()}
+        rows = [(row[0], int(row[1]), *map(float, row[2:])) for row in reader]
+    return timeseries_arrays(rows, header)
+
+
+def timeseries_arrays(rows: list[tuple], header=TIMESERIES_COLUMNS) -> dict[tuple[str, int], dict[str, np.ndarray]]:
+    """Per (policy, replica), each numeric column of time-series rows (as `Metrics.timeseries_rows`,
+    or as read back from timeseries.csv: the numbers are the same) as a float64 array."""
+    if not rows:
+        return {}
+    policies = [row[0] for row in rows]
+    replicas = np.fromiter((row[1] for row in rows), np.int64, len(rows))
+    values = np.array([row[2:] for row in rows], dtype=np.float64)
+    out = {}
+    for policy in dict.fromkeys(policies):
+        mine = np.fromiter((p == policy for p in policies), bool, len(rows))
+        for replica in dict.fromkeys(replicas[mine].tolist()):
+            cols = values[mine & (replicas == replica)].T
+            out[(policy, replica)] = dict(zip(header[2:], cols))
+    return out
 
 
 def cdf_points(values: np.ndarray, max_points: int = MAX_CDF_POINTS) -> tuple[np.ndarray, np.ndarray]:
@@ -356,11 +371,13 @@ th{background:#f3f3f3}"""
 
 
 def _report_plots(summaries: dict[str, dict], requests_csv_path, timeseries_csv_path,
-                  latencies: dict[str, dict[str, np.ndarray]] | None = None, meta: dict | None = None) -> list[_Plot]:
+                  latencies: dict[str, dict[str, np.ndarray]] | None = None, meta: dict | None = None,
+                  series: dict[tuple[str, int], dict[str, np.ndarray]] | None = None) -> list[_Plot]:
     meta = meta or {}
     policies = list(summaries)
     colors = policy_colors(meta.get("policy_order") or policies)
-    series = _read_timeseries(Path(timeseries_csv_path))
+    if series is None:
+        series = _read_timeseries(Path(timeseries_csv_path))
     if latencies is None:
         latencies = _read_latencies(Path(requests_csv_path))
     first = next(iter(summaries.values()), {}).get("slo") or {}
@@ -391,12 +408,14 @@ def report_figures(summaries: dict[str, dict], requests_csv_path, timeseries_csv
 
 def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requests_csv_path,
                       timeseries_csv_path, latencies: dict[str, dict[str, np.ndarray]] | None = None,
-                      meta: dict | None = None) -> None:
+                      meta: dict | None = None,
+                      series: dict[tuple[str, int], dict[str, np.ndarray]] | None = None) -> None:
     """One self-contained HTML page (plotly.js inlined once) comparing the policies of a run.
 
-    `latencies` (per policy, as `Metrics.latencies()`) saves reading requests.csv back; `meta` (as
-    summary.json's) names model, GPU, layout, arrivals and SLO for the verdict."""
-    figures = _report_plots(summaries, requests_csv_path, timeseries_csv_path, latencies, meta)
+    `latencies` (per policy, as `Metrics.latencies()`) saves reading requests.csv back, `series` (as
+    `timeseries_arrays`) timeseries.csv; `meta` (as summary.json's) names model, GPU, layout, arrivals
+    and SLO for the verdict."""
+    figures = _report_plots(summaries, requests_csv_path, timeseries_csv_path, latencies, meta, series)
     page = figures_page(f"kvsim report: {scenario_name}", verdict_lines(summaries, meta), figures,
                         _summary_table_html(summaries))
     Path(path).write_text(page, encoding="utf-8")

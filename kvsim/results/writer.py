@@ -26,7 +26,7 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.results.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS
-from kvsim.results.report import write_report_html
+from kvsim.results.report import timeseries_arrays, write_report_html
 from kvsim.scenario.files import read_text
 
 MARKER = ".kvsim-results.json"
@@ -150,6 +150,8 @@ class ResultsWriter:
                 self._timeseries_csv = csv.writer(self._timeseries_file)
                 self._timeseries_csv.writerow(TIMESERIES_COLUMNS)
         self._latencies: dict[str, dict[str, np.ndarray]] = {}
+        self._series: dict[tuple[str, int], dict[str, np.ndarray]] = {}  # the report's, as timeseries_arrays
+        self._series_policies: set[str] = set()
 
     def _make_parents(self, folder: Path) -> None:
         missing = []
@@ -173,6 +175,8 @@ class ResultsWriter:
     def add_timeseries(self, policy: str, rows: list[tuple]) -> None:
         """Append one policy's time-series rows (as from `Metrics.timeseries_rows`)."""
         self._timeseries_csv.writerows(rows)
+        self._series.update(timeseries_arrays(rows))
+        self._series_policies.add(policy)
 
     def add_latencies(self, policy: str, latencies: dict[str, np.ndarray]) -> None:
         """One policy's finished-request latencies (as `Metrics.latencies()`) for the report's CDFs."""
@@ -191,7 +195,8 @@ class ResultsWriter:
             if report_html:
                 write_report_html(self.tmp_dir / "report.html", scenario_name, summaries,
                                   self.tmp_dir / "requests.csv", self.tmp_dir / "timeseries.csv",
-                                  self._latencies if set(self._latencies) == set(summaries) else None, meta=meta)
+                                  self._latencies if set(self._latencies) == set(summaries) else None, meta=meta,
+                                  series=self._series if self._series_policies == set(summaries) else None)
         return self._commit(write)
 
     def commit_files(self, files: dict[str, str]) -> Path:

@@ -1,0 +1,113 @@
+"""A fused decode run seen step by step: the figures step-by-step scheduling would have sampled.
+
+The simulator advances a run of k identical decode steps as one event. The time series and the KV
+integral must still be those of k separate steps, so before the run's later blocks are taken
+`RunSeries.plan` works them out in closed form (no loop over steps):
+
+- the KV block-seconds the run holds: step j holds the blocks taken by the end of step j - 1, and
+  with step ends T(j) = a*j + b*j(j-1)/2 (a run within one regime of the step-time model) the sum is
+  a closed form in the cohort's crossing moments (`DecodeCohort.crossing_moments`);
+- the blocks held after the run's next-to-last step (the most a sample inside the run shows: the
+  last step may free finished sequences), for the peak;
+- the rows of every time-series bucket the run crosses but its last (the last step of the run in
+  each such bucket, with the evictions its pops would make read off the free queue), only when the
+  run reaches past the replica's open bucket.
+
+The results stay on the object (`marks`, `block_s`, `peak`) until the next run: nothing is allocated
+for a run that crosses no bucket.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class RunSeries:
+    """One replica's fused-run figures (see the module docstring)."""
+
+    __slots__ = ("scheduler", "backend", "interval", "marks", "block_s", "peak")
+
+    def __init__(self, scheduler, backend, interval: float):
+        self.scheduler, self.backend, self.interval = scheduler, backend, interval
+        self.marks: list | tuple = ()  # samples of the buckets the run crosses: Metrics.sample's arguments
+        self.block_s = 0.0  # KV block-seconds the run holds
+        self.peak = 0  # blocks held after its next-to-last step
+
+    def plan(self, batch, k: int, now: float, first: float, tk: float, bucket_end: float) -> None:
+        """A run of k > 1 decode steps of the cohort-only `batch` starting at `now`: its first step
+        takes `first` seconds, all k take `tk`. `bucket_end`: where the replica's open time-series
+        bucket ends (a run ending before it crosses none). Called before the run's later blocks are
+        taken (its first step's are)."""
+        sched = self.scheduler
+        cohort = sched.cohort
+        u0 = sched.allocator.num_used_blocks - sched._cohort_step_blocks  # before the run's first step
+        grows = cohort.grows
+        last, m1, m2 = cohort.crossing_moments(k - 1) if grows else (0, 0, 0)
+        crosses = now + tk >= bucket_end
+        if not last and not crosses:  # no block taken inside the run, no bucket crossed
+            self.marks, self.block_s, self.peak = (), u0 * tk, u0
+            return
+        # Step j ends T(j) = a*j + b*j(j-1)/2 after `now` while the run stays in one regime of the
+        # step-time model (checked at k); otherwise T comes from the backend step by step.
+        b = (self.backend.decode_run_time(batch, 2) - 2 * first) if k > 2 else 0.0
+        quadratic = k <= 2 or abs(first * k + b * k * (k - 1) / 2 - tk) <= 1e-9 * tk
+        interval = self.interval
+        self.marks = (self._marks(batch, k, now, first, b if quadratic else None, tk)
+                      if crosses and int((now + first) // interval) != int((now + tk) // interval) else ())
+        if not grows:
+            self.block_s, self.peak = u0 * tk, u0
+            return
+        # Block-seconds: sum over steps j of U(j-1) * dt_j, U(j) = U0 + B(j) the blocks held after
+        # step j. By parts: (U0 + B(k-1)) * T(k) - sum_{j<k} (B(j) - B(j-1)) * T(j), and with T
+        # quadratic the last sum is a*M1 + b*(M2 - M1)/2 (the cohort's crossing moments).
+        if quadratic:
+            held = first * m1 + b * (m2 - m1) / 2
+        else:
+            run_time = self.backend.decode_run_time
+            held = sum((cohort.blocks_needed(j) - cohort.blocks_needed(j - 1)) * run_time(batch, j)
+                       for j in range(1, k))
+        self.block_s, self.peak = (u0 + last) * tk - held, u0 + last
+
+    def _marks(self, batch, k: int, now: float, a: float, b, tk: float) -> list:
+        """The samples of the last step ending in each bucket the run crosses, but the end's
+        (T(j) = a*j + b*j(j-1)/2 when `b` is given, else from the backend)."""
+        sched, interval = self.scheduler, self.interval
+        run_time = self.backend.decode_run_time
+        steps = []  # (j, now + T(j)) of each bucket's last step, j ascending
+        last = 0
+        for bucket in range(int((now + a) // interval), int((now + tk) // interval)):
+            limit = (bucket + 1) * interval - now  # the last step ending before this
+            if b is None:  # a run across regimes of the step-time model: T from the backend
+                j = int(limit // a)
+                while j > 1 and now + run_time(batch, j) - now >= limit:
+                    j -= 1
+                while j + 1 < k and now + run_time(batch, j + 1) - now < limit:
+                    j += 1
+                t = now + run_time(batch, j) if last < j < k else 0.0
+            else:  # largest j with a*j + b*j(j-1)/2 < limit, then checked against rounding
+                if b:
+                    c = a - b / 2
+                    j = int((-c + math.sqrt(c * c + 2 * b * limit)) / b)
+                else:
+                    j = int(limit // a)
+                while j > 1 and now + a * j + b * j * (j - 1) / 2 - now >= limit:
+                    j -= 1
+                while j + 1 < k and now + a * (j + 1) + b * (j + 1) * j / 2 - now < limit:
+                    j += 1
+                t = now + a * j + b * j * (j - 1) / 2
+            if last < j < k and int(t // interval) == bucket:
+                steps.append((j, t))
+                last = j
+        if not steps:
+            return steps
+        alloc, cohort = sched.allocator, sched.cohort
+        first_blocks, size, bs = sched._cohort_step_blocks, batch.cohort_size, alloc.block_size
+        more = [cohort.blocks_needed(j) - first_blocks for j, _ in steps]
+        queue = getattr(alloc, "free_queue", None)
+        evicted = queue.cached_ahead(more) if queue is not None else [0] * len(steps)
+        used, free, cached = alloc.num_used_blocks, alloc.num_free_blocks, alloc.num_cached_blocks
+        reserved, frag = alloc.reserved_unused_tokens, alloc.external_fragmentation
+        running, waiting, swapped = sched.num_running, len(sched.waiting), len(sched.swapped)
+        return [(t, running, waiting, swapped, used + m, cached - e, free - m - (cached - e),
+                 reserved + m * bs - j * size, size, frag)
+                for (j, t), m, e in zip(steps, more, evicted)]

@@ -15,6 +15,16 @@ from typing import Callable, NamedTuple, Optional, Sequence as Seq
 import numpy as np
 
 
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, elementwise on uint64 (a bijection that scatters nearby inputs):
+    content identities of prompt blocks, for traces and the prefix cache alike."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
 class KeyedTokens:
     """Prompt tokens named by chained content keys, `span` tokens a key, expanded only when read.
 

@@ -33,21 +33,12 @@ from array import array
 
 import numpy as np
 
-from kvsim.sequence import KeyedTokens
+from kvsim.sequence import KeyedTokens, mix64
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _P = 0x100000001B3  # odd, so invertible mod 2^64: the chain's prefix sums can be unwound
 _P_INV = pow(_P, -1, 1 << 64)
 _POWERS: list[np.ndarray] = [np.ones(1, np.uint64), np.ones(1, np.uint64)]  # P^i and P^-i, grown on demand
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer, elementwise on uint64 (a bijection that scatters nearby inputs)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
 
 
 def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:

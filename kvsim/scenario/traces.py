@@ -35,6 +35,7 @@ from kvsim.errors import KvsimError
 from kvsim.scenario.files import iter_lines, open_regular
 from kvsim.scenario.limits import (MAX_REQUESTS, MAX_TOKENS, MAX_TRACE_BLOCK_IDS, MAX_TRACE_SECONDS, MAX_TRACE_YEAR,
                                    MIN_TRACE_YEAR)
+from kvsim.sequence import mix64
 
 VOCAB_SIZE = 32000  # synthetic token ids lie in [0, VOCAB_SIZE)
 MOONCAKE_BLOCK_SIZE = 512
@@ -76,22 +77,13 @@ class Trace:
         return tokens
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer: a bijection on uint64 that scatters nearby inputs."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def block_token_ids(block_ids: np.ndarray, block_size: int = MOONCAKE_BLOCK_SIZE) -> np.ndarray:
     """`block_size` synthetic token ids per block id, concatenated (int32 in [0, VOCAB_SIZE)).
 
     A token depends only on (block id, position in block), so a block id shared by two requests
     gives both the same tokens, and different block ids almost surely give different ones.
     """
-    seeds = _mix64(np.asarray(block_ids, dtype=np.uint64))
+    seeds = mix64(np.asarray(block_ids, dtype=np.uint64))
     mixed = (seeds[:, None] ^ _position_keys(block_size)[None, :]) * np.uint64(0x9E3779B97F4A7C15)
     # High 32 bits scaled into [0, VOCAB_SIZE): Lemire's multiply-shift, much faster than a modulo.
     return (((mixed >> np.uint64(32)) * np.uint64(VOCAB_SIZE)) >> np.uint64(32)).astype(np.int32).ravel()
@@ -101,7 +93,7 @@ def block_token_ids(block_ids: np.ndarray, block_size: int = MOONCAKE_BLOCK_SIZE
 def _position_keys(block_size: int) -> np.ndarray:
     # Offset into a range no real block id reaches: were positions mixed like ids, mix(i) ^ mix(p)
     # would equal mix(p) ^ mix(i) and blocks i, p would share tokens (swapped positions).
-    keys = _mix64(np.arange(block_size, dtype=np.uint64) + np.uint64(0xD6E8FEB86659FD93))
+    keys = mix64(np.arange(block_size, dtype=np.uint64) + np.uint64(0xD6E8FEB86659FD93))
     keys.flags.writeable = False
     return keys
 

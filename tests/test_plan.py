@@ -106,6 +106,20 @@ def test_deployment_search_returns_the_cheapest_passing_layout(tmp_path):
         assert d.num_replicas == 3 and d.usd_per_hour >= best.usd_per_hour
 
 
+
+class _WideInline(InlineExecutor):
+    workers = 64  # as a 64-core machine reports itself; runs inline all the same
+
+
+def test_deployment_search_visits_the_same_points_whatever_the_worker_count(tmp_path):
+    sc = serial_scenario(tmp_path, cost={"gpu_hour_usd": {"H100-SXM": 3.0, "H200": 2.0}, "source": "test"})
+    sc = sc.model_copy(update={"hardware": sc.hardware.model_copy(update={k: None for k in FAST})})
+    sc = _with_fast_gpus(sc, {g: dict(FAST) for g in ("H100-SXM", "H200")})
+    runs = [deploy(sc, 25.0, gpus=["H100-SXM", "H200"], tensor_parallel=(1, 2, 4), seeds=1, top=1, executor=ex)
+            for ex in (InlineExecutor(), _WideInline())]
+    assert [d.row() for d in runs[0].deployments] == [d.row() for d in runs[1].deployments]
+    assert runs[0].points == runs[1].points
+
 def _with_fast_gpus(sc, fast):
     """Datasheet overrides apply to the scenario's own GPU only, so patch the presets for the test."""
     import kvsim.scenario.catalog as catalog

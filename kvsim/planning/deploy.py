@@ -44,6 +44,10 @@ TP_DEGREES = (1, 2, 4, 8)
 MAX_REPLICAS = 64
 REQUEST_SCALE_CAP = 2
 SCOUT_RESOLUTION = 0.1
+# Layouts whose replica counts are simulated side by side in a round of step 3. A constant, not the
+# worker count: which layouts a round visits decides what the cost cutoff prunes, so the points
+# simulated (points.csv) would otherwise depend on the machine.
+LAYOUTS_PER_ROUND = 4
 # the [hardware] keys that override a GPU preset's datasheet figures
 _GPU_OVERRIDES = tuple(f for f in GpuSpec.__dataclass_fields__ if f != "name" and f in HardwareConfig.model_fields)
 
@@ -226,7 +230,7 @@ def _search(executor, scenario, policy, target, ok, seeds, resolution, n_req, tr
     results: dict = {}
     queue = sorted(state, key=lambda lay: (lower_bound(lay), lay))
     active: list = []
-    width = max(top, math.ceil(executor.workers / len(seeds)))
+    width = max(top, LAYOUTS_PER_ROUND)
     while queue or active:
         passed = sorted(state[lay]["price"] * state[lay]["pass"] for lay in state if state[lay]["pass"] is not None)
         cutoff = passed[top - 1] if len(passed) >= top else math.inf

@@ -42,6 +42,14 @@ def key_path(parts) -> str:
     return out or "(top level)"
 
 
+def user_path(value, what: str) -> Path:
+    """`value` (a str or os.PathLike, as the library API takes it) as a Path; else one line naming `what`."""
+    try:
+        return Path(value)
+    except TypeError:
+        raise KvsimError(f"{what}: expected a file path (str or os.PathLike), got {type(value).__name__}") from None
+
+
 def open_regular(path: Path, what: str) -> BinaryIO:
     """`path` opened for binary reading, after checking it is a regular file (`what` names it in errors)."""
     try:
@@ -91,24 +99,36 @@ def read_text(path: Path, what: str, limit: int = MAX_DOC_BYTES) -> str:
     return _decode(path, data, what)
 
 
+def _items(value):
+    return iter(value.items() if isinstance(value, dict) else enumerate(value))
+
+
+def _check_number(value, loc, source: str) -> None:
+    if isinstance(value, float) and value - value != 0:  # inf or nan
+        raise KvsimError(f"{source}: {key_path(loc)}: must be a finite number, got {value}")
+    if isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
+        raise KvsimError(f"{source}: {key_path(loc)}: integer out of range (more than 64 bits)")
+
+
 def check_values(data, source: str) -> None:
-    """Raise unless `data` nests at most MAX_DEPTH levels and its numbers are finite 64-bit values."""
-    stack = [((), data)]
+    """Raise unless `data` nests at most MAX_DEPTH levels and its numbers are finite 64-bit values.
+    Walked depth first with one iterator per open level, so a huge array costs no extra memory."""
+    if not isinstance(data, (dict, list)):
+        return _check_number(data, (), source)
+    stack = [((), _items(data))]
     while stack:
-        loc, value = stack.pop()
-        if isinstance(value, dict):
-            items = value.items()
-        elif isinstance(value, list):
-            items = enumerate(value)
-        elif isinstance(value, float) and value - value != 0:  # inf or nan
-            raise KvsimError(f"{source}: {key_path(loc)}: must be a finite number, got {value}")
-        elif isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
-            raise KvsimError(f"{source}: {key_path(loc)}: integer out of range (more than 64 bits)")
+        loc, items = stack[-1]
+        for key, value in items:
+            if isinstance(value, (dict, list)):
+                if len(loc) + 1 >= MAX_DEPTH:
+                    raise KvsimError(f"{source}: {key_path((*loc, key)[:4])}...: nested more than {MAX_DEPTH} "
+                                     f"levels deep")
+                stack.append(((*loc, key), _items(value)))
+                break
+            if isinstance(value, (int, float)):
+                _check_number(value, (*loc, key), source)
         else:
-            continue
-        if len(loc) >= MAX_DEPTH:
-            raise KvsimError(f"{source}: {key_path(loc[:4])}...: nested more than {MAX_DEPTH} levels deep")
-        stack.extend(((*loc, k), v) for k, v in items)
+            stack.pop()
 
 
 def _parse(loads, text: str, source: str, kind: str):

@@ -6,6 +6,7 @@ The command-line cases run in-process in test_hostile's box (an unrelated folder
 folder beside the inputs): exit code 2, one stderr line naming the culprit, nothing changed.
 """
 
+import errno
 import json
 import tracemalloc
 
@@ -15,8 +16,9 @@ import kvsim
 from kvsim.calibrate.validate import step_records
 from kvsim.cli import main
 from kvsim.errors import KvsimError
-from kvsim.scenario.files import check_values
-from test_hostile import S, assert_one_line_error, box, earlier_results, snapshot, toml  # noqa: F401 (fixtures)
+from kvsim.scenario.files import check_values, write_text_atomic
+from test_hostile import (S, _oserror, assert_one_line_error, box, earlier_results, snapshot,  # noqa: F401 (fixtures)
+                          toml)
 
 GRID = ["--set", "workload.seed=" + ",".join(map(str, range(101))),
         "--set", "engine.max_num_seqs=" + ",".join(map(str, range(1, 101)))]  # 10,100 points
@@ -48,19 +50,38 @@ CASES = {
         ("m.json: policies.paged: expected an object",)),
     "profile --device bogus": (lambda b: ["profile", "--model", "Qwen3-0.6B", "--device", "bogus", "-o", "p.csv"],
                                ("--device: not a torch device: 'bogus'",)),
+    "validate --out on a full disk": (lambda b: ["validate", b.scenario(), "--measured", b.earlier, "--out", "e.json"],
+                                      ("cannot write the error table to e.json: No space left on device",),
+                                      lambda mp: mp.setattr("kvsim.scenario.files.os.replace", _oserror(errno.ENOSPC))),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_hostile_input_more(box, capsys, name):
-    build, names = CASES[name]
+def test_hostile_input_more(box, capsys, monkeypatch, name):
+    build, names, *patch = CASES[name]
     argv = [str(a) for a in build(box)]
     if argv[0].endswith(".toml"):
         argv += ["--out", str(box.earlier), "--quiet"]
     before = snapshot(box.root)
+    for p in patch:
+        p(monkeypatch)
     code = main(argv)
     assert_one_line_error(code, capsys.readouterr().err, names)
+    monkeypatch.undo()
     assert snapshot(box.root) == before
+
+
+def test_single_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A calibration or error table: a failed write leaves the earlier file as it was and no temporary."""
+    target = tmp_path / "cal.json"
+    target.write_text("earlier")
+    monkeypatch.setattr("kvsim.scenario.files.os.replace", _oserror(errno.EROFS))
+    with pytest.raises(KvsimError, match=r"^cannot write calibration to .*cal\.json: Read-only file system$"):
+        write_text_atomic(target, "new", "calibration")
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["cal.json"] and target.read_text() == "earlier"
+    write_text_atomic(target, "new", "calibration")
+    assert [p.name for p in tmp_path.iterdir()] == ["cal.json"] and target.read_text() == "new"
 
 
 @pytest.mark.parametrize("argv, names", [

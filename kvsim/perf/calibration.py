@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from kvsim.errors import KvsimError
-from kvsim.scenario.files import read_json_object
+from kvsim.scenario.files import read_json_object, write_text_atomic
 
 SHIPPED_DIR = Path(__file__).parent / "calibrations"
 ENGINES = ("vllm", "triton")
@@ -119,4 +119,4 @@ def write_calibration(path, calibration: Calibration, **meta) -> None:
     """A calibration file as `load_calibration` reads it, with provenance and fit figures beside it."""
     data = {k: v for k, v in meta.items() if v is not None}
     data["coefficients"] = calibration.to_dict()
-    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n", "calibration")

@@ -5,7 +5,8 @@ than a cap checked before it is parsed (64 MiB for TOML and JSON); traces are st
 time with a cap on the line. Text must be UTF-8 without NUL bytes. Parsed TOML and JSON must nest
 at most `MAX_DEPTH` levels and hold only finite floats and integers that fit in 64 bits (the
 scenario schema then bounds each key). Every problem is a `KvsimError` naming the file, and the
-line or key where it is known.
+line or key where it is known. `write_text_atomic` writes the single files a user names (a calibration,
+an error table) all or nothing.
 """
 
 from __future__ import annotations
@@ -174,6 +175,25 @@ def read_json_object(path: Path, what: str) -> dict:
     if not isinstance(data, dict):
         raise KvsimError(f"{path}: expected a JSON object ({what})")
     return data
+
+
+def write_text_atomic(path: Path, text: str, what: str) -> None:
+    """`text` into `path` through a hidden temporary sibling renamed into place: a full disk, a
+    read-only folder or a signal leaves the earlier file (or none), never half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "x", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise KvsimError(f"cannot write {what} to {path}: {exc.strerror or exc}") from None
+        raise
 
 
 def iter_lines(path: Path, what: str, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str]]:

@@ -23,7 +23,15 @@ from test_hostile import (S, _oserror, assert_one_line_error, box, earlier_resul
 GRID = ["--set", "workload.seed=" + ",".join(map(str, range(101))),
         "--set", "engine.max_num_seqs=" + ",".join(map(str, range(1, 101)))]  # 10,100 points
 
-# name: (build(box) -> argv, what the error line must name)
+ALL_REDUCE = "time_stats.all_reduce.median,num_workers,size\n0.03,2,2048\n"
+
+
+def calibrate(b, rows: str) -> list:
+    """`kvsim calibrate` of a Vidur all_reduce.csv whose last rows are `rows`."""
+    return ["calibrate", b.file("all_reduce.csv", ALL_REDUCE + rows), "--gpu", "H100-SXM", "-o", "cal.json"]
+
+
+# name: (build(box) -> argv, what the error line must name[, patch(monkeypatch)])
 CASES = {
     "block_size = true": (lambda b: [b.scenario(engine="block_size = true")],
                           (S, "engine.block_size: must be 1, 8, 16, 32, 64 or 128")),
@@ -50,6 +58,14 @@ CASES = {
         ("m.json: policies.paged: expected an object",)),
     "profile --device bogus": (lambda b: ["profile", "--model", "Qwen3-0.6B", "--device", "bogus", "-o", "p.csv"],
                                ("--device: not a torch device: 'bogus'",)),
+    "calibrate: a time of inf": (lambda b: calibrate(b, "inf,2,4096\n"),
+                                 ("all_reduce.csv:3: time_stats.all_reduce.median: must be at most 9e+15, got 'inf'",)),
+    "calibrate: a short row": (lambda b: calibrate(b, "0.03,2\n"),
+                               ("all_reduce.csv:3: fewer cells than the header's 3 columns",)),
+    "calibrate: a long row": (lambda b: calibrate(b, "0.03,2,4096,7\n"),
+                              ("all_reduce.csv:3: more cells than the header's 3 columns",)),
+    "calibrate: zero workers": (lambda b: calibrate(b, "0.03,0,4096\n"),
+                                ("all_reduce.csv:3: num_workers: must be a whole number >= 1, got '0'",)),
     "validate --out on a full disk": (lambda b: ["validate", b.scenario(), "--measured", b.earlier, "--out", "e.json"],
                                       ("cannot write the error table to e.json: No space left on device",),
                                       lambda mp: mp.setattr("kvsim.scenario.files.os.replace", _oserror(errno.ENOSPC))),

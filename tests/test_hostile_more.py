@@ -66,6 +66,10 @@ CASES = {
                               ("all_reduce.csv:3: more cells than the header's 3 columns",)),
     "calibrate: zero workers": (lambda b: calibrate(b, "0.03,0,4096\n"),
                                 ("all_reduce.csv:3: num_workers: must be a whole number >= 1, got '0'",)),
+    "calibrate --serving: a negative figure": (
+        lambda b: ["calibrate", "--serving", b.scenario(), b.file("b.json", json.dumps(
+            {"completed": 3, "output_throughput": 10.0, "median_ttft_ms": -5})), "-o", "cal.json"],
+        ("b.json: median_ttft_ms: must be a non-negative number, got -5",)),
     "validate --out on a full disk": (lambda b: ["validate", b.scenario(), "--measured", b.earlier, "--out", "e.json"],
                                       ("cannot write the error table to e.json: No space left on device",),
                                       lambda mp: mp.setattr("kvsim.scenario.files.os.replace", _oserror(errno.ENOSPC))),
@@ -183,3 +187,14 @@ def test_check_values_walks_a_huge_array_in_place():
     with pytest.raises(KvsimError, match="nested more than 32 levels"):
         check_values(json.loads("[" * 33 + "]" * 33), "s")
     check_values(json.loads("[" * 32 + "]" * 32), "s")  # 32 levels are fine
+
+
+def test_a_fit_stays_inside_what_a_calibration_file_may_hold():
+    """The fitter's bounds are the reader's (a serving fit ran gemm_pad_tokens to 5e7, then could not read
+    its own temporary calibration back: 'gemm_pad_tokens: must be in [0, 1e+06]')."""
+    from kvsim.calibrate.fit import _bounds
+    from kvsim.perf.calibration import COEFFICIENTS, coefficient_bounds
+    lo, hi = _bounds(list(COEFFICIENTS))
+    for name, a, b in zip(COEFFICIENTS, lo, hi):
+        low, high = coefficient_bounds(name)
+        assert low == a and b <= high < float("inf"), name

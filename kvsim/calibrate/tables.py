@@ -287,6 +287,8 @@ def read_bench_result(path: Path) -> BenchResult:
     for key in SERVING_FIGURES:
         value = data.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if value < 0:
+                raise KvsimError(f"{path}: {key}: must be a non-negative number, got {value}")
             res.figures[key] = value / 1e3 if key.endswith("_ms") else float(value)
     res.num_prompts = data.get("num_prompts")
     rate = data.get("request_rate")

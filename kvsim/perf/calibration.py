@@ -56,7 +56,7 @@ class Calibration:
 COEFFICIENTS = tuple(f.name for f in fields(Calibration))
 
 
-def _bounds(key: str) -> tuple[float, float]:
+def coefficient_bounds(key: str) -> tuple[float, float]:
     """An efficiency divides achieved rates: [0.001, 1]; a time (a key ending in _s) at most 10 s; any other
     coefficient at most 1e6."""
     if key in EFFICIENCIES:
@@ -72,7 +72,7 @@ def check_coefficients(data: dict, source: str) -> dict:
             raise KvsimError(f"{source}: {key}: unknown calibration key (known: {', '.join(COEFFICIENTS)})")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise KvsimError(f"{source}: {key}: must be a number, got {str(value)[:40]}")
-        low, high = _bounds(key)
+        low, high = coefficient_bounds(key)
         if not low <= value <= high:
             raise KvsimError(f"{source}: {key}: must be in [{low:g}, {high:g}], got {value!r}")
         out[key] = float(value)

@@ -33,6 +33,8 @@ def calibrate(b, rows: str) -> list:
 
 # name: (build(box) -> argv, what the error line must name[, patch(monkeypatch)])
 CASES = {
+    "[cost] price of an unknown GPU": (lambda b: [b.scenario(tail='[cost]\ngpu_hour_usd = { "H100" = 2.0 }\n')],
+                                       (S, "cost.gpu_hour_usd.H100: unknown GPU 'H100' (presets:")),
     "block_size = true": (lambda b: [b.scenario(engine="block_size = true")],
                           (S, "engine.block_size: must be 1, 8, 16, 32, 64 or 128")),
     "hf_config mixture of experts": (lambda b: [b.hf({"num_local_experts": 8, "num_experts_per_tok": 2})],
@@ -145,7 +147,8 @@ API_CASES = {
     "plan(workers='2')": (lambda sc: kvsim.plan(sc, workers="2"), "--workers must be an integer"),
     "deploy(target_rate='x')": (lambda sc: kvsim.deploy(sc, "x"), "--target-rate must be positive, got 'x'"),
     "deploy(tensor_parallel=None)": (lambda sc: kvsim.deploy(sc, 1.0, tensor_parallel=None), "--tp: expected a list"),
-    "deploy(tensor_parallel=(0,))": (lambda sc: kvsim.deploy(sc, 1.0, tensor_parallel=(0,)), r"--tp must be an integer in \[1, 1,024\]"),
+    "deploy(tensor_parallel=(0,))": (lambda sc: kvsim.deploy(sc, 1.0, tensor_parallel=(0,)),
+                                     r"--tp must be an integer in \[1, 1,024\]"),
     "deploy(top=0)": (lambda sc: kvsim.deploy(sc, 1.0, top=0), "--top must be an integer"),
     "deploy(max_replicas=-5)": (lambda sc: kvsim.deploy(sc, 1.0, max_replicas=-5), "--max-replicas must be an integer"),
     "sweep(points=None)": (lambda sc: kvsim.sweep(sc, None), "sweep: points must be a"),

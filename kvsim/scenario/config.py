@@ -68,6 +68,12 @@ def _not_bool(value):
     return repr(value) if isinstance(value, bool) else value
 
 
+def _gpu_preset(name: str) -> str:
+    if name.lower() not in {g.lower() for g in GPUS}:
+        raise ValueError(f"unknown GPU {name!r} (presets: {', '.join(GPUS)})")
+    return name
+
+
 PlainName = Annotated[str, Field(min_length=1, max_length=L.MAX_NAME_CHARS), AfterValidator(_plain_name)]
 Label = Annotated[str, Field(min_length=1, max_length=L.MAX_NAME_CHARS), AfterValidator(_one_line(L.MAX_NAME_CHARS))]
 PathText = Annotated[str, Field(min_length=1, max_length=L.MAX_PATH_CHARS), AfterValidator(_one_line(L.MAX_PATH_CHARS))]
@@ -329,7 +335,8 @@ class CostConfig(_Section):
     """GPU hourly prices for `kvsim plan --target-rate`; they replace the presets' prices
     (kvsim.scenario.catalog.GPU_PRICES)."""
 
-    gpu_hour_usd: Annotated[dict[PlainName, Annotated[float, Field(gt=0, le=1e6)]], Field(max_length=64)] = Field(
+    gpu_hour_usd: Annotated[dict[Annotated[PlainName, AfterValidator(_gpu_preset)],
+                                 Annotated[float, Field(gt=0, le=1e6)]], Field(max_length=64)] = Field(
         {}, description="US$ per GPU per hour, by GPU preset name, e.g. { \"H100-SXM\" = 2.49 }.")
     source: Annotated[str, Field(max_length=L.MAX_TEXT_CHARS), AfterValidator(_text)] = Field(
         "", description="Where the prices come from.")
@@ -430,7 +437,7 @@ _BOUND_WORDS = {"greater_than": "greater than", "greater_than_equal": "at least"
 def format_validation_error(source: str, err: ValidationError) -> str:
     """The first problem of a pydantic error as `file: key.path: reason` (one line)."""
     first = err.errors()[0]
-    loc = tuple(x for x in first["loc"] if not (isinstance(x, str) and x.startswith("function-")))
+    loc = tuple(x for x in first["loc"] if not (isinstance(x, str) and (x.startswith("function-") or x == "[key]")))
     msg = first["msg"].replace("Value error, ", "")
     if first["type"] == "extra_forbidden":
         msg = "unknown key"

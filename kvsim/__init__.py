@@ -75,7 +75,7 @@ def deploy(scenario, target_rate, *, gpus=None, tensor_parallel=(1, 2, 4, 8), po
     """
     from kvsim.planning.deploy import deploy as run_deploy
 
-    return run_deploy(_scenario(scenario), target_rate, gpus=gpus, tensor_parallel=tuple(tensor_parallel),
+    return run_deploy(_scenario(scenario), target_rate, gpus=gpus, tensor_parallel=tensor_parallel,
                       policy=policy, seeds=seeds, resolution=resolution, num_requests=num_requests, top=top,
                       max_replicas=max_replicas, workers=workers, ray=ray, progress=progress)
 

@@ -25,8 +25,21 @@ from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
 COMMAND_MODULES = ("kvsim.planning.cli", "kvsim.calibrate.cli")
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors (the usage block goes to --help, as every other error is one line)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port in 1..65535, got {text!r}")
+    return int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvsim", description="Replay LLM request arrivals against KV-cache policies.")
+    p = ArgumentParser(prog="kvsim", description="Replay LLM request arrivals against KV-cache policies.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="simulate a scenario's policies and write a results folder")
     add_scenario_arguments(run)
@@ -44,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="a Markdown table of every key (docs/scenario-reference.md) instead")
     schema.set_defaults(handler=cmd_schema)
     dash = sub.add_parser("dashboard", help="start the what-if sizing dashboard (Streamlit, app/Home.py)")
-    dash.add_argument("--server.port", dest="port", type=int, metavar="PORT",
+    dash.add_argument("--server.port", dest="port", type=_port, metavar="PORT",
                       help="port to serve on (Streamlit's default: 8501)")
     dash.add_argument("--server.headless", dest="headless", choices=("true", "false"),
                       help="true: do not open a browser window")
@@ -88,10 +101,6 @@ def cmd_run(args, console: Console) -> int:
     from kvsim.results.report import comparison_table, verdict_lines
 
     scenario = scenario_from_args(args)
-    if args.policy:
-        unknown = set(args.policy) - {p.name for p in scenario.policies}
-        if unknown:
-            raise KvsimError(f"--policy: no policy named {', '.join(sorted(unknown))} in {scenario.source}")
     progress = Progress(console, not args.quiet and console.is_terminal)
     try:
         result = run_scenario(scenario, args.out, args.policy, progress, force=args.force)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from backends import load_backend
+from kvsim.errors import KvsimError
 from kvsim.engine.simulator import Replica, Simulation, make_allocator, make_scheduler
 from kvsim.perf.memory import check_fits, kv_capacity
 from kvsim.results.metrics import Metrics
@@ -21,6 +22,7 @@ from kvsim.results.writer import ResultsWriter
 from kvsim.scenario.catalog import gpu_spec, model_spec
 from kvsim.scenario.config import results_dir
 from kvsim.scenario.defaults import engine_limits
+from kvsim.scenario.files import user_path
 from kvsim.scenario.workload import expected_count, generate_requests
 
 GIB = 1 << 30
@@ -108,6 +110,19 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     return summary, sim
 
 
+def chosen_policies(scenario, names=None) -> list:
+    """The scenario's policies named in `names` (all when None), in the scenario's order; an unknown name
+    is one line."""
+    if names is None:
+        return list(scenario.policies)
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise KvsimError(f"--policy: expected a list of policy names, got {names!r}")
+    unknown = set(names) - {p.name for p in scenario.policies}
+    if unknown:
+        raise KvsimError(f"--policy: no policy named {', '.join(sorted(unknown))} in {scenario.source}")
+    return [p for p in scenario.policies if p.name in names]
+
+
 def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[list[str]] = None,
                  progress: Optional[Callable[[str, Optional[int]], Callable[[int], None]]] = None,
                  write: bool = True, force: bool = False) -> ScenarioResult:
@@ -116,11 +131,12 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     The folder (default `<output.dir>/<name>`) may be new, empty, or an earlier kvsim results folder;
     `force` replaces any other folder (never one that holds the working directory or an input)."""
     model, gpu = model_spec(scenario), gpu_spec(scenario)
-    chosen = [p for p in scenario.policies if policies is None or p.name in policies]
+    chosen = chosen_policies(scenario, policies)
     check_fits(scenario, model, gpu, chosen)  # a model that does not fit fails before any output
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
     if out_dir is None:
         out_dir = results_dir(scenario)
+    out_dir = user_path(out_dir, "out_dir")
     writer = ResultsWriter(out_dir, force=force, inputs=input_paths(scenario)) if write else None
     result = ScenarioResult(out_dir if write else None, {}, meta=run_meta(scenario, model, gpu))
     try:

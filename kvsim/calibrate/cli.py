@@ -194,12 +194,14 @@ def _rounded(rows: list[dict]) -> list[dict]:
 
 def cmd_validate(args, console) -> int:
     import csv
+    import io
     import json
 
     from rich.markup import escape
     from rich.table import Table
 
     from kvsim.calibrate.validate import median_abs_error, validate
+    from kvsim.scenario.files import write_text_atomic
 
     if args.out is not None:
         if args.out.suffix not in (".csv", ".json"):
@@ -224,14 +226,15 @@ def cmd_validate(args, console) -> int:
     console.print(f"median |error| over all serving figures: {median_abs_error(records):.1%}")
     if args.out is not None:
         if args.out.suffix == ".json":
-            args.out.write_text(json.dumps({"scenario": scenario.name, "measured": str(args.measured),
-                                            "median_abs_error": median_abs_error(records), "records": records},
-                                           indent=2) + "\n")
+            text = json.dumps({"scenario": scenario.name, "measured": str(args.measured),
+                               "median_abs_error": median_abs_error(records), "records": records}, indent=2) + "\n"
         else:
-            with open(args.out, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(records[0]))
-                w.writeheader()
-                w.writerows(records)
+            buffer = io.StringIO()
+            w = csv.DictWriter(buffer, fieldnames=list(records[0]))
+            w.writeheader()
+            w.writerows(records)
+            text = buffer.getvalue()
+        write_text_atomic(args.out, text, "the error table")
         console.print(f"error table: {args.out}")
     return 0
 

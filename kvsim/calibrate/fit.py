@@ -26,7 +26,7 @@ import numpy as np
 from kvsim.batch import Batch
 from kvsim.calibrate.tables import BATCH_FIELDS, Observation
 from kvsim.errors import KvsimError
-from kvsim.perf.calibration import COEFFICIENTS, EFFICIENCIES, Calibration
+from kvsim.perf.calibration import COEFFICIENTS, EFFICIENCIES, Calibration, coefficient_bounds
 from kvsim.perf.roofline import StepModel, allreduce_seconds
 from kvsim.scenario.catalog import GPUS
 
@@ -120,8 +120,10 @@ def log_errors(observations: list[Observation], calibration: Calibration, tables
 
 
 def _bounds(names: list[str]) -> tuple[list[float], list[float]]:
-    lo = [1e-3 if n in EFFICIENCIES else 0.0 for n in names]
-    hi = [1.0 if n in EFFICIENCIES else _UPPER.get(n, np.inf) for n in names]
+    """The bounds a calibration file may hold (a fit outside them could not be read back), tighter where
+    _UPPER says."""
+    lo = [coefficient_bounds(n)[0] for n in names]
+    hi = [min(coefficient_bounds(n)[1], _UPPER.get(n, np.inf)) for n in names]
     return lo, hi
 
 

@@ -193,7 +193,10 @@ def run_profile(models: list[str], kv_dtypes: list[str], out_path, opts: Profile
         import triton  # noqa: F401
     except ImportError as exc:
         raise KvsimError(f"kvsim profile needs torch and triton: {exc} (pip install kvsim[gpu])") from None
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise KvsimError(f"--device: not a torch device: {device!r} ({str(exc).splitlines()[0][:80]})") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise KvsimError("kvsim profile needs an NVIDIA GPU: torch.cuda.is_available() is False")
     device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"

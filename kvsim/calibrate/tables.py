@@ -30,6 +30,7 @@ BATCH_FIELDS = ("num_prefill_seqs", "num_prefill_tokens", "prefill_attn_pairs", 
                 "num_decode_seqs", "decode_context_tokens", "decode_max_context", "decode_shared_tokens")
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 SMALL_OPS = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
+MAX_CELL = 2.0**53  # any number in a table (times, token counts, bytes): finite, and exact as an integer
 _PATH_GPUS = {"h100": "H100-SXM", "a100": "A100-80GB", "h200": "H200"}
 # vllm bench serve figures (ms unless named) and where kvsim's summary holds the same figure.
 SERVING_FIGURES = {
@@ -75,13 +76,15 @@ def _float(value: str, where: str, column: str) -> float:
         raise KvsimError(f"{where}: {column}: not a number: {value!r}") from None
     if not x == x or x < 0:
         raise KvsimError(f"{where}: {column}: must be a non-negative number, got {value!r}")
+    if x > MAX_CELL:
+        raise KvsimError(f"{where}: {column}: must be at most {MAX_CELL:.0e}, got {value!r}")
     return x
 
 
-def _int(value: str, where: str, column: str) -> int:
+def _int(value: str, where: str, column: str, low: int = 0) -> int:
     x = _float(value, where, column)
-    if x != int(x):
-        raise KvsimError(f"{where}: {column}: must be a whole number, got {value!r}")
+    if x != int(x) or x < low:
+        raise KvsimError(f"{where}: {column}: must be a whole number{' >= %d' % low if low else ''}, got {value!r}")
     return int(x)
 
 
@@ -89,11 +92,19 @@ def _rows(path: Path, need: tuple) -> tuple[list[str], list[tuple[int, dict]]]:
     """The header and (line number, row) pairs of a CSV whose header holds every column in `need`."""
     lines = read_text(path, "table").splitlines()
     reader = csv.DictReader(lines)
-    header = reader.fieldnames or []
-    missing = [c for c in need if c not in header]
-    if missing:
-        raise KvsimError(f"{path}: missing column {missing[0]}")
-    return header, [(i + 2, row) for i, row in enumerate(reader)]
+    try:
+        header = reader.fieldnames or []
+        missing = [c for c in need if c not in header]
+        if missing:
+            raise KvsimError(f"{path}: missing column {missing[0]}")
+        rows = [(i + 2, row) for i, row in enumerate(reader)]
+    except csv.Error as exc:
+        raise KvsimError(f"{path}:{reader.line_num}: bad CSV: {exc}") from None
+    for line, row in rows:
+        if None in row or None in row.values():  # more or fewer cells than the header names
+            raise KvsimError(f"{path}:{line}: {'more' if None in row else 'fewer'} cells than the header's "
+                             f"{len(header)} columns")
+    return header, rows
 
 
 def table_kind(path: Path) -> str:
@@ -160,17 +171,17 @@ def read_profile(path: Path) -> list[Observation]:
             raise KvsimError(f"{where}: phase: must be decode, prefill or mixed, got {phase!r}")
         out.append(Observation(
             "step", _float(row["step_s"], where, "step_s"), row["gpu"], where, model,
-            _int(row["tp"], where, "tp"), row["kv_cache_dtype"], graph_batch_of(row, where), counts, phase,
+            _int(row["tp"], where, "tp", low=1), row["kv_cache_dtype"], graph_batch_of(row, where), counts, phase,
             token_band(tokens), row.get("grid") or "fit",
             max_model_len=_int(row.get("max_model_len") or 0, where, "max_model_len"), table=str(path)))
     return out
 
 
 def _vidur_model(row: dict, where: str, name: str) -> ModelSpec:
-    heads = _int(row["n_head"], where, "n_head")
+    heads = _int(row["n_head"], where, "n_head", low=1)
     hidden = _int(row["n_embd"], where, "n_embd")
     return ModelSpec(name=name, num_hidden_layers=1, hidden_size=hidden, num_attention_heads=heads,
-                     num_key_value_heads=_int(row["n_kv_head"], where, "n_kv_head"), head_dim=hidden // heads,
+                     num_key_value_heads=_int(row["n_kv_head"], where, "n_kv_head", low=1), head_dim=hidden // heads,
                      intermediate_size=_int(row["n_expanded_embd"], where, "n_expanded_embd"),
                      vocab_size=_int(row["vocab_size"], where, "vocab_size"), max_position_embeddings=4096)
 
@@ -195,7 +206,7 @@ def read_vidur_mlp(path: Path, gpu: Optional[str] = None) -> list[Observation]:
         where = f"{path}:{line}"
         model = _vidur_model(row, where, name)
         tokens = _int(row["num_tokens"], where, "num_tokens")
-        tp = _int(row["num_tensor_parallel_workers"], where, "num_tensor_parallel_workers")
+        tp = _int(row["num_tensor_parallel_workers"], where, "num_tensor_parallel_workers", low=1)
         for kind, group in (("gemm", GEMM_OPS), ("elementwise", SMALL_OPS)):
             ms = sum(_float(row[f"time_stats.{op}.median"], where, f"time_stats.{op}.median") for op in group)
             out.append(Observation(kind, ms / 1e3, gpu, where, model, tp, counts=(tokens,), phase=kind,
@@ -212,7 +223,7 @@ def read_vidur_allreduce(path: Path, gpu: Optional[str] = None) -> list[Observat
     for line, row in rows:
         where = f"{path}:{line}"
         size = _int(row["size"], where, "size")
-        workers = _int(row["num_workers"], where, "num_workers")
+        workers = _int(row["num_workers"], where, "num_workers", low=1)
         if "devices_per_node" in header and workers > _int(row["devices_per_node"], where, "devices_per_node"):
             continue
         ms = _float(row["time_stats.all_reduce.median"], where, "time_stats.all_reduce.median")
@@ -276,6 +287,8 @@ def read_bench_result(path: Path) -> BenchResult:
     for key in SERVING_FIGURES:
         value = data.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if value < 0:
+                raise KvsimError(f"{path}: {key}: must be a non-negative number, got {value}")
             res.figures[key] = value / 1e3 if key.endswith("_ms") else float(value)
     res.num_prompts = data.get("num_prompts")
     rate = data.get("request_rate")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvsim.calibrate.tables import read_bench_result
 from kvsim.errors import KvsimError
-from kvsim.scenario.files import parse_json, read_text
+from kvsim.scenario.files import parse_json, read_text, user_path
 
 # (figure, unit, where kvsim's summary.json holds it, factor to the unit, vllm bench serve key)
 FIGURES = (
@@ -44,13 +44,16 @@ def _pick(summary: dict, path: tuple):
 def read_measured(path) -> tuple[str, dict[str, dict]]:
     """("kvsim", {policy: summary}) from a results folder or summary.json, or ("vllm", {"": figures in
     kvsim's summary layout}) from a vllm bench serve result."""
-    path = Path(path)
+    path = user_path(path, "measured results")
     if path.is_dir():
         path = path / "summary.json"
         if not path.exists():
             raise KvsimError(f"{path.parent}: no summary.json (a kvsim results folder, or give a vllm bench JSON)")
     data = parse_json(read_text(path, "measured results"), str(path))
     if isinstance(data, dict) and isinstance(data.get("policies"), dict):
+        for name, summary in data["policies"].items():
+            if not isinstance(summary, dict):
+                raise KvsimError(f"{path}: policies.{name}: expected an object (a policy's summary)")
         return "kvsim", {"scenario": data.get("scenario"), **data["policies"]}
     bench = read_bench_result(path)
     summary: dict = {}
@@ -119,12 +122,12 @@ def _record(policy, kind, figure, unit, m, p) -> dict:
 def step_records(policy: str, summary: dict) -> list[dict]:
     """A triton run's own step-level check: per phase, the measured seconds of all its steps beside the
     analytic price of the same steps (recorded by the backend as it ran)."""
-    steps = (summary.get("backend") or {}).get("step_times") or {}
     out = []
     for phase in ("decode", "prefill", "mixed"):
-        s = steps.get(phase)
-        if isinstance(s, dict) and s.get("predicted_s") is not None:
-            out.append(_record(policy, "step", f"{phase} steps ({s['steps']})", "s", s["measured_s"], s["predicted_s"]))
+        where = ("backend", "step_times", phase)
+        m, p = _pick(summary, (*where, "measured_s")), _pick(summary, (*where, "predicted_s"))
+        if p is not None:
+            out.append(_record(policy, "step", f"{phase} steps ({_pick(summary, (*where, 'steps'))})", "s", m, p))
     return out
 
 

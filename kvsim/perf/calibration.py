@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from kvsim.errors import KvsimError
-from kvsim.scenario.files import read_json_object
+from kvsim.scenario.files import read_json_object, write_text_atomic
 
 SHIPPED_DIR = Path(__file__).parent / "calibrations"
 ENGINES = ("vllm", "triton")
@@ -56,7 +56,7 @@ class Calibration:
 COEFFICIENTS = tuple(f.name for f in fields(Calibration))
 
 
-def _bounds(key: str) -> tuple[float, float]:
+def coefficient_bounds(key: str) -> tuple[float, float]:
     """An efficiency divides achieved rates: [0.001, 1]; a time (a key ending in _s) at most 10 s; any other
     coefficient at most 1e6."""
     if key in EFFICIENCIES:
@@ -72,7 +72,7 @@ def check_coefficients(data: dict, source: str) -> dict:
             raise KvsimError(f"{source}: {key}: unknown calibration key (known: {', '.join(COEFFICIENTS)})")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise KvsimError(f"{source}: {key}: must be a number, got {str(value)[:40]}")
-        low, high = _bounds(key)
+        low, high = coefficient_bounds(key)
         if not low <= value <= high:
             raise KvsimError(f"{source}: {key}: must be in [{low:g}, {high:g}], got {value!r}")
         out[key] = float(value)
@@ -119,4 +119,4 @@ def write_calibration(path, calibration: Calibration, **meta) -> None:
     """A calibration file as `load_calibration` reads it, with provenance and fit figures beside it."""
     data = {k: v for k, v in meta.items() if v is not None}
     data["coefficients"] = calibration.to_dict()
-    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n", "calibration")

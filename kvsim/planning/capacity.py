@@ -52,14 +52,22 @@ def interval(knees: list[float], resolution: float) -> tuple[float, float, float
     return mean, max(0.0, mean - half), mean + half
 
 
+def check_int(value, name: str, low: int, high: int) -> None:
+    """One line unless `value` is an integer (not a bool) in [low, high]."""
+    from kvsim.errors import KvsimError
+
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise KvsimError(f"{name} must be an integer in [{low:,}, {high:,}], got {value!r}")
+
+
 def check_search_args(seeds: int, resolution: float, num_requests: Optional[int]) -> None:
     """One line for search settings that cannot work."""
     from kvsim.errors import KvsimError
+    from kvsim.scenario.limits import MAX_SEEDS, MIN_RESOLUTION
 
-    if not (isinstance(seeds, int) and seeds >= 1):
-        raise KvsimError(f"seeds must be a positive integer, got {seeds!r}")
-    if not 0 < resolution < 0.5:
-        raise KvsimError(f"resolution must be in (0, 0.5), got {resolution!r}")
+    check_int(seeds, "seeds", 1, MAX_SEEDS)
+    if not (isinstance(resolution, (int, float)) and MIN_RESOLUTION <= resolution < 0.5):
+        raise KvsimError(f"resolution must be in [{MIN_RESOLUTION:g}, 0.5), got {resolution!r}")
     if num_requests is not None and not (isinstance(num_requests, int) and num_requests >= 1):
         raise KvsimError(f"requests per point must be a positive integer, got {num_requests!r}")
 
@@ -257,11 +265,12 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
          num_requests: Optional[int] = None, workers: Optional[int] = None, ray: Optional[str] = None,
          executor=None, progress: Optional[Callable[[int, int], None]] = None) -> PlanResult:
     """Each policy's maximum sustainable rate; see the module docstring."""
+    from kvsim.pipeline import chosen_policies
     from kvsim.results.verdict import STABILITY_TOLERANCE
     from kvsim.scenario.catalog import gpu_spec, model_spec
 
     check_search_args(seeds, resolution, num_requests)
-    chosen = [p.name for p in scenario.policies if policies is None or p.name in policies]
+    chosen = [p.name for p in chosen_policies(scenario, policies)]
     check_fits(scenario, chosen)
     n = num_requests or default_requests(scenario)
     r0 = base_rate(scenario, n)  # a trace: the mean rate of the rows each point replays

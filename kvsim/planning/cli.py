@@ -92,11 +92,10 @@ def cmd_plan(args, console) -> int:
     from kvsim.planning.capacity import plan
     from kvsim.planning.deploy import TP_DEGREES, deploy
 
+    from kvsim.pipeline import chosen_policies
+
     scenario = scenario_from_args(args)
-    names = {p.name for p in scenario.policies}
-    unknown = set(args.policy or ()) - names
-    if unknown:
-        raise KvsimError(f"--policy: no policy named {', '.join(sorted(unknown))} in {scenario.source}")
+    chosen_policies(scenario, args.policy)  # an unknown --policy fails before anything runs
     if args.out is not None:
         output.check_out(args.out, scenario, args.force)
     bar = Bar(console, "planning", not args.quiet and console.is_terminal)

@@ -27,17 +27,18 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from itertools import islice
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.planning.capacity import (Frames, PolicyCapacity, Ticker, capacity_search, check_search_args, default_requests,
-                                 mean_figures, point_row)
+from kvsim.planning.capacity import (Frames, PolicyCapacity, Ticker, capacity_search, check_int, check_search_args,
+                                     default_requests, mean_figures, point_row)
 from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.points import at_load, base_rate, evaluate_point
 from kvsim.planning.search import expected_points
 from kvsim.scenario.catalog import GPUS, GpuSpec, gpu_price, gpu_spec, model_spec, tp_problem
+from kvsim.scenario import limits
 from kvsim.scenario.config import HardwareConfig
 
 TP_DEGREES = (1, 2, 4, 8)
@@ -153,9 +154,16 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
            top: int = 3, max_replicas: int = MAX_REPLICAS, workers: Optional[int] = None, ray: Optional[str] = None,
            executor=None, progress: Optional[Callable[[int, int], None]] = None) -> DeployResult:
     """The cheapest layouts meeting the SLO at `target_rate`; see the module docstring."""
-    if not target_rate > 0:
-        raise KvsimError(f"--target-rate must be positive, got {target_rate}")
+    if isinstance(target_rate, bool) or not isinstance(target_rate, (int, float)) or not target_rate > 0:
+        raise KvsimError(f"--target-rate must be positive, got {target_rate!r}")
     check_search_args(seeds, resolution, num_requests)
+    check_int(top, "--top", 1, limits.MAX_REPLICAS)
+    check_int(max_replicas, "--max-replicas", 1, limits.MAX_REPLICAS)
+    if isinstance(tensor_parallel, (str, bytes)) or not isinstance(tensor_parallel, Iterable):
+        raise KvsimError(f"--tp: expected a list of tensor-parallel degrees, got {tensor_parallel!r}")
+    tensor_parallel = tuple(tensor_parallel)
+    for tp in tensor_parallel:
+        check_int(tp, "--tp", 1, limits.MAX_TENSOR_PARALLEL)
     policy = policy or scenario.policies[0].name
     if policy not in [p.name for p in scenario.policies]:
         raise KvsimError(f"--policy: no policy named {policy} in {scenario.source}")

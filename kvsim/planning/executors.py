@@ -19,6 +19,7 @@ from concurrent.futures import wait as futures_wait
 from typing import Optional
 
 from kvsim.errors import KvsimError
+from kvsim.scenario.limits import MAX_WORKERS
 
 
 class InlineExecutor:
@@ -99,8 +100,8 @@ def make_executor(workers: Optional[int] = None, ray: Optional[str] = None):
     if ray is not None:
         return RayExecutor(None if ray == "local" else ray)
     workers = workers or os.cpu_count() or 1
-    if workers < 1:
-        raise KvsimError(f"--workers must be at least 1, got {workers}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise KvsimError(f"--workers must be an integer in [1, {MAX_WORKERS:,}], got {workers!r}")
     return InlineExecutor() if workers == 1 else PoolExecutor(workers)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -22,6 +23,7 @@ from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.points import FIGURES, check_fits, simulate
 from kvsim.scenario.config import scenario_from_dict
 from kvsim.scenario.files import read_text
+from kvsim.scenario.limits import MAX_POINTS
 from kvsim.scenario.overrides import apply_overrides, parse_override, parse_value
 
 RATE_KEY = "workload.arrival.rate"
@@ -60,12 +62,24 @@ def grid_points(sets: list[str]) -> tuple[list[str], list[list[str]]]:
             raise KvsimError(f"--set {text}: empty value")
         axes.append([f"{key.strip()}={v}" for v in values])
     keys = [a[0].partition("=")[0] for a in axes]
+    check_count(math.prod(len(a) for a in axes), "--set: the grid")
     return keys, [list(p) for p in itertools.product(*axes)]
+
+
+def check_count(n: int, what: str) -> None:
+    """Refuse a sweep of more than MAX_POINTS points before any is built."""
+    if n > MAX_POINTS:
+        raise KvsimError(f"{what} has more than {MAX_POINTS:,} points ({n:,}): split the sweep")
 
 
 def points_from_csv(path: Path) -> tuple[list[str], list[list[str]]]:
     """(keys, points) from a CSV file: a header of dotted keys, one point a row."""
-    rows = list(csv.reader(read_text(Path(path), "points file").splitlines()))
+    lines = read_text(Path(path), "points file").splitlines()
+    check_count(len(lines) - 1, str(path))
+    try:
+        rows = list(csv.reader(lines))
+    except csv.Error as exc:
+        raise KvsimError(f"{path}: bad CSV: {exc}") from None
     if not rows or not rows[0]:
         raise KvsimError(f"{path}: empty points file (expected a header of dotted keys)")
     keys = [k.strip() for k in rows[0]]
@@ -115,7 +129,13 @@ def sweep(scenario, points: list[list[str]] | dict, *, keys: Optional[list[str]]
           progress: Optional[Callable[[int, int], None]] = None) -> SweepResult:
     """Simulate every point (a list of 'key=value' overrides, or a dict {key: [values]} for a grid)."""
     if isinstance(points, dict):
+        if not all(isinstance(v, (list, tuple)) for v in points.values()):
+            raise KvsimError("sweep: a grid maps each dotted key to a list of values")
         keys, points = grid_points([f"{k}={','.join(map(_toml, v))}" for k, v in points.items()])
+    elif isinstance(points, str) or not isinstance(points, (list, tuple)) or any(isinstance(p, str) for p in points):
+        raise KvsimError("sweep: points must be a {key: [values]} grid or a list of points, each a list of "
+                         "'dotted.key=value' strings")
+    check_count(len(points), "sweep")
     for p in points:
         for o in p:
             parse_override(o)  # a malformed 'key=value' is one line, before anything runs

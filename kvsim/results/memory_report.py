@@ -11,6 +11,7 @@ from kvsim.errors import KvsimError
 from kvsim.perf.memory import (KV_ELEM_BYTES, GiB, KvCapacity, check_capacity, compute_capacity,
                                kv_bytes_per_token, max_model_len, prefill_flops, prefill_flops_saved)
 from kvsim.scenario.catalog import GpuSpec, ModelSpec
+from kvsim.scenario.limits import MAX_TOKENS
 
 SEQ_LENS = (1024, 4096, 16384, 32768, 131072)  # lengths of the `kvsim memory` table
 
@@ -38,10 +39,19 @@ def reserved_tokens(policy, seq_len: int, block_size: int, max_len: int) -> int:
     return max_len if policy.contiguous_reserve == "max_model_len" else seq_len
 
 
+def _check_lists(kv_dtypes, seq_lens) -> None:
+    if isinstance(kv_dtypes, str) or isinstance(seq_lens, str):
+        raise KvsimError("kv_dtypes and seq_lens: expected lists, got a string")
+    for n in seq_lens or ():
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_TOKENS:
+            raise KvsimError(f"seq_lens: each must be an integer in [1, {MAX_TOKENS:,}], got {n!r}")
+
+
 def memory_table(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None, seq_lens=None) -> list[MemoryRow]:
     """Rows for every policy (crossed with `kv_dtypes` if given, else its own dtype) and sequence length
     (`seq_lens` capped at max_model_len, default the table's lengths)."""
     tp, max_len = scenario.hardware.tensor_parallel_size, max_model_len(scenario, model)
+    _check_lists(kv_dtypes, seq_lens)
     lens = table_lengths(max_len) if seq_lens is None else sorted({min(n, max_len) for n in seq_lens})
     rows = []
     for policy in scenario.policies:

@@ -129,6 +129,19 @@ def _get(cfg: dict, key: str, source: str, kind: type, default=None):
     return value
 
 
+# config.json keys of architectures kvsim does not model: a dense reading would misstate weights or KV bytes.
+_NOT_DENSE = {"num_local_experts": "mixture-of-experts", "num_experts": "mixture-of-experts",
+              "n_routed_experts": "mixture-of-experts", "kv_lora_rank": "multi-head latent attention (MLA)"}
+
+
+def _check_dense(cfg: dict, source: str) -> None:
+    for key, kind in _NOT_DENSE.items():
+        value = cfg.get(key)
+        if value not in (None, 0, 1, False):
+            raise KvsimError(f"{source}: {key}: {kind} models are not supported (kvsim models dense decoder-only "
+                             f"transformers)")
+
+
 def load_hf_config(path: Path, name: str | None = None) -> ModelSpec:
     """A ModelSpec from a Hugging Face config.json (or a folder holding one), checked for consistency."""
     path = Path(path)
@@ -144,6 +157,7 @@ def load_hf_config(path: Path, name: str | None = None) -> ModelSpec:
                          f"(give head_dim)")
     if heads % kv_heads:
         raise KvsimError(f"{src}: num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}")
+    _check_dense(cfg, src)
     return ModelSpec(
         name=name or (path.parent.name if path.name == "config.json" and path.parent.name else path.stem),
         num_hidden_layers=_get(cfg, "num_hidden_layers", src, int),

@@ -16,13 +16,13 @@ import re
 from pathlib import Path
 from typing import Annotated, Iterable, Literal, Optional
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
+                      ValidationError, model_validator)
 
 from kvsim.errors import KvsimError
 from kvsim.scenario import limits as L
 from kvsim.scenario.catalog import GPUS, MODELS
-from kvsim.scenario.files import check_values, key_path, parse_toml, read_text
+from kvsim.scenario.files import check_values, key_path, parse_toml, read_text, user_path
 from kvsim.scenario.overrides import apply_overrides
 
 PosInt = Annotated[int, Field(gt=0)]
@@ -61,6 +61,17 @@ def _text(value: str) -> str:
     if len(value) > L.MAX_TEXT_CHARS or _CONTROL.search(value.replace("\n", "").replace("\t", "")):
         raise ValueError(f"must be at most {L.MAX_TEXT_CHARS} characters without control characters")
     return value
+
+
+def _not_bool(value):
+    """true is not 1 (a Literal of ints matches it by equality, strict mode or not)."""
+    return repr(value) if isinstance(value, bool) else value
+
+
+def _gpu_preset(name: str) -> str:
+    if name.lower() not in {g.lower() for g in GPUS}:
+        raise ValueError(f"unknown GPU {name!r} (presets: {', '.join(GPUS)})")
+    return name
 
 
 PlainName = Annotated[str, Field(min_length=1, max_length=L.MAX_NAME_CHARS), AfterValidator(_plain_name)]
@@ -129,7 +140,7 @@ class HardwareConfig(_Section):
 class EngineConfig(_Section):
     """vLLM engine arguments, with vLLM's defaults (V1 `vllm serve`; see kvsim.scenario.defaults)."""
 
-    block_size: Literal[1, 8, 16, 32, 64, 128] = Field(16, description=(
+    block_size: Annotated[Literal[1, 8, 16, 32, 64, 128], BeforeValidator(_not_bool)] = Field(16, description=(
         "Tokens per KV-cache block (paged allocator). vLLM: --block-size (default 16)."))
     max_num_seqs: Optional[Annotated[int, Field(ge=1, le=L.MAX_NUM_SEQS)]] = Field(None, description=(
         "Most sequences in one engine step (running batch size). vLLM: --max-num-seqs. Default: vLLM V1's "
@@ -324,7 +335,8 @@ class CostConfig(_Section):
     """GPU hourly prices for `kvsim plan --target-rate`; they replace the presets' prices
     (kvsim.scenario.catalog.GPU_PRICES)."""
 
-    gpu_hour_usd: Annotated[dict[PlainName, Annotated[float, Field(gt=0, le=1e6)]], Field(max_length=64)] = Field(
+    gpu_hour_usd: Annotated[dict[Annotated[PlainName, AfterValidator(_gpu_preset)],
+                                 Annotated[float, Field(gt=0, le=1e6)]], Field(max_length=64)] = Field(
         {}, description="US$ per GPU per hour, by GPU preset name, e.g. { \"H100-SXM\" = 2.49 }.")
     source: Annotated[str, Field(max_length=L.MAX_TEXT_CHARS), AfterValidator(_text)] = Field(
         "", description="Where the prices come from.")
@@ -425,7 +437,7 @@ _BOUND_WORDS = {"greater_than": "greater than", "greater_than_equal": "at least"
 def format_validation_error(source: str, err: ValidationError) -> str:
     """The first problem of a pydantic error as `file: key.path: reason` (one line)."""
     first = err.errors()[0]
-    loc = tuple(x for x in first["loc"] if not (isinstance(x, str) and x.startswith("function-")))
+    loc = tuple(x for x in first["loc"] if not (isinstance(x, str) and (x.startswith("function-") or x == "[key]")))
     msg = first["msg"].replace("Value error, ", "")
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
@@ -471,7 +483,7 @@ def scenario_from_toml(text: str, source: str, base_dir: Path, overrides: Iterab
 
 def load_scenario(path: str | Path, overrides: Iterable[str] = ()) -> Scenario:
     """Read and validate a scenario TOML file, with `--set` overrides applied before validation."""
-    path = Path(path)
+    path = user_path(path, "scenario file")
     text = read_text(path, "scenario file")
     return scenario_from_toml(text, str(path), path.resolve().parent, overrides, default_name=name_from_stem(path.stem))
 

@@ -5,7 +5,8 @@ than a cap checked before it is parsed (64 MiB for TOML and JSON); traces are st
 time with a cap on the line. Text must be UTF-8 without NUL bytes. Parsed TOML and JSON must nest
 at most `MAX_DEPTH` levels and hold only finite floats and integers that fit in 64 bits (the
 scenario schema then bounds each key). Every problem is a `KvsimError` naming the file, and the
-line or key where it is known.
+line or key where it is known. `write_text_atomic` writes the single files a user names (a calibration,
+an error table) all or nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ def key_path(parts) -> str:
     for part in parts:
         out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
     return out or "(top level)"
+
+
+def user_path(value, what: str) -> Path:
+    """`value` (a str or os.PathLike, as the library API takes it) as a Path; else one line naming `what`."""
+    try:
+        return Path(value)
+    except TypeError:
+        raise KvsimError(f"{what}: expected a file path (str or os.PathLike), got {type(value).__name__}") from None
 
 
 def open_regular(path: Path, what: str) -> BinaryIO:
@@ -91,24 +100,36 @@ def read_text(path: Path, what: str, limit: int = MAX_DOC_BYTES) -> str:
     return _decode(path, data, what)
 
 
+def _items(value):
+    return iter(value.items() if isinstance(value, dict) else enumerate(value))
+
+
+def _check_number(value, loc, source: str) -> None:
+    if isinstance(value, float) and value - value != 0:  # inf or nan
+        raise KvsimError(f"{source}: {key_path(loc)}: must be a finite number, got {value}")
+    if isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
+        raise KvsimError(f"{source}: {key_path(loc)}: integer out of range (more than 64 bits)")
+
+
 def check_values(data, source: str) -> None:
-    """Raise unless `data` nests at most MAX_DEPTH levels and its numbers are finite 64-bit values."""
-    stack = [((), data)]
+    """Raise unless `data` nests at most MAX_DEPTH levels and its numbers are finite 64-bit values.
+    Walked depth first with one iterator per open level, so a huge array costs no extra memory."""
+    if not isinstance(data, (dict, list)):
+        return _check_number(data, (), source)
+    stack = [((), _items(data))]
     while stack:
-        loc, value = stack.pop()
-        if isinstance(value, dict):
-            items = value.items()
-        elif isinstance(value, list):
-            items = enumerate(value)
-        elif isinstance(value, float) and value - value != 0:  # inf or nan
-            raise KvsimError(f"{source}: {key_path(loc)}: must be a finite number, got {value}")
-        elif isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
-            raise KvsimError(f"{source}: {key_path(loc)}: integer out of range (more than 64 bits)")
+        loc, items = stack[-1]
+        for key, value in items:
+            if isinstance(value, (dict, list)):
+                if len(loc) + 1 >= MAX_DEPTH:
+                    raise KvsimError(f"{source}: {key_path((*loc, key)[:4])}...: nested more than {MAX_DEPTH} "
+                                     f"levels deep")
+                stack.append(((*loc, key), _items(value)))
+                break
+            if isinstance(value, (int, float)):
+                _check_number(value, (*loc, key), source)
         else:
-            continue
-        if len(loc) >= MAX_DEPTH:
-            raise KvsimError(f"{source}: {key_path(loc[:4])}...: nested more than {MAX_DEPTH} levels deep")
-        stack.extend(((*loc, k), v) for k, v in items)
+            stack.pop()
 
 
 def _parse(loads, text: str, source: str, kind: str):
@@ -154,6 +175,25 @@ def read_json_object(path: Path, what: str) -> dict:
     if not isinstance(data, dict):
         raise KvsimError(f"{path}: expected a JSON object ({what})")
     return data
+
+
+def write_text_atomic(path: Path, text: str, what: str) -> None:
+    """`text` into `path` through a hidden temporary sibling renamed into place: a full disk, a
+    read-only folder or a signal leaves the earlier file (or none), never half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "x", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise KvsimError(f"cannot write {what} to {path}: {exc.strerror or exc}") from None
+        raise
 
 
 def iter_lines(path: Path, what: str, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str]]:

@@ -33,3 +33,7 @@ MIN_TRACE_YEAR, MAX_TRACE_YEAR = 1900, 2200  # wall-clock trace timestamps (nump
 MAX_NAME_CHARS = 100  # scenario, policy, model and GPU names
 MAX_PATH_CHARS = 4096
 MAX_TEXT_CHARS = 10_000  # a scenario's description
+MAX_SEEDS = 1000  # seeds per searched rate (kvsim plan --seeds)
+MIN_RESOLUTION = 1e-4  # relative rate resolution of a capacity search (bisection steps stay finite)
+MAX_WORKERS = 256  # local worker processes (each holds a copy of kvsim)
+MAX_POINTS = 10_000  # points of one sweep (each a validated scenario, simulated in full)

@@ -41,6 +41,8 @@ def parse_value(text: str):
 
 def parse_override(text: str) -> tuple[list[str], object]:
     """`dotted.key=value` as (key parts, value)."""
+    if not isinstance(text, str):
+        raise KvsimError(f"--set: expected a 'dotted.key=value' string, got {type(text).__name__} {str(text)[:40]}")
     key, sep, raw = text.partition("=")
     parts = key.strip().split(".")
     if not sep or not all(p.strip() for p in parts) or len(parts) > 8:
@@ -85,6 +87,8 @@ def _set(table: dict, parts: list[str], value, key: str) -> None:
 
 def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
     """A copy of scenario data with each `dotted.key=value` applied in order."""
+    if isinstance(overrides, str):
+        raise KvsimError(f"--set: expected a list of 'dotted.key=value' strings, got the string {overrides[:40]!r}")
     out = copy.deepcopy(data)
     for text in overrides:
         parts, value = parse_override(text)

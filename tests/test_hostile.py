@@ -240,7 +240,7 @@ CASES = {
     # 5. one reader for every file
     "scenario is a device": Case(lambda b: ["/dev/zero"], ("/dev/zero: scenario file is a character device",)),
     "scenario is a folder": Case(lambda b: [b.inp], ("scenario file is a folder",)),
-    "scenario over 64 MiB": Case(lambda b: [_sparse(b.inp / S, 65 << 20)], (S, "larger than 64 MiB")),
+    "scenario over 1 MiB": Case(lambda b: [_sparse(b.inp / S, 2 << 20)], (S, "larger than 1 MiB")),
     "scenario NUL byte": Case(lambda b: [b.file(S, toml().replace("seed = 3", "seed = 3\0"))], (f"{S}:13: NUL byte",)),
     "scenario not UTF-8": Case(lambda b: [b.file(S, toml().encode().replace(b"seed = 3", b"seed = 3 #\xff"), "wb")],
                                (f"{S}:13", "not UTF-8")),

@@ -22,7 +22,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 from kvsim.errors import KvsimError
 from kvsim.scenario import limits as L
 from kvsim.scenario.catalog import GPUS, MODELS
-from kvsim.scenario.files import check_values, key_path, parse_toml, read_text, user_path
+from kvsim.scenario.files import MAX_TOML_BYTES, check_values, key_path, parse_toml, read_text, user_path
 from kvsim.scenario.overrides import apply_overrides
 
 PosInt = Annotated[int, Field(gt=0)]
@@ -484,7 +484,7 @@ def scenario_from_toml(text: str, source: str, base_dir: Path, overrides: Iterab
 def load_scenario(path: str | Path, overrides: Iterable[str] = ()) -> Scenario:
     """Read and validate a scenario TOML file, with `--set` overrides applied before validation."""
     path = user_path(path, "scenario file")
-    text = read_text(path, "scenario file")
+    text = read_text(path, "scenario file", MAX_TOML_BYTES)
     return scenario_from_toml(text, str(path), path.resolve().parent, overrides, default_name=name_from_stem(path.stem))
 
 

@@ -1,7 +1,8 @@
 """The one reader of every file a user hands kvsim: scenarios, model configs, calibrations and traces.
 
 A file must be a regular file (a FIFO would block, a device never ends), readable, and no bigger
-than a cap checked before it is parsed (64 MiB for TOML and JSON); traces are streamed a line at a
+than a cap checked before it is parsed (1 MiB for TOML, whose parser is pure Python and takes
+about a second a MiB; 64 MiB for JSON); traces are streamed a line at a
 time with a cap on the line. Text must be UTF-8 without NUL bytes. Parsed TOML and JSON must nest
 at most `MAX_DEPTH` levels and hold only finite floats and integers that fit in 64 bits (the
 scenario schema then bounds each key). Every problem is a `KvsimError` naming the file, and the
@@ -26,7 +27,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-MAX_DOC_BYTES = 64 << 20  # a TOML or JSON file
+MAX_DOC_BYTES = 64 << 20  # a JSON file or a table
+MAX_TOML_BYTES = 1 << 20  # a scenario: hand-written, a few KiB (sweep points live in CSV)
 MAX_LINE_BYTES = 64 << 20  # one line of a trace (a Mooncake row of 2^31 tokens has 4M block ids)
 MAX_DEPTH = 32  # nesting of tables and arrays (a scenario needs 4)
 _INT64 = 2**63
@@ -166,7 +168,7 @@ def parse_json(text: str, source: str):
 
 
 def read_toml(path: Path, what: str) -> dict:
-    return parse_toml(read_text(path, what), str(path))
+    return parse_toml(read_text(path, what, MAX_TOML_BYTES), str(path))
 
 
 def read_json_object(path: Path, what: str) -> dict:

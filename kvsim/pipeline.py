@@ -23,7 +23,7 @@ from kvsim.scenario.catalog import gpu_spec, model_spec
 from kvsim.scenario.config import results_dir
 from kvsim.scenario.defaults import engine_limits
 from kvsim.scenario.files import user_path
-from kvsim.scenario.workload import expected_count, generate_requests
+from kvsim.scenario.workload import expected_count, generate_requests, timeseries_interval
 
 GIB = 1 << 30
 
@@ -134,14 +134,16 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     chosen = chosen_policies(scenario, policies)
     check_fits(scenario, model, gpu, chosen)  # a model that does not fit fails before any output
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
+    interval = timeseries_interval(scenario)
     if out_dir is None:
         out_dir = results_dir(scenario)
     out_dir = user_path(out_dir, "out_dir")
     writer = ResultsWriter(out_dir, force=force, inputs=input_paths(scenario)) if write else None
-    result = ScenarioResult(out_dir if write else None, {}, meta=run_meta(scenario, model, gpu))
+    result = ScenarioResult(out_dir if write else None, {}, meta={**run_meta(scenario, model, gpu),
+                                                                  "timeseries_interval_s": interval})
     try:
         for policy in chosen:
-            metrics = Metrics(policy.name, scenario.slo, scenario.output.timeseries_interval_s,
+            metrics = Metrics(policy.name, scenario.slo, interval,
                               writer.requests_file if writer else None)
             tick = progress(policy.name, total) if progress else None
             t0 = time.perf_counter()

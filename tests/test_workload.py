@@ -10,7 +10,7 @@ import pytest
 
 from kvsim.errors import KvsimError
 from kvsim.scenario.config import scenario_from_dict
-from kvsim.scenario.workload import expected_count, generate_requests
+from kvsim.scenario.workload import arrival_window, expected_count, generate_requests, timeseries_interval
 from kvsim.sequence import Request
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -188,3 +188,28 @@ def test_million_requests_stream():
     assert iter(it) is it and not isinstance(it, (list, tuple))
     last = collections.deque(it, maxlen=1)[0]  # consumed without keeping the stream
     assert last.request_id == 999_999 and 900 < last.arrival_time < 1100
+
+
+@pytest.mark.parametrize("num_requests, rate, interval", [
+    (100, 10.0, 0.25),     # a 10 s window: the floor
+    (2500, 10.0, 0.25),    # 250 s / 1000 = 0.25 exactly
+    (2501, 10.0, 0.5),     # just over: the next step up
+    (8000, 10.0, 1.0),     # 800 s
+    (15000, 10.0, 2.0),    # 1500 s
+    (35000, 10.0, 5.0),    # 3500 s: an hour-long trace's
+    (10**6, 25.0, 50.0),   # 40,000 s
+])
+def test_unset_timeseries_interval_gives_about_a_thousand_rows(num_requests, rate, interval):
+    sc = scenario(num_requests=num_requests, arrival={"process": "deterministic", "rate": rate})
+    assert arrival_window(sc) == pytest.approx(num_requests / rate)
+    assert timeseries_interval(sc) == pytest.approx(interval)
+    assert arrival_window(sc) / timeseries_interval(sc) <= 1000 * (1 + 1e-9)
+    explicit = sc.model_copy(update={"output": sc.output.model_copy(update={"timeseries_interval_s": 0.1})})
+    assert timeseries_interval(explicit) == 0.1
+
+
+def test_trace_window_is_its_last_used_arrival():
+    sc = scenario(arrival={"process": "trace", "time_scale": 2.0}, prompt_len={"dist": "trace"},
+                  output_len={"dist": "trace"}, trace={"format": "csv", "path": "generic_small.csv"})
+    last = arrivals(sc)[-1]
+    assert arrival_window(sc) == pytest.approx(last)

@@ -350,8 +350,11 @@ class OutputConfig(_Section):
     dir: PathText = Field("results", description=(
         "Folder that receives <dir>/<scenario name>/; relative to the current working directory. "
         "kvsim only replaces a results folder it wrote itself (or an empty one)."))
-    timeseries_interval_s: Annotated[float, Field(ge=L.MIN_INTERVAL_S, le=L.MAX_DURATION_S)] = Field(0.25, description=(
-        "Sampling interval of timeseries.csv in simulated seconds."))
+    timeseries_interval_s: Optional[Annotated[float, Field(ge=L.MIN_INTERVAL_S, le=L.MAX_DURATION_S)]] = Field(
+        None, description=(
+            "Sampling interval of timeseries.csv in simulated seconds. Unset: about 1,000 rows per replica, "
+            "the arrival window / 1000 rounded up to 1, 2 or 5 x 10^k s, at least 0.25 s (a 10-minute run "
+            "gets 1 s, an hour-long trace 5 s)."))
     report_html: bool = Field(True, description="Write the self-contained report.html.")
 
 

@@ -41,6 +41,8 @@ from kvsim.scenario.traces import MOONCAKE_BLOCK_SIZE, VOCAB_SIZE, Trace, block_
 from kvsim.sequence import KeyedTokens, Request
 
 CHUNK = 65536
+AUTO_ROWS = 1000  # time-series rows per replica when output.timeseries_interval_s is unset
+MIN_AUTO_INTERVAL_S = 0.25
 _GROUP_CONTENT_KEY = 4  # spawn-key branch for group prefix tokens, beside the 4 spawned streams
 
 
@@ -70,6 +72,32 @@ def expected_count(scenario) -> Optional[int]:
         return in_time if limit is None else min(limit, in_time)
     estimate = math.floor(wl.arrival.rate * wl.duration_s)
     return estimate if limit is None else min(limit, estimate)
+
+
+def timeseries_interval(scenario) -> float:
+    """output.timeseries_interval_s, or when unset about a thousandth of the arrival window: the
+    smallest 1, 2 or 5 x 10^k seconds at or above it, at least MIN_AUTO_INTERVAL_S."""
+    if scenario.output.timeseries_interval_s is not None:
+        return scenario.output.timeseries_interval_s
+    want = arrival_window(scenario) / AUTO_ROWS
+    if want <= MIN_AUTO_INTERVAL_S:
+        return MIN_AUTO_INTERVAL_S
+    power = 10.0 ** math.floor(math.log10(want))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= want * (1 - 1e-12))
+
+
+def arrival_window(scenario) -> float:
+    """Seconds from the start to the last arrival: exact for traces and deterministic arrivals, the
+    expectation for random ones (0 when unbounded)."""
+    wl = scenario.workload
+    if wl.arrival.process == "trace":
+        trace = load_trace(scenario)
+        n = _limit(wl, trace)
+        last = float(trace.arrival_s[n - 1]) * wl.arrival.time_scale if n else 0.0
+        return last if wl.duration_s is None else min(last, wl.duration_s)
+    n = expected_count(scenario)
+    window = n / wl.arrival.rate if n else 0.0
+    return window if wl.duration_s is None else min(window, wl.duration_s)
 
 
 def _limit(wl, trace: Optional[Trace]) -> Optional[int]:

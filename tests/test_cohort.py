@@ -16,15 +16,20 @@ class _Alloc:
         pass
 
 
-@settings(max_examples=300, deadline=None)
-@given(bs=st.sampled_from([1, 4, 8, 16, 32]), clock=st.integers(0, 10_000),
-       tokens=st.lists(st.integers(0, 5000), max_size=30), steps=st.integers(0, 300))
-def test_blocks_needed_matches_brute_force(bs, clock, tokens, steps):
+def _counted_cohort(bs: int, clock: int, tokens) -> DecodeCohort:
+    """A cohort at `clock` whose members' phases (tokens into their last block) are `tokens`."""
     c = DecodeCohort(_Alloc(bs))
     c.clock = clock
     for t in tokens:
         c.count_phase(t, 1)
         c.size += 1
+    return c
+
+@settings(max_examples=300, deadline=None)
+@given(bs=st.sampled_from([1, 4, 8, 16, 32]), clock=st.integers(0, 10_000),
+       tokens=st.lists(st.integers(0, 5000), max_size=30), steps=st.integers(0, 300))
+def test_blocks_needed_matches_brute_force(bs, clock, tokens, steps):
+    c = _counted_cohort(bs, clock, tokens)
     brute = sum(-(-(t + steps) // bs) - -(-t // bs) for t in tokens)
     assert c.blocks_needed(steps) == brute
 
@@ -88,11 +93,7 @@ def test_dissolve_returns_members_in_join_order_and_clears_the_heap():
 @given(bs=st.sampled_from([1, 4, 8, 16]), clock=st.integers(0, 1000),
        tokens=st.lists(st.integers(0, 500), max_size=20), steps=st.integers(0, 80))
 def test_crossing_moments_match_brute_force(bs, clock, tokens, steps):
-    c = DecodeCohort(_Alloc(bs))
-    c.clock = clock
-    for t in tokens:
-        c.count_phase(t, 1)
-        c.size += 1
+    c = _counted_cohort(bs, clock, tokens)
     crossings = [c.blocks_needed(j) - c.blocks_needed(j - 1) if j > 1 else c.blocks_needed(1) for j in range(1, steps + 1)]
     assert c.crossing_moments(steps) == (c.blocks_needed(steps), sum(j * n for j, n in enumerate(crossings, 1)),
                                          sum(j * j * n for j, n in enumerate(crossings, 1)))

@@ -213,15 +213,14 @@ def cmd_validate(args, console) -> int:
         table = Table(title=escape(f"{scenario.name}, policy {policy}: analytic prediction vs measured ({args.measured})"))
         for col in ("figure", "unit", "measured", "predicted", "error"):
             table.add_column(col, justify="left" if col in ("figure", "unit") else "right")
-        for r in records:
-            if r["policy"] == policy and r["kind"] == "serving":
-                table.add_row(r["figure"], r["unit"], _num(r["measured"]), _num(r["predicted"]),
-                              "" if r["error"] is None else f"{r['error']:+.1%}")
-        table.add_row("median |error|", "", "", "", f"{median_abs_error(records, policy):.1%}", end_section=True)
-        for r in records:
-            if r["policy"] == policy and r["kind"] == "step":
-                table.add_row(r["figure"], r["unit"], _num(r["measured"]), _num(r["predicted"]),
-                              "" if r["error"] is None else f"{r['error']:+.1%}")
+        for kind in ("serving", "step"):  # the serving figures' median closes their section
+            for r in records:
+                if r["policy"] == policy and r["kind"] == kind:
+                    table.add_row(r["figure"], r["unit"], _num(r["measured"]), _num(r["predicted"]),
+                                  "" if r["error"] is None else f"{r['error']:+.1%}")
+            if kind == "serving":
+                table.add_row("median |error|", "", "", "", f"{median_abs_error(records, policy):.1%}",
+                              end_section=True)
         console.print(table)
     console.print(f"median |error| over all serving figures: {median_abs_error(records):.1%}")
     if args.out is not None:

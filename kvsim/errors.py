@@ -9,3 +9,9 @@ from __future__ import annotations
 
 class KvsimError(Exception):
     """Bad input or an impossible configuration, reported to the user in one line."""
+
+
+def check_int(value, name: str, low: int, high: int) -> None:
+    """One line unless `value` is an integer (not a bool) in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise KvsimError(f"{name} must be an integer in [{low:,}, {high:,}], got {value!r}")

@@ -29,6 +29,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from kvsim.errors import check_int
 from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.points import FIGURES, base_rate, check_fits, evaluate_point, mean_or_none
 from kvsim.planning.search import Search, expected_points, run_searches
@@ -50,14 +51,6 @@ def interval(knees: list[float], resolution: float) -> tuple[float, float, float
     if len(knees) > 1:
         half += t975(len(knees) - 1) * float(np.std(knees, ddof=1)) / math.sqrt(len(knees))
     return mean, max(0.0, mean - half), mean + half
-
-
-def check_int(value, name: str, low: int, high: int) -> None:
-    """One line unless `value` is an integer (not a bool) in [low, high]."""
-    from kvsim.errors import KvsimError
-
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise KvsimError(f"{name} must be an integer in [{low:,}, {high:,}], got {value!r}")
 
 
 def check_search_args(seeds: int, resolution: float, num_requests: Optional[int]) -> None:

@@ -31,8 +31,8 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 
-from kvsim.errors import KvsimError
-from kvsim.planning.capacity import (Frames, PolicyCapacity, Ticker, capacity_search, check_int, check_search_args,
+from kvsim.errors import KvsimError, check_int
+from kvsim.planning.capacity import (Frames, PolicyCapacity, Ticker, capacity_search, check_search_args,
                                      default_requests, mean_figures, point_row)
 from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.points import at_load, base_rate, evaluate_point
@@ -154,6 +154,8 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
            top: int = 3, max_replicas: int = MAX_REPLICAS, workers: Optional[int] = None, ray: Optional[str] = None,
            executor=None, progress: Optional[Callable[[int, int], None]] = None) -> DeployResult:
     """The cheapest layouts meeting the SLO at `target_rate`; see the module docstring."""
+    from kvsim.pipeline import chosen_policies
+
     if isinstance(target_rate, bool) or not isinstance(target_rate, (int, float)) or not target_rate > 0:
         raise KvsimError(f"--target-rate must be positive, got {target_rate!r}")
     check_search_args(seeds, resolution, num_requests)
@@ -165,8 +167,7 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
     for tp in tensor_parallel:
         check_int(tp, "--tp", 1, limits.MAX_TENSOR_PARALLEL)
     policy = policy or scenario.policies[0].name
-    if policy not in [p.name for p in scenario.policies]:
-        raise KvsimError(f"--policy: no policy named {policy} in {scenario.source}")
+    chosen_policies(scenario, [policy])  # an unknown name is one line
     known = {g.lower(): g for g in GPUS}
     unknown = [g for g in (gpus or []) if g.lower() not in known]
     if unknown:

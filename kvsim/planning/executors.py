@@ -18,7 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor
 from concurrent.futures import wait as futures_wait
 from typing import Optional
 
-from kvsim.errors import KvsimError
+from kvsim.errors import KvsimError, check_int
 from kvsim.scenario.limits import MAX_WORKERS
 
 
@@ -100,8 +100,7 @@ def make_executor(workers: Optional[int] = None, ray: Optional[str] = None):
     if ray is not None:
         return RayExecutor(None if ray == "local" else ray)
     workers = workers or os.cpu_count() or 1
-    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
-        raise KvsimError(f"--workers must be an integer in [1, {MAX_WORKERS:,}], got {workers!r}")
+    check_int(workers, "--workers", 1, MAX_WORKERS)
     return InlineExecutor() if workers == 1 else PoolExecutor(workers)
 
 

@@ -167,10 +167,6 @@ def parse_json(text: str, source: str):
         raise KvsimError(f"{source}:{exc.lineno}: invalid JSON: {exc.msg}") from None
 
 
-def read_toml(path: Path, what: str) -> dict:
-    return parse_toml(read_text(path, what, MAX_TOML_BYTES), str(path))
-
-
 def read_json_object(path: Path, what: str) -> dict:
     """A user's JSON file that must hold one object."""
     data = parse_json(read_text(path, what), str(path))

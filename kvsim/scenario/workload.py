@@ -26,6 +26,9 @@ scenario and seed always give the same stream.
 Random numbers come in vectorized chunks from independent generators (arrivals, prompt lengths,
 output lengths, groups: `SeedSequence(seed).spawn(4)`), so changing a length distribution leaves
 the arrival times alone, and a million requests stream in a few seconds with bounded memory.
+
+`arrival_window` says how long the arrivals last before any is generated, and
+`timeseries_interval` sizes the time series to it when the scenario leaves the interval unset.
 """
 
 from __future__ import annotations

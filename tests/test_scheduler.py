@@ -1,6 +1,6 @@
 """The scheduler: hand-worked steps of vLLM V1 semantics, and invariants over random request mixes.
 
-The scheduler is driven directly (schedule -> postprocess, with `extend_decode_run` for runs of
+The scheduler is driven directly (schedule -> postprocess, with `extend_run` for runs of
 identical decode steps), with arrivals at given step numbers, as the simulator would drive it.
 """
 
@@ -37,6 +37,14 @@ def step(sched):
     sched.postprocess(batch)
     return work, batch
 
+
+def extend_run(sched, batch, max_steps: int) -> int:
+    """A run of identical decode steps as the simulator takes one: plan_decode_run, then the extra
+    steps' blocks reserved."""
+    k, more = sched.plan_decode_run(batch, max_steps)
+    if k > 1 and more > 0:
+        sched.allocator.reserve(more)
+    return k
 
 # ---- hand-worked cases -------------------------------------------------------------------
 
@@ -244,7 +252,7 @@ def run_to_end(sched, limit=1000):
         if not sched.has_work:
             return
         batch = sched.schedule()
-        sched.postprocess(batch, sched.extend_decode_run(batch, 1 << 30))
+        sched.postprocess(batch, extend_run(sched, batch, 1 << 30))
     raise AssertionError("did not finish")
 
 
@@ -256,7 +264,7 @@ def test_decode_run_reserves_the_extra_steps_and_stops_at_the_shortest_output():
     step(sched)  # prefill: a at 5 computed + 1 out, b at 7 + 1; 2 blocks each
     batch = sched.schedule()
     assert batch.is_pure_decode and batch.num_tokens == 2
-    k = sched.extend_decode_run(batch, 100)
+    k = extend_run(sched, batch, 100)
     assert k == 8  # b has 8 outputs left
     # a writes positions 5..12 and b 7..14: 4 blocks each
     assert sched.allocator.num_free_blocks == 64 - 8
@@ -278,7 +286,7 @@ def test_decode_run_stops_before_the_cache_runs_out():
     step(sched)  # a, b: 4 computed, 1 block each
     batch = sched.schedule()  # token 5 of each takes a second block
     assert sched.allocator.num_free_blocks == 6
-    k = sched.extend_decode_run(batch, 100)
+    k = extend_run(sched, batch, 100)
     # k steps write positions 4..3+k: ceil((4 + k) / 4) blocks each, 2 * that <= 10 blocks: k <= 16
     assert k == 16
     sched.postprocess(batch, k)
@@ -295,7 +303,7 @@ def test_plain_scheduler_never_fuses():
     sched.add(make_seq(0, 4, 30))
     step(sched)
     batch = sched.schedule()
-    assert sched.extend_decode_run(batch, 100) == 1
+    assert extend_run(sched, batch, 100) == 1
 
 
 # ---- random request mixes ----------------------------------------------------------------
@@ -426,7 +434,7 @@ def drive(cfg: Config, requests, cohort=False, fuse=None, max_events=20000, stat
         if fuse is not None and fuse(now) and batch.is_pure_decode and not batch.preempted:
             bound = requests[i][0] - now if i < len(requests) else 1 << 30
             if bound > 1:
-                k = sched.extend_decode_run(batch, bound)
+                k = extend_run(sched, batch, bound)
                 assert 1 <= k <= bound
                 assert k == 1 or not batch.seqs
                 if stats is not None and k > 1:

@@ -304,14 +304,3 @@ class Scheduler:
             if k > 1:
                 return k, need - first
         return 1, 0
-
-    def extend_decode_run(self, batch: Batch, max_steps: int, on_plan=None) -> int:
-        """plan_decode_run, with the extra steps' blocks reserved (`on_plan(k)` is called first,
-        while the allocator still shows the state before them)."""
-        k, more = self.plan_decode_run(batch, max_steps)
-        if k > 1:
-            if on_plan is not None:
-                on_plan(k)
-            if more > 0:
-                self.allocator.reserve(more)
-        return k

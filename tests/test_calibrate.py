@@ -12,13 +12,13 @@ from kvsim.batch import Batch
 from kvsim.calibrate import fit as fitting
 from kvsim.calibrate.profile import COLUMNS, ProfileOptions, Shape, build_step, default_grid, heldout_grid, shapes_for
 from kvsim.calibrate.shapes import anchor_grid, ragged_heldout_grid, serving_grid
-from kvsim.calibrate.tables import (BATCH_FIELDS, Observation, merge_repeats, read_tables, read_vidur_allreduce,
+from kvsim.calibrate.tables import (BATCH_FIELDS, Observation, read_tables, read_vidur_allreduce,
                                     read_vidur_mlp, serving_observations, table_kind)
 from kvsim.cli import main
 from kvsim.errors import KvsimError
 from kvsim.perf.calibration import Calibration
 from kvsim.perf.roofline import VLLM_GRAPH_SIZES
-from kvsim.scenario.catalog import GPUS, MODELS
+from kvsim.scenario.catalog import MODELS
 
 TRUE = Calibration(compute_efficiency=0.62, attention_efficiency=0.4, memory_efficiency=0.7,
                    graph_step_overhead_s=8e-4, step_overhead_s=3e-3, eager_layer_s=2e-4, per_seq_overhead_s=3e-6)

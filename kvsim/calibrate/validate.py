@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from pathlib import Path
 
 from kvsim.calibrate.tables import read_bench_result
 from kvsim.errors import KvsimError

@@ -105,7 +105,6 @@ def load_hf_config(path: Path, name: str | None = None) -> ModelSpec:
         path = path / "config.json"
     c = _Config(read_json_object(path, "model config (model.hf_config)"), str(path))
     _refuse_unsupported(c)
-    layers = c.get("num_hidden_layers")
     hidden, heads = c.get("hidden_size"), c.get("num_attention_heads")
     kv_heads = c.get("num_key_value_heads", int, heads)
     mla = _mla(c)
@@ -114,6 +113,7 @@ def load_hf_config(path: Path, name: str | None = None) -> ModelSpec:
     if heads % kv_heads:
         raise KvsimError(f"{c.src}: num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}")
     head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim if mla else c.get("head_dim", int, hidden // heads)
+    layers = c.get("num_hidden_layers")
     moe = _moe(c, layers)
     dense_size = c.raw("intermediate_size_mlp") and c.get("intermediate_size_mlp", bound="intermediate_size")
     layer_types = _layer_types(c, layers)

@@ -143,8 +143,8 @@ def test_max_model_len_must_fit():
 
 
 def test_table_lengths_capped():
-    assert table_lengths(131072) == [1024, 4096, 16384, 32768, 131072]
-    assert table_lengths(20000) == [1024, 4096, 16384, 20000]
+    assert table_lengths(131072) == [1024, 4096, 8192, 16384, 32768, 131072]  # 8k: the lengths
+    assert table_lengths(20000) == [1024, 4096, 8192, 16384, 20000]
 
 
 def test_memory_table_paged_vs_contiguous():

@@ -31,7 +31,8 @@ def _every(n: int, layers: int, other: str, nth: str = FULL) -> tuple[str, ...]:
 
 _DEEPSEEK_V3 = dict(mla=MlaSpec(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
                                 q_lora_rank=1536),
-                    moe=MoeSpec(256, 8, 2048, shared_expert_intermediate_size=2048, dense_layers=(0, 1, 2)),
+                    moe=MoeSpec(256, 8, 2048, shared_expert_intermediate_size=2048, dense_layers=(0, 1, 2),
+                                router_bias=True),
                     quantization="fp8")
 _GPT_OSS = dict(sliding_window=128, attention_bias=True, quantization="mxfp4")
 _GEMMA = dict(tie=True, sandwich_norms=True)
@@ -56,9 +57,9 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
     _preset("DeepSeek-V3", 61, 7168, 128, 128, 192, 18432, 129280, 163840, 10000.0, 1e-6, **_DEEPSEEK_V3),
     _preset("DeepSeek-R1", 61, 7168, 128, 128, 192, 18432, 129280, 163840, 10000.0, 1e-6, **_DEEPSEEK_V3),
     _preset("gpt-oss-20b", 24, 2880, 64, 8, 64, 2880, 201088, 131072, 150000.0, 1e-5,
-            layer_types=(SLIDING, FULL) * 12, moe=MoeSpec(32, 4, 2880, bias=True), **_GPT_OSS),
+            layer_types=(SLIDING, FULL) * 12, moe=MoeSpec(32, 4, 2880, router_bias=True, expert_bias=True), **_GPT_OSS),
     _preset("gpt-oss-120b", 36, 2880, 64, 8, 64, 2880, 201088, 131072, 150000.0, 1e-5,
-            layer_types=(SLIDING, FULL) * 18, moe=MoeSpec(128, 4, 2880, bias=True), **_GPT_OSS),
+            layer_types=(SLIDING, FULL) * 18, moe=MoeSpec(128, 4, 2880, router_bias=True, expert_bias=True), **_GPT_OSS),
     _preset("Llama-4-Scout", 48, 5120, 40, 8, 128, 16384, 202048, 10485760, 500000.0, 1e-5,
             layer_types=_every(4, 48, CHUNKED), attention_chunk_size=8192,
             moe=MoeSpec(16, 1, 8192, shared_expert_intermediate_size=8192), encoder_params=LLAMA4_VISION_PARAMS),

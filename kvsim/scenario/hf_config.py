@@ -188,7 +188,8 @@ def _moe(c: _Config, layers: int) -> MoeSpec | None:
     size = c.get("moe_intermediate_size") if c.raw("moe_intermediate_size") is not None else c.get("intermediate_size")
     return MoeSpec(n_routed_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=size,
                    shared_expert_intermediate_size=_shared_size(c, size), dense_layers=_dense_layers(c, layers),
-                   bias=c.model_type == "gpt_oss")
+                   router_bias=c.model_type == "gpt_oss" or c.raw("topk_method") == "noaux_tc",
+                   expert_bias=c.model_type == "gpt_oss")
 
 
 def _shared_size(c: _Config, expert_size: int) -> int:

@@ -52,7 +52,8 @@ class MoeSpec:
     moe_intermediate_size: int
     shared_expert_intermediate_size: int = 0  # all shared experts together (DeepSeek: n_shared x moe size)
     dense_layers: tuple[int, ...] = ()  # layers with a dense MLP instead (DeepSeek: first_k_dense_replace)
-    bias: bool = False  # router and experts carry biases (gpt-oss)
+    router_bias: bool = False  # a bias per expert on the router (gpt-oss; DeepSeek's e_score_correction_bias)
+    expert_bias: bool = False  # biases on the experts' projections (gpt-oss)
 
     def expected_experts(self, num_tokens: float) -> float:
         """Distinct experts a batch of num_tokens touches in one layer under balanced routing (each
@@ -181,7 +182,7 @@ class ModelSpec:
             n += (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim + h
         if moe_layer and self.moe:
             e = self.moe.n_routed_experts
-            n += self.router_params + (e if self.moe.bias else 0)
+            n += self.router_params + (e if self.moe.router_bias else 0)
         return n
 
     def param_groups(self) -> ParamGroups:
@@ -189,7 +190,7 @@ class ModelSpec:
         attn, kv, rep = self._attn_params()
         experts = moe * self.moe.n_routed_experts * self.expert_params if self.moe else 0
         expert_bias = moe * self.moe.n_routed_experts * (2 * self.moe.moe_intermediate_size + self.hidden_size) \
-            if self.moe and self.moe.bias else 0  # gate_up (2 x inter) and down (hidden) biases
+            if self.moe and self.moe.expert_bias else 0  # gate_up (2 x inter) and down (hidden) biases
         small = (self.num_dense_layers * self._small_params_per_layer(False)
                  + moe * self._small_params_per_layer(True) + expert_bias + self.hidden_size)  # + final norm
         return ParamGroups(

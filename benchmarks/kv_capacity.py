@@ -93,8 +93,8 @@ def row(name: str, gpu: str, tp: int) -> dict:
     naive_blocks = naive.num_blocks(cap.kv)
     lens = [n for n in LENGTHS if n <= max_len]
     ref_blocks, ref_conc = vllm_reference(model, layout.page_bytes, layout.block_size, cap.kv, lens)
-    errors = [abs(cap.num_blocks / ref_blocks - 1)] + [abs(cap.num_blocks / layout.max_blocks(n, CHUNK) / ref_conc[n] - 1)
-                                                       for n in lens]
+    errors = [abs(cap.num_blocks / ref_blocks - 1)]
+    errors += [abs(cap.num_blocks / layout.max_blocks(n, CHUNK) / ref_conc[n] - 1) for n in lens]
     return {"model": name, "deploy": f"{tp}x {gpu}", "weights": cap.weights / GiB, "kv": cap.kv / GiB,
             "groups": f"{len(layout.groups)}x{layout.group_size}" + (f" (+{layout.padding_layers} pad)"
                                                                      if layout.padding_layers else ""),

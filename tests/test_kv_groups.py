@@ -232,3 +232,15 @@ def test_memory_json_command(tmp_path, capsys):
     assert out["model"] == "gpt-oss-20b" and set(pol["max_sequences"]) == {"1024", "4096", "8192", "16384", "32768"}
     assert pol["max_sequences_naive"]["32768"] < pol["max_sequences_decoding"]["32768"]
     assert math.isclose(pol["kv_bytes_per_token_naive"], 49152)
+
+
+def test_deploy_and_the_simulation_refuse_what_they_cannot_simulate():
+    from kvsim.perf.memory import kv_capacity
+    from kvsim.planning.deploy import layouts
+
+    sc = make("gpt-oss-20b", engine={"max_model_len": 131072})
+    ok, skipped = layouts(sc, "paged", ["H100-SXM"], [1])
+    assert not ok and "needs the hybrid KV cache allocator" in skipped[0]["reason"]
+    with pytest.raises(KvsimError, match="hybrid KV cache allocator"):
+        kv_capacity(sc, sc.policies[0], MODELS["gpt-oss-20b"], GPUS["H100-SXM"])
+    assert kv_capacity(sc, sc.policies[0], MODELS["gpt-oss-20b"], GPUS["H100-SXM"], simulate=False).num_blocks > 0

@@ -134,6 +134,9 @@ def test_moe_layer_rules(tmp_path):
     ({"mamba_d_state": 16}, "mamba_d_state: Mamba layers (Jamba) are not supported"),
     ({"num_experts_per_tok": 200}, "num_experts_per_tok: 200 is more than the 128 experts (num_experts)"),
     ({"decoder_sparse_step": 0}, "decoder_sparse_step: must be a positive integer"),
+    ({"layer_types": ["full_attention"] * 3}, "layer_types: must be a list of num_hidden_layers (48) names"),
+    ({"mlp_only_layers": "all"}, "mlp_only_layers: must be a list of integers"),
+    ({"num_experts": 2**20}, "num_experts: must be at most 65,536"),
 ])
 def test_refusals_name_the_key(tmp_path, change, message):
     base = json.loads((FIXTURES / "Qwen3-30B-A3B" / "config.json").read_text())

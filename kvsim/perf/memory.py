@@ -78,7 +78,8 @@ def _per_token_scales(kv_cache_dtype: str, per_token_scales: bool) -> bool:
     return kv_cache_dtype in QUANTIZED_KV and (per_token_scales or not kv_cache_dtype.startswith("fp8"))
 
 
-def kv_bytes_per_token_layer(model: ModelSpec, kv_cache_dtype: str, tp: int = 1, per_token_scales: bool = False) -> float:
+def kv_bytes_per_token_layer(model: ModelSpec, kv_cache_dtype: str, tp: int = 1,
+                             per_token_scales: bool = False) -> float:
     """Bytes one token takes in one layer's cache on one GPU. Quantized caches carry a float32 scale
     per token and head (int8, int4, and fp8 with `per_token_scales`); fp8 as vLLM uses per-tensor
     scales, which take no room in the blocks."""
@@ -228,10 +229,21 @@ def check_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, cap: KvCapa
                          f"hardware.tensor_parallel_size or hardware.gpu_memory_utilization")
 
 
-def kv_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec) -> KvCapacity:
+def kv_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, simulate: bool = True) -> KvCapacity:
+    """The checked breakdown; `simulate`: the engine must also be able to simulate the layout."""
+    if simulate:
+        check_simulable(scenario, policy, model, gpu)
     cap = compute_capacity(scenario, policy, model, gpu)
     check_capacity(scenario, policy, model, gpu, cap)
     return cap
+
+
+def check_simulable(scenario, policy, model: ModelSpec, gpu: GpuSpec) -> None:
+    """One line when kvsim's engine cannot yet simulate the policy's KV cache layout exactly."""
+    problem = simulation_problem(model, policy_layout(scenario, policy, model, gpu), max_model_len(scenario, model),
+                                 gpu.name, scenario.engine.block_size)
+    if problem:
+        raise KvsimError(f"{scenario.source}: {problem}")
 
 
 def prefill_flops(model: ModelSpec, num_tokens: int, context_tokens: int = 0) -> float:
@@ -257,12 +269,9 @@ def check_fits(scenario, model: ModelSpec, gpu: GpuSpec, policies, simulate: boo
     (`kv_groups.simulation_problem`)."""
     if simulate:
         for p in policies:
-            problem = simulation_problem(model, policy_layout(scenario, p, model, gpu), max_model_len(scenario, model),
-                                         gpu.name, scenario.engine.block_size)
-            if problem:
-                raise KvsimError(f"{scenario.source}: {problem}")
+            check_simulable(scenario, p, model, gpu)
     try:
-        caps = [kv_capacity(scenario, p, model, gpu) for p in policies]
+        caps = [kv_capacity(scenario, p, model, gpu, simulate=False) for p in policies]
     except KvsimError as exc:
         raise KvsimError(f"{exc}{_fit_hint(scenario, model, gpu, policies)}") from None
     replicas = scenario.hardware.num_replicas
@@ -282,7 +291,7 @@ def smallest_tp(scenario, model: ModelSpec, gpu: GpuSpec, policies) -> int | Non
             update={"tensor_parallel_size": tp})})
         try:
             for p in policies:
-                kv_capacity(trial, p, model, gpu)
+                kv_capacity(trial, p, model, gpu, simulate=False)
         except KvsimError:
             continue
         return tp

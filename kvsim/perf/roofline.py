@@ -260,7 +260,8 @@ class StepModel:
     def layer_gemm_time(self, num_tokens: int) -> float:
         """One layer's projections (qkv, o, gate_up, down) for num_tokens tokens."""
         layers = self.model.num_hidden_layers
-        return max((num_tokens + self.gemm_pad) * self.layers_s_per_token, self.layers_weights_time(num_tokens)) / layers
+        compute = (num_tokens + self.gemm_pad) * self.layers_s_per_token
+        return max(compute, self.layers_weights_time(num_tokens)) / layers
 
     def layer_small_kernels_time(self, num_tokens: int) -> float:
         """One layer's elementwise kernels (norms, RoPE, activation, KV store) for num_tokens tokens."""

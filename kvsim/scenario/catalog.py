@@ -1,7 +1,9 @@
 """Model and GPU presets: the shapes and datasheet figures every sizing and timing model starts from.
 
-`ModelSpec` uses Hugging Face `config.json` field names, so a preset and a loaded config are the same
-object. `GpuSpec` holds dense (non-sparse) datasheet rates and the memory the device reports.
+`ModelSpec` (kvsim/scenario/models.py) uses Hugging Face `config.json` field names, so a preset and a
+loaded config (kvsim/scenario/hf_config.py) are the same object: dense and mixture-of-experts models,
+full, sliding-window, chunked-local and latent attention. `GpuSpec` holds dense (non-sparse)
+datasheet rates and the memory the device reports.
 `model_spec(scenario)` and `gpu_spec(scenario)` turn a scenario's [model] and [hardware] sections
 into specs, or raise `KvsimError` naming the file and key at fault.
 """
@@ -12,8 +14,7 @@ from dataclasses import dataclass, fields, replace
 
 from kvsim.errors import KvsimError
 from kvsim.scenario.hf_config import load_hf_config  # noqa: F401  (re-exported)
-from kvsim.scenario.models import (DTYPE_BYTES, FULL, SLIDING, CHUNKED, MlaSpec, ModelSpec,  # noqa: F401
-                                   MoeSpec)
+from kvsim.scenario.models import CHUNKED, DTYPE_BYTES, FULL, SLIDING, MlaSpec, ModelSpec, MoeSpec  # noqa: F401
 
 
 def _preset(name, layers, hidden, heads, kv_heads, head_dim, inter, vocab, max_pos, theta, eps, tie=False, qk=False,
@@ -35,6 +36,7 @@ _DEEPSEEK_V3 = dict(mla=MlaSpec(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_h
                                 router_bias=True),
                     quantization="fp8")
 _GPT_OSS = dict(sliding_window=128, attention_bias=True, quantization="mxfp4")
+_GPT_OSS_MOE = dict(router_bias=True, expert_bias=True)
 _GEMMA = dict(tie=True, sandwich_norms=True)
 # Vision encoders vLLM loads with the multimodal checkpoints (hf_config's ViT estimate from vision_config):
 # SigLIP (gemma-3: 27 layers of 1152) and Llama-4's (34 layers of 1408), each with its projector.
@@ -57,9 +59,9 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
     _preset("DeepSeek-V3", 61, 7168, 128, 128, 192, 18432, 129280, 163840, 10000.0, 1e-6, **_DEEPSEEK_V3),
     _preset("DeepSeek-R1", 61, 7168, 128, 128, 192, 18432, 129280, 163840, 10000.0, 1e-6, **_DEEPSEEK_V3),
     _preset("gpt-oss-20b", 24, 2880, 64, 8, 64, 2880, 201088, 131072, 150000.0, 1e-5,
-            layer_types=(SLIDING, FULL) * 12, moe=MoeSpec(32, 4, 2880, router_bias=True, expert_bias=True), **_GPT_OSS),
+            layer_types=(SLIDING, FULL) * 12, moe=MoeSpec(32, 4, 2880, **_GPT_OSS_MOE), **_GPT_OSS),
     _preset("gpt-oss-120b", 36, 2880, 64, 8, 64, 2880, 201088, 131072, 150000.0, 1e-5,
-            layer_types=(SLIDING, FULL) * 18, moe=MoeSpec(128, 4, 2880, router_bias=True, expert_bias=True), **_GPT_OSS),
+            layer_types=(SLIDING, FULL) * 18, moe=MoeSpec(128, 4, 2880, **_GPT_OSS_MOE), **_GPT_OSS),
     _preset("Llama-4-Scout", 48, 5120, 40, 8, 128, 16384, 202048, 10485760, 500000.0, 1e-5,
             layer_types=_every(4, 48, CHUNKED), attention_chunk_size=8192,
             moe=MoeSpec(16, 1, 8192, shared_expert_intermediate_size=8192), encoder_params=LLAMA4_VISION_PARAMS),

@@ -109,7 +109,8 @@ def load_hf_config(path: Path, name: str | None = None) -> ModelSpec:
     kv_heads = c.get("num_key_value_heads", int, heads)
     mla = _mla(c)
     if mla is None and c.raw("head_dim") is None and hidden % heads:
-        raise KvsimError(f"{c.src}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} (give head_dim)")
+        raise KvsimError(f"{c.src}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                         f"(give head_dim)")
     if heads % kv_heads:
         raise KvsimError(f"{c.src}: num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}")
     head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim if mla else c.get("head_dim", int, hidden // heads)

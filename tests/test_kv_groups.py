@@ -244,3 +244,17 @@ def test_deploy_and_the_simulation_refuse_what_they_cannot_simulate():
     with pytest.raises(KvsimError, match="hybrid KV cache allocator"):
         kv_capacity(sc, sc.policies[0], MODELS["gpt-oss-20b"], GPUS["H100-SXM"])
     assert kv_capacity(sc, sc.policies[0], MODELS["gpt-oss-20b"], GPUS["H100-SXM"], simulate=False).num_blocks > 0
+
+
+def test_windows_longer_than_max_model_len_count_as_one_group():
+    """gpt-oss at max_model_len 128: no sliding layer ever frees a block, so vLLM's two groups hold
+    what one group of all 24 layers would; kvsim counts (and simulates) it so."""
+    from kvsim.perf.memory import policy_layout
+
+    m, h100 = MODELS["gpt-oss-20b"], GPUS["H100-SXM"]
+    sc = make("gpt-oss-20b", engine={"max_model_len": 128})
+    layout = policy_layout(sc, sc.policies[0], m, h100)
+    assert groups(layout) == [(FULL_SPEC, 0, 24)]
+    check_fits(sc, m, h100, sc.policies)
+    vllm = kv_layout(m, "auto", 16)  # two groups: 2 x cdiv(128, 16) blocks of 12 pages a sequence, the same bytes
+    assert vllm.blocks_held(128) * vllm.block_bytes == layout.blocks_held(128) * layout.block_bytes

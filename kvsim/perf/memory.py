@@ -109,10 +109,16 @@ def kv_layout(model: ModelSpec, kv_cache_dtype: str, block_size: int, tp: int = 
 
 
 def policy_layout(scenario, policy, model: ModelSpec, gpu: GpuSpec, naive: bool = False) -> KvCacheLayout:
-    """A policy's layout at the block size vLLM runs the model with on this GPU."""
+    """A policy's layout at the block size vLLM runs the model with on this GPU. When no window is
+    shorter than max_model_len, vLLM's groups hold what one group of every layer would, block for
+    block: the layout is counted as that (the one kvsim's engine simulates)."""
     block = vllm_block_size(model, gpu.name, scenario.engine.block_size)
-    return kv_layout(model, policy.kv_cache_dtype, block, scenario.hardware.tensor_parallel_size,
-                     policy.kv_cache_scales == "per_token", naive)
+    args = (model, policy.kv_cache_dtype, block, scenario.hardware.tensor_parallel_size,
+            policy.kv_cache_scales == "per_token")
+    layout = kv_layout(*args, naive)
+    if layout.hybrid and all(g.window >= max_model_len(scenario, model) for g in layout.groups if g.window):
+        return kv_layout(*args, naive=True)
+    return layout
 
 
 def activation_estimate(model: ModelSpec, num_tokens: int, num_seqs: int, tp: int = 1) -> int:
@@ -132,16 +138,15 @@ def activation_estimate(model: ModelSpec, num_tokens: int, num_seqs: int, tp: in
     reads the gate/up output (2 x intermediate) while it writes its own (1 x), so both are alive. The
     sampler holds the logits in the model dtype, their float32 copy and float32 probabilities at
     once; with tensor parallelism every rank gathers the whole vocabulary. MLA's prefill expands the
-    latent into per-head K and V (q_heads x (2 x qk head + v head) instead of the qkv term). Check against vLLM's own
-    log for Llama-3.1-8B on an H100 (8192 tokens, 1024 sequences): "PyTorch activation peak memory
+    latent into per-head K and V (q_heads x (2 x qk head + v head) in place of the qkv term). Check
+    against vLLM's own log for Llama-3.1-8B on an H100 (8192 tokens, 1024 sequences): "PyTorch activation peak memory
     takes 1.21GiB" / "1.24GiB"; this gives 1024 x 128256 x 10 B + 2 x 8192 x 4096 x 2 B = 1.35 GiB.
     """
     t, a = num_tokens, model.activation_bytes
     q_heads = max(1, model.num_attention_heads // tp)
     mlp = t * 3 * math.ceil(model.intermediate_size / tp) * a if model.num_dense_layers else 0
     if model.mla:  # prefill expands the latent into per-head K (nope + rope) and V
-        m = model.mla
-        qkv = t * q_heads * (2 * model.head_dim + m.v_head_dim) * a
+        qkv = t * q_heads * (2 * model.head_dim + model.v_head_dim) * a
     else:
         qkv = t * (q_heads + 2 * kv_heads_per_gpu(model, tp)) * model.head_dim * a
     logits = min(t, num_seqs) * model.vocab_size * (a + 8)

@@ -106,7 +106,7 @@ def memory(scenario, *, kv_dtypes=None, seq_lens=None):
     if not hasattr(scenario, "policies"):
         scenario = load_scenario(scenario)
     model, gpu = model_spec(scenario), gpu_spec(scenario)
-    check_fits(scenario, model, gpu, scenario.policies)  # the same rules as `run` and `kvsim memory`
+    check_fits(scenario, model, gpu, scenario.policies, simulate=False)  # the same rules as `kvsim memory`
     return memory_records(scenario, model, gpu, kv_dtypes, seq_lens)
 
 

@@ -8,6 +8,7 @@ line on stderr naming the file, key or line, and exit code 2.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=cmd_run)
     mem = sub.add_parser("memory", help="print the KV capacity breakdown and KV memory growth table")
     add_scenario_arguments(mem)
+    mem.add_argument("--json", action="store_true", help="print the figures as JSON (kvsim.memory's records)")
     mem.set_defaults(handler=cmd_memory)
     schema = sub.add_parser("schema", help="print the scenario JSON schema")
     schema.add_argument("--markdown", action="store_true",
@@ -118,12 +120,15 @@ def cmd_run(args, console: Console) -> int:
 
 def cmd_memory(args, console: Console) -> int:
     from kvsim.perf.memory import check_fits
-    from kvsim.results.memory_report import render_memory
+    from kvsim.results.memory_report import memory_records, render_memory
     from kvsim.scenario.catalog import gpu_spec, model_spec
 
     scenario = scenario_from_args(args)
     model, gpu = model_spec(scenario), gpu_spec(scenario)
-    check_fits(scenario, model, gpu, scenario.policies)  # the same rules as `run`
+    check_fits(scenario, model, gpu, scenario.policies, simulate=False)  # `run`'s rules, less what it cannot simulate
+    if args.json:
+        print(json.dumps(memory_records(scenario, model, gpu), indent=2))
+        return 0
     for renderable in render_memory(scenario, model, gpu):
         console.print(renderable)
     return 0

@@ -439,3 +439,32 @@ def test_shipped_calibrations_are_picked_by_gpu_and_engine(tmp_path):
         assert set(doc["provenance"]) == set(doc["coefficients"]), path.name
         assert all(isinstance(v, str) and v for v in doc["provenance"].values())
         assert math.isfinite(load_calibration(path).compute_efficiency)
+
+
+def test_moe_computes_active_experts_and_streams_those_the_batch_touches():
+    """Qwen3-30B-A3B: a token goes through attention, the router and 8 of 128 experts in each of 48
+    layers; a step streams the attention and the experts its tokens touch, 128 x (1 - (1 - 8/128)^T)."""
+    m = MODELS["Qwen3-30B-A3B"]
+    sm = StepModel(m, H100, 1, "auto", CAL)
+    h = 2048
+    attn, expert, router = 2 * h * 32 * 128 + 2 * h * 4 * 128, 3 * h * 768, h * 128
+    active = 48 * (attn + router + 8 * expert)
+    assert sm.layers_s_per_token == pytest.approx(2 * active / (PEAK * 0.5), rel=1e-12)
+    dense_bytes, experts_bytes = 48 * attn * 2, 48 * 128 * expert * 2  # routers: tiny, left out as norms are
+    for tokens in (1, 16, 4096):
+        touched = 128 * (1 - (1 - 8 / 128) ** tokens)
+        assert sm.layers_weights_time(tokens) == pytest.approx((dense_bytes + experts_bytes * touched / 128) / BW,
+                                                               rel=1e-12)
+    assert sm.layers_weights_time(1) == pytest.approx((dense_bytes + experts_bytes / 16) / BW, rel=1e-12)
+    assert sm.layers_weights_time(4096) == pytest.approx((dense_bytes + experts_bytes) / BW, rel=1e-9)
+    # a decode step of one sequence is memory-bound: far below streaming every expert
+    assert sm.gemm_time(1, 1) < (dense_bytes + experts_bytes) / BW / 5
+    assert StepModel(LLAMA8, H100, 1, "auto", CAL).layers_weights_time(7) == \
+        StepModel(LLAMA8, H100, 1, "auto", CAL).layers_weights_s  # dense: every step streams every layer
+
+
+def test_deepseek_runs_fp8_gemms_and_streams_shipped_bytes():
+    m = MODELS["DeepSeek-V3"]
+    sm = StepModel(m, GPUS["H200"], 8, "auto", CAL)
+    assert m.gemm_dtype == "fp8"
+    assert sm.layers_s_per_token == pytest.approx(2 * m.active_layer_params / (8 * 1978.9e12 * 0.5), rel=1e-12)

@@ -3,7 +3,10 @@
 A step's GPU work (`body`) is a sum of separately priced parts, each its own roofline:
 
     GEMMs        max(FLOPs / (peak x compute_efficiency), streamed weights / bandwidth), for the layers and
-                 for lm_head (sampled rows only) apart; the input embedding is a gather, not a table read
+                 for lm_head (sampled rows only) apart; the input embedding is a gather, not a table read.
+                 A mixture-of-experts layer computes its router, shared experts and top_k routed experts
+                 a token, and streams the experts the step's tokens touch: E x (1 - (1 - k/E)^tokens)
+                 of its E under balanced routing (`MoeSpec.expected_experts`)
     attention    the decode and the prefill kernels apart, each max(FLOPs / (peak x attention_efficiency)
                  (+ KV dequantization), KV bytes / bandwidth, layers x attention_floor_s, a serial floor);
                  a quantized cache multiplies prefill attention by quantized_prefill_factor and adds
@@ -35,7 +38,8 @@ from functools import partial
 from kvsim.perf.calibration import Calibration, load_calibration  # noqa: F401  (re-exported)
 from kvsim.perf.memory import QUANTIZED_KV, bytes_per_block, kv_bytes_per_token, kv_elements_per_token, \
     kv_heads_per_gpu
-from kvsim.scenario.catalog import DTYPE_BYTES, GpuSpec, ModelSpec
+from kvsim.perf.weights import weights_per_gpu
+from kvsim.scenario.catalog import GpuSpec, ModelSpec
 
 NEVER = 1 << 62  # a step index no run reaches
 LOGITS_BYTES_PER_VOCAB = 12  # a sampled row: 16-bit logits written, read, fp32 copy written and read
@@ -64,10 +68,14 @@ def activation_bytes_per_token(model: ModelSpec, kv_cache_dtype: str, tp: int = 
     gate and up, write the product), and the KV store (read the new K and V, write them to the cache)."""
     a = model.activation_bytes
     q = max(1, model.num_attention_heads // tp) * model.head_dim
-    kv = kv_heads_per_gpu(model, tp) * model.head_dim
-    inter = math.ceil(model.intermediate_size / tp)
-    per_layer = 8 * model.hidden_size * a + 2 * (q + kv) * a + 3 * inter * a + 2 * kv * a
-    return model.num_hidden_layers * per_layer + kv_bytes_per_token(model, kv_cache_dtype, tp)
+    kv = kv_elements_per_token(model, tp) // (2 * model.num_hidden_layers)
+    per_layer = 8 * model.hidden_size * a + 2 * (q + kv) * a + 2 * kv * a
+    inter = model.num_dense_layers * math.ceil(model.intermediate_size / tp)
+    if model.moe:  # each token's top_k routed experts and the shared experts
+        moe = model.moe
+        inter += model.num_moe_layers * (moe.num_experts_per_tok * math.ceil(moe.moe_intermediate_size / tp)
+                                         + math.ceil(moe.shared_expert_intermediate_size / tp))
+    return model.num_hidden_layers * per_layer + 3 * inter * a + kv_bytes_per_token(model, kv_cache_dtype, tp)
 
 
 def allreduce_seconds(size_bytes: float, workers: int, gpu: GpuSpec, c: Calibration) -> float:
@@ -144,9 +152,9 @@ class StepModel:
         self.graph_sizes = tuple(sorted(graph_sizes))
         self.graph_max_seqs = self.graph_sizes[-1] if self.graph_sizes else 0
         c, layers = calibration, model.num_hidden_layers
-        peak = (gpu.fp8_tflops if model.dtype == "fp8" else gpu.bf16_tflops) * 1e12
+        peak = (gpu.fp8_tflops if model.gemm_dtype == "fp8" else gpu.bf16_tflops) * 1e12
         bandwidth = gpu.hbm_bandwidth_gbps * 1e9 * c.memory_efficiency
-        wbytes = DTYPE_BYTES[model.dtype]
+        w = weights_per_gpu(model, tp)
         self.kv_bytes_per_token = kv_bytes_per_token(model, kv_cache_dtype, tp, per_token_scales)
         self.bytes_per_block = bytes_per_block(model, kv_cache_dtype, block_size, tp, per_token_scales)
         # Seconds per unit of work, per GPU.
@@ -154,9 +162,10 @@ class StepModel:
         self.gemm_pad = c.gemm_pad_tokens
         self.layers_s_per_token = model.gemm_flops(1, 0) * gemm_s_per_flop
         self.lm_head_s_per_seq = model.gemm_flops(0, 1) * gemm_s_per_flop  # only sampled rows go through lm_head
-        layer_params = layers * (model.attn_params_per_layer + model.mlp_params_per_layer)
-        self.layers_weights_s = layer_params * wbytes / tp / bandwidth
-        self.lm_head_weights_s = model.lm_head_params * wbytes / tp / bandwidth  # the embedding too, when tied
+        layer_bytes = w.attn + w.attn_kv + w.attn_replicated + w.dense_mlp + w.shared_experts
+        self.layers_weights_s = layer_bytes / bandwidth  # read by every step (norm weights left out: tiny)
+        self.expert_weights_s = w.experts / bandwidth  # all routed experts; a step reads those its tokens touch
+        self.lm_head_weights_s = (w.lm_head or w.embed) / bandwidth  # the embedding, when tied
         self.attn_s_per_pair = model.attention_flops(1) / (tp * peak * c.attention_efficiency)
         quant = c.quantized_prefill_factor if kv_cache_dtype in QUANTIZED_KV else 1.0
         self.prefill_attn_s_per_pair = self.attn_s_per_pair * quant
@@ -194,8 +203,15 @@ class StepModel:
     def gemm_time(self, num_tokens: int, num_seqs: int) -> float:
         layers = (num_tokens + self.gemm_pad) * self.layers_s_per_token
         head = (num_seqs + self.gemm_pad) * self.lm_head_s_per_seq
-        return (max(layers, self.layers_weights_s) if num_tokens else 0.0) + \
+        return (max(layers, self.layers_weights_time(num_tokens)) if num_tokens else 0.0) + \
             (max(head, self.lm_head_weights_s) if num_seqs else 0.0)
+
+    def layers_weights_time(self, num_tokens: int) -> float:
+        """Seconds to stream the layers' weights a step of num_tokens tokens reads."""
+        moe = self.model.moe
+        if moe is None:
+            return self.layers_weights_s
+        return self.layers_weights_s + self.expert_weights_s * moe.expected_experts(num_tokens) / moe.n_routed_experts
 
     def decode_splits(self, rows: int) -> int:
         """The decode kernel's programs per (sequence, KV head) for a batch of `rows` (padded) sequences."""
@@ -244,7 +260,8 @@ class StepModel:
     def layer_gemm_time(self, num_tokens: int) -> float:
         """One layer's projections (qkv, o, gate_up, down) for num_tokens tokens."""
         layers = self.model.num_hidden_layers
-        return max((num_tokens + self.gemm_pad) * self.layers_s_per_token, self.layers_weights_s) / layers
+        compute = (num_tokens + self.gemm_pad) * self.layers_s_per_token
+        return max(compute, self.layers_weights_time(num_tokens)) / layers
 
     def layer_small_kernels_time(self, num_tokens: int) -> float:
         """One layer's elementwise kernels (norms, RoPE, activation, KV store) for num_tokens tokens."""

@@ -90,7 +90,8 @@ class ModelConfig(_Section):
         "Model preset (case-insensitive). Give this or hf_config, not both."))
     hf_config: Optional[PathText] = Field(None, description=(
         "Path to a Hugging Face config.json (or the folder holding one), relative to the scenario file: "
-        "a dense decoder-only model (Llama, Qwen, Mistral family). Give this or name."))
+        "a decoder-only model, dense or mixture-of-experts, with full, sliding-window, chunked-local or "
+        "latent (MLA) attention (linear-attention and Mamba hybrids are refused). Give this or name."))
     dtype: Literal["bfloat16", "float16", "float32", "fp8"] = Field("bfloat16", description=(
         "Weight dtype: sets weight memory and the GEMM rate (fp8 uses the GPU's fp8 TFLOP/s). "
         "vLLM: --dtype (fp8 weights: --quantization fp8)."))

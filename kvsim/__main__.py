@@ -1,5 +1,13 @@
-"""`python -m kvsim` entry point."""
+"""`python -m kvsim` entry point: the guard (kvsim.guard, standard library only) is in place before the
+rest of kvsim is imported, so a signal or a closed stream during start-up also ends in one line."""
 
-from kvsim.cli import main
+from kvsim.guard import run
 
-raise SystemExit(main())
+
+def _command() -> int:
+    from kvsim.cli import dispatch
+
+    return dispatch()
+
+
+raise SystemExit(run(_command))

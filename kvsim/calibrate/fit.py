@@ -98,16 +98,13 @@ def simulate_with(scenario_path: str, policy: str, calibration: Calibration) -> 
     from kvsim.pipeline import run_scenario
     from kvsim.scenario.config import load_scenario
 
-    fd, path = tempfile.mkstemp(suffix=".json", prefix="kvsim-cal-")
-    os.close(fd)
-    try:
+    with tempfile.TemporaryDirectory(prefix="kvsim-cal-") as folder:
+        path = os.path.join(folder, "calibration.json")
         write_calibration(path, calibration)
         sc = load_scenario(scenario_path)
         backend = sc.backend.model_copy(update={"name": "analytic", "calibration": path})
         sc = sc.model_copy(update={"backend": backend})
         return run_scenario(sc, None, [policy], write=False).summaries[policy]
-    finally:
-        os.unlink(path)
 
 
 def log_errors(observations: list[Observation], calibration: Calibration, tables: dict | None = None) -> np.ndarray:

@@ -1,13 +1,5 @@
-"""`python -m kvsim` entry point: the guard (kvsim.guard, standard library only) is in place before the
-rest of kvsim is imported, so a signal or a closed stream during start-up also ends in one line."""
+"""`python -m kvsim` entry point: kvsim.guard.main, which sets the guard up before importing the rest."""
 
-from kvsim.guard import run
+from kvsim.guard import main
 
-
-def _command() -> int:
-    from kvsim.cli import dispatch
-
-    return dispatch()
-
-
-raise SystemExit(run(_command))
+raise SystemExit(main())

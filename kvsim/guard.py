@@ -28,6 +28,7 @@ import re
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 EXIT_PIPE = 128 + getattr(signal, "SIGPIPE", 13)
@@ -61,6 +62,20 @@ def install_signals() -> dict:
         if current is not signal.SIG_IGN:
             previous[sig] = signal.signal(sig, _on_signal)
     return previous
+
+
+@contextmanager
+def deferred_signals():
+    """SIGNALS held back (blocked, then handled on leaving) while a few steps must happen together, such
+    as a rename and recording that it happened. Only the main thread handles signals; elsewhere a no-op."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def worker_signals() -> None:
@@ -194,6 +209,8 @@ def _outcome(command) -> int:
         code = command()
         _flush_stdout()
         return code
+    except MemoryError:
+        pass  # reported below, once the exception (and the frames it holds on to) is gone
     except KvsimError as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
@@ -205,8 +222,6 @@ def _outcome(command) -> int:
     except BrokenPipeError:  # `kvsim schema | head`: the reader left; say nothing more
         _silence_stdout()
         return EXIT_PIPE
-    except MemoryError:
-        return _out_of_memory()
     except OSError as exc:
         if getattr(exc, "kvsim_stdout", False):
             _silence_stdout()
@@ -220,6 +235,7 @@ def _outcome(command) -> int:
             traceback.print_exc()
         return _fail(f"internal error ({type(exc).__name__}: {exc}): a bug in kvsim; please report it with the "
                      "command (KVSIM_DEBUG=1 prints the traceback)", code=1)
+    return _out_of_memory()
 
 
 def run(command) -> int:
@@ -235,3 +251,13 @@ def run(command) -> int:
         sys.stdout = stdout
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def main() -> int:
+    """The `kvsim` command (`python -m kvsim`, and the console script): the guard first, then the rest of
+    kvsim is imported inside it, so a signal or a closed stream during start-up also ends in one line."""
+    def command() -> int:
+        from kvsim.cli import dispatch
+
+        return dispatch()
+    return run(command)

@@ -29,6 +29,7 @@ from typing import Optional
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.guard import deferred_signals
 from kvsim.results.cells import csv_cell
 from kvsim.results.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS
 from kvsim.results.report import timeseries_arrays, write_report_html
@@ -190,18 +191,21 @@ class ResultsWriter:
             vetted = check_target(self.out_dir, self.force, self.inputs)
             if vetted.kind == "absent":
                 try:
-                    rename_noreplace(self.tmp_dir, self.out_dir)
+                    with deferred_signals():  # the rename and knowing it happened go together
+                        rename_noreplace(self.tmp_dir, self.out_dir)
+                        self.tmp_dir = None
                 except FileExistsError:
                     continue  # something appeared at out_dir since the check: vet it
-                self.tmp_dir = None
                 return None
-            if not rename_exchange(self.tmp_dir, self.out_dir):
-                return self._two_step_swap(vetted)
-            old, self.tmp_dir = self.tmp_dir, None  # the new results stand; old holds what was at out_dir
+            with deferred_signals():
+                if not rename_exchange(self.tmp_dir, self.out_dir):
+                    return self._two_step_swap(vetted)
+                old, self.tmp_dir = self.tmp_dir, None  # the new results stand; old holds what was at out_dir
             if self._is_vetted(old, vetted):
                 return old, vetted
-            rename_exchange(old, self.out_dir)  # replaced since the check: put it back, ours back to tmp
-            self.tmp_dir = old
+            with deferred_signals():
+                rename_exchange(old, self.out_dir)  # replaced since the check: put it back, ours back to tmp
+                self.tmp_dir = old
         raise KvsimError(f"{self.out_dir}: kept changing while kvsim wrote its results; nothing replaced")
 
     @staticmethod

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from kvsim import guard
 from kvsim.errors import KvsimError
-from kvsim.guard import Terminated, one_line as _one_line  # noqa: F401 (Terminated: kvsim.cli's name for it)
+from kvsim.guard import one_line as _one_line
 from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
 
 # Packages above `run` that add commands of their own: each has `add_commands(subparsers)`.
@@ -195,8 +195,8 @@ def _check_output(args) -> None:
 
 
 def dispatch(argv=None) -> int:
-    """Parse the command line and run its command (`main` without the guard: `python -m kvsim` sets the
-    guard up before importing this module)."""
+    """Parse the command line and run its command (`main` without the guard: kvsim.guard.main, the console
+    script and `python -m kvsim`, sets the guard up before importing this module)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices

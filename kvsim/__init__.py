@@ -27,7 +27,14 @@ def run(scenario, *, out_dir=None, policies=None, progress=None, force=False):
     (replacing only an earlier results folder, unless `force`)."""
     from kvsim.pipeline import run_scenario
 
+    _check_progress(progress)
     return run_scenario(_scenario(scenario), out_dir, policies, progress, write=out_dir is not None, force=force)
+
+
+def _check_progress(progress) -> None:
+    from kvsim.errors import check_callable
+
+    check_callable(progress, "progress")
 
 
 def _scenario(scenario, overrides=()):
@@ -55,6 +62,7 @@ def plan(scenario, *, policies=None, seeds=3, resolution=0.02, num_requests=None
     """
     from kvsim.planning.capacity import plan as run_plan
 
+    _check_progress(progress)
     return run_plan(_scenario(scenario), policies=policies, seeds=seeds, resolution=resolution,
                     num_requests=num_requests, workers=workers, ray=ray, progress=progress)
 
@@ -75,6 +83,7 @@ def deploy(scenario, target_rate, *, gpus=None, tensor_parallel=(1, 2, 4, 8), po
     """
     from kvsim.planning.deploy import deploy as run_deploy
 
+    _check_progress(progress)
     return run_deploy(_scenario(scenario), target_rate, gpus=gpus, tensor_parallel=tensor_parallel,
                       policy=policy, seeds=seeds, resolution=resolution, num_requests=num_requests, top=top,
                       max_replicas=max_replicas, workers=workers, ray=ray, progress=progress)
@@ -90,6 +99,7 @@ def sweep(scenario, points, *, workers=None, ray=None, progress=None):
     """
     from kvsim.planning.sweep import sweep as run_sweep
 
+    _check_progress(progress)
     return run_sweep(_scenario(scenario), points, workers=workers, ray=ray, progress=progress)
 
 

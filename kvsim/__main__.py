@@ -1,5 +1,5 @@
-"""`python -m kvsim` entry point."""
+"""`python -m kvsim` entry point: kvsim.guard.main, which sets the guard up before importing the rest."""
 
-from kvsim.cli import main
+from kvsim.guard import main
 
 raise SystemExit(main())

@@ -10,16 +10,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from importlib import import_module
 from pathlib import Path
 
 from rich.console import Console
 
+from kvsim import guard
 from kvsim.errors import KvsimError
+from kvsim.guard import one_line as _one_line
 from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
 
 # Packages above `run` that add commands of their own: each has `add_commands(subparsers)`.
@@ -37,6 +37,20 @@ def _port(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"must be a TCP port in 1..65535, got {text!r}")
     return int(text)
+
+
+def _address(text: str) -> str:
+    """A host name or IP address to listen on (Streamlit's --server.address)."""
+    import ipaddress
+    import re
+
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        if re.fullmatch(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
+                        r"[A-Za-z0-9])?)*", text):
+            return text
+    raise argparse.ArgumentTypeError(f"not an IP address or host name: {text!r}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="port to serve on (Streamlit's default: 8501)")
     dash.add_argument("--server.headless", dest="headless", choices=("true", "false"),
                       help="true: do not open a browser window")
+    dash.add_argument("--server.address", dest="address", default="127.0.0.1", type=_address, metavar="ADDRESS",
+                      help="interface to listen on (default 127.0.0.1: this machine only; 0.0.0.0 opens it to the "
+                           "network, without authentication: see the README before sharing it)")
     dash.set_defaults(handler=cmd_dashboard)
     for name in COMMAND_MODULES:
         import_module(name).add_commands(sub)
@@ -159,60 +176,43 @@ def cmd_dashboard(args, console: Console) -> int:
         cmd += ["--server.port", str(args.port)]
     if args.headless is not None:
         cmd += ["--server.headless", args.headless]
+    cmd += ["--server.address", args.address]
     sys.stdout.flush()
     os.execv(sys.executable, cmd)
     return 0  # not reached
 
 
-class Terminated(BaseException):
-    """SIGTERM or SIGHUP: unwinds like Ctrl-C, so the results writer removes its temporary folder."""
+def _console() -> Console:
+    """The terminal's console (pipes and logs: wide, no truncated table); control and bidirectional-override
+    characters in anything printed (policy names...) are escaped."""
+    class SafeConsole(Console):
+        def _render_buffer(self, buffer):
+            return super()._render_buffer(s if s.control else s._replace(text=guard.escape_terminal(s.text))
+                                          for s in buffer)
 
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _on_signal(signum, frame):
-    for sig in _SIGNALS:  # a second signal must not interrupt the clean-up of the first
-        signal.signal(sig, signal.SIG_IGN)
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise Terminated(signum)
+        def on_broken_pipe(self):  # rich's own exits 1; the guard's ends quietly with 141
+            raise BrokenPipeError(32, "Broken pipe")
+    return SafeConsole() if sys.stdout.isatty() else SafeConsole(width=160)
 
 
-_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+def _check_output(args) -> None:
+    if guard.stdout_closed() and not getattr(args, "quiet", False):
+        raise KvsimError("standard output is closed: pass --quiet (run, plan, sweep) or redirect it (> FILE)")
 
 
-def _one_line(text: str, limit: int = 2000) -> str:
-    """A message as one printable line (names from files may hold newlines or escapes)."""
-    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def main(argv=None) -> int:
+def dispatch(argv=None) -> int:
+    """Parse the command line and run its command (`main` without the guard: kvsim.guard.main, the console
+    script and `python -m kvsim`, sets the guard up before importing this module)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     if argv and argv[0] not in commands and not argv[0].startswith("-"):
         argv.insert(0, "run")
     args = parser.parse_args(argv)
-    console = Console() if sys.stdout.isatty() else Console(width=160)  # pipes and logs: no truncated table
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, _on_signal) for sig in _SIGNALS} if in_main else {}
-    try:
-        return args.handler(args, console)
-    except KvsimError as exc:
-        print(f"kvsim: error: {_one_line(str(exc))}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("kvsim: interrupted", file=sys.stderr)
-        return 130
-    except Terminated as exc:
-        print(f"kvsim: terminated ({signal.Signals(exc.signum).name})", file=sys.stderr)
-        return 128 + exc.signum
-    except BrokenPipeError:  # `kvsim schema | head`: the reader left; say nothing more
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    _check_output(args)
+    return args.handler(args, _console())
+
+
+def main(argv=None) -> int:
+    """The `kvsim` command: `dispatch` under kvsim.guard (one line and an exit code, whatever happens)."""
+    return guard.run(lambda: dispatch(argv))

@@ -23,6 +23,7 @@ from kvsim.scenario.catalog import gpu_spec, model_spec
 from kvsim.scenario.config import results_dir
 from kvsim.scenario.defaults import engine_limits
 from kvsim.scenario.files import user_path
+from kvsim.scenario.traces import one_read_per_call
 from kvsim.scenario.workload import expected_count, generate_requests, timeseries_interval
 
 GIB = 1 << 30
@@ -115,7 +116,7 @@ def chosen_policies(scenario, names=None) -> list:
     is one line."""
     if names is None:
         return list(scenario.policies)
-    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
         raise KvsimError(f"--policy: expected a list of policy names, got {names!r}")
     unknown = set(names) - {p.name for p in scenario.policies}
     if unknown:
@@ -123,6 +124,7 @@ def chosen_policies(scenario, names=None) -> list:
     return [p for p in scenario.policies if p.name in names]
 
 
+@one_read_per_call  # a trace is read once per run, shared by every policy
 def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[list[str]] = None,
                  progress: Optional[Callable[[str, Optional[int]], Callable[[int], None]]] = None,
                  write: bool = True, force: bool = False) -> ScenarioResult:

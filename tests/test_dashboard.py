@@ -282,7 +282,9 @@ def test_dashboard_command(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr("os.execv", lambda exe, argv: calls.append(argv))
     assert main(["dashboard", "--server.port", "8765", "--server.headless", "true"]) == 0
     assert calls == [[sys.executable, "-m", "streamlit", "run", str(APP), "--server.port", "8765",
-                      "--server.headless", "true"]]
+                      "--server.headless", "true", "--server.address", "127.0.0.1"]]  # this machine only
+    assert main(["dashboard", "--server.address", "0.0.0.0"]) == 0  # the network, when asked for
+    assert calls[-1][-2:] == ["--server.address", "0.0.0.0"]
     monkeypatch.setattr("kvsim.cli.DASHBOARD_APP", tmp_path / "app" / "Home.py")
     assert main(["dashboard"]) == 2
     err = capsys.readouterr().err

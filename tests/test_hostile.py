@@ -188,7 +188,7 @@ CASES = {
     "permission denied": Case(lambda b: [b.scenario()], ("cannot write results to", "Permission denied"),
                               lambda mp: mp.setattr(ResultsWriter, "_fresh_dir", _oserror(errno.EACCES))),
     "read-only file system": Case(lambda b: [b.scenario()], ("cannot write results to", "Read-only file system"),
-                                  lambda mp: mp.setattr("kvsim.results.writer.os.rename", _oserror(errno.EROFS))),
+                                  lambda mp: mp.setattr("kvsim.results.writer.rename_exchange", _oserror(errno.EROFS))),
     # 3. finite and bounded numbers
     "rate inf": Case(lambda b: [b.scenario(arrival='arrival = { process = "poisson", rate = inf }')],
                      (S, "workload.arrival.rate: must be a finite number")),

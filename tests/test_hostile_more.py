@@ -84,7 +84,7 @@ CASES = {
         ("b.json: median_ttft_ms: must be a non-negative number, got -5",)),
     "validate --out on a full disk": (lambda b: ["validate", b.scenario(), "--measured", b.earlier, "--out", "e.json"],
                                       ("cannot write the error table to e.json: No space left on device",),
-                                      lambda mp: mp.setattr("kvsim.scenario.files.os.replace", _oserror(errno.ENOSPC))),
+                                      lambda mp: mp.setattr("kvsim.scenario.files.rename_noreplace", _oserror(errno.ENOSPC))),
 }
 
 
@@ -104,15 +104,19 @@ def test_hostile_input_more(box, capsys, monkeypatch, name):
 
 
 def test_single_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
-    """A calibration or error table: a failed write leaves the earlier file as it was and no temporary."""
+    """A calibration or error table: a failed write leaves the earlier file as it was and no temporary; a
+    file kvsim may not replace is never replaced."""
     target = tmp_path / "cal.json"
     target.write_text("earlier")
-    monkeypatch.setattr("kvsim.scenario.files.os.replace", _oserror(errno.EROFS))
+    monkeypatch.setattr("kvsim.scenario.files.rename_exchange", _oserror(errno.EROFS))
     with pytest.raises(KvsimError, match=r"^cannot write calibration to .*cal\.json: Read-only file system$"):
-        write_text_atomic(target, "new", "calibration")
+        write_text_atomic(target, "new", "calibration", may_replace=lambda p: True)
     monkeypatch.undo()
     assert [p.name for p in tmp_path.iterdir()] == ["cal.json"] and target.read_text() == "earlier"
-    write_text_atomic(target, "new", "calibration")
+    with pytest.raises(KvsimError, match=r"cal\.json: already exists; kvsim does not overwrite a file it did not"):
+        write_text_atomic(target, "new", "calibration")
+    assert [p.name for p in tmp_path.iterdir()] == ["cal.json"] and target.read_text() == "earlier"
+    write_text_atomic(target, "new", "calibration", may_replace=lambda p: True)
     assert [p.name for p in tmp_path.iterdir()] == ["cal.json"] and target.read_text() == "new"
 
 

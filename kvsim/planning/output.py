@@ -12,6 +12,7 @@ from typing import Iterable
 
 from rich.table import Table
 
+from kvsim.results.cells import csv_cell
 from kvsim.results.report import slo_text
 from kvsim.results.verdict import LABELS, percentile_label
 from kvsim.results.writer import ResultsWriter
@@ -20,7 +21,7 @@ from kvsim.results.writer import ResultsWriter
 def _cell(value):
     if isinstance(value, float) and not math.isfinite(value):
         return ""
-    return "" if value is None else value
+    return "" if value is None else csv_cell(value)
 
 
 def csv_text(rows: list[dict], columns: Iterable[str] | None = None) -> str:
@@ -46,7 +47,7 @@ def _json_safe(value):
 
 
 def json_text(doc: dict) -> str:
-    return json.dumps(_json_safe(doc), indent=2, sort_keys=True) + "\n"
+    return json.dumps(_json_safe(doc), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def write_outputs(out_dir: Path, files: dict[str, str], scenario=None, force: bool = False) -> Path:
@@ -62,10 +63,10 @@ def write_outputs(out_dir: Path, files: dict[str, str], scenario=None, force: bo
 
 def check_out(out_dir: Path, scenario, force: bool = False) -> None:
     """Refuse now, before any simulation, a folder that `write_outputs` would refuse at the end."""
-    from kvsim.results.writer import check_target
+    from kvsim.results.writer import check_target, results_path
     from kvsim.pipeline import input_paths
 
-    check_target(Path(out_dir).expanduser().resolve(), force, input_paths(scenario))
+    check_target(results_path(out_dir), force, input_paths(scenario))
 
 
 def plan_files(result) -> dict[str, str]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.results.cells import csv_cell
 from kvsim.results.distributions import LogHistogram, nearest_rank, stats_of
 from kvsim.scenario.config import SloConfig
 from kvsim.sequence import Sequence
@@ -75,8 +76,9 @@ class Metrics:
         self.interval = timeseries_interval_s
         self.requests_file = requests_file
         self.requests_csv = csv.writer(requests_file) if requests_file is not None else None
+        self._csv_policy = csv_cell(policy)  # a name a spreadsheet would run as a formula starts with '
         cell = io.StringIO()
-        csv.writer(cell).writerow((policy,))  # quoted as the csv module would; a '%' in it is not a format
+        csv.writer(cell).writerow((self._csv_policy,))  # quoted as the csv module would; a '%' is not a format
         self._finished_row = (cell.getvalue().rstrip("\r\n").replace("%", "%%") + ",%d,finished,,"
                               + ",".join([TIME] * 5)
                               + ",%s," + TIME + ",%d,%d,%d,%d\r\n")
@@ -162,7 +164,7 @@ class Metrics:
             return
         r = seq.request
         self.requests_csv.writerow((
-            self.policy, r.request_id, "rejected", seq.reject_reason, TIME % r.arrival_time,
+            self._csv_policy, r.request_id, "rejected", seq.reject_reason, TIME % r.arrival_time,
             "" if seq.first_scheduled_time < 0 else TIME % seq.first_scheduled_time,
             "" if seq.first_token_time < 0 else TIME % seq.first_token_time,
             "" if seq.finish_time < 0 else TIME % seq.finish_time, "", "", "",

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
+from kvsim.results.cells import csv_value
 from kvsim.results.metrics import REQUEST_COLUMNS, SLO_KEYS, TIMESERIES_COLUMNS
 from kvsim.results.verdict import LABELS, judge, percentile_label
 
@@ -178,7 +179,7 @@ def _read_latencies(path: Path) -> dict[str, dict[str, np.ndarray]]:
         for row in reader:
             if row[i_status] != "finished":
                 continue
-            per = out.setdefault(row[i_policy], {c: array("d") for c in cols})
+            per = out.setdefault(csv_value(row[i_policy]), {c: array("d") for c in cols})
             for c, i in zip(cols, idx):
                 if row[i]:
                     per[c].append(float(row[i]))
@@ -190,7 +191,7 @@ def _read_timeseries(path: Path) -> dict[tuple[str, int], dict[str, np.ndarray]]
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         header = next(reader, None) or list(TIMESERIES_COLUMNS)
-        rows = [(row[0], int(row[1]), *map(float, row[2:])) for row in reader]
+        rows = [(csv_value(row[0]), int(row[1]), *map(float, row[2:])) for row in reader]
     return timeseries_arrays(rows, header)
 
 

@@ -24,8 +24,9 @@ import json
 import os
 import re
 from array import array
+from contextvars import ContextVar
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, wraps
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -291,17 +292,41 @@ _LOADERS = {"azure": load_azure, "mooncake": load_mooncake, "csv": load_csv}
 
 
 @lru_cache(maxsize=4)
-def _load_cached(path: str, fmt: str, mtime_ns: int, size: int) -> Trace:
+def _load_cached(path: str, fmt: str, mtime_ns: int, size: int, inode: int) -> Trace:
     return _LOADERS[fmt](Path(path))
 
 
+_read_once: ContextVar[Optional[dict]] = ContextVar("kvsim_traces_read_once", default=None)
+
+
+def one_read_per_call(fn):
+    """Decorate a run: within it every `load_trace` of a file gives the Trace first read, so a trace file
+    replaced while a run reads it again (for its next policy) cannot change what that policy replays."""
+    @wraps(fn)
+    def run(*args, **kwargs):
+        if _read_once.get() is not None:
+            return fn(*args, **kwargs)
+        token = _read_once.set({})
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _read_once.reset(token)
+    return run
+
+
 def load_trace(scenario) -> Trace:
-    """The scenario's `workload.trace`, cut to `max_requests`; parsed once per file version."""
+    """The scenario's `workload.trace`, cut to `max_requests`; parsed once per file version (and once per
+    run: `one_read_per_call`)."""
     cfg = scenario.workload.trace
     path = scenario.resolve(cfg.path)
-    if not os.path.lexists(path):
-        raise KvsimError(f"{scenario.source}: workload.trace.path: file not found: {path}")
-    with open_regular(path, "trace") as f:
-        st = os.fstat(f.fileno())
-    trace = _load_cached(str(path), cfg.format, st.st_mtime_ns, st.st_size)
+    read = _read_once.get()
+    trace = None if read is None else read.get((str(path), cfg.format))
+    if trace is None:
+        if not os.path.lexists(path):
+            raise KvsimError(f"{scenario.source}: workload.trace.path: file not found: {path}")
+        with open_regular(path, "trace") as f:
+            st = os.fstat(f.fileno())
+        trace = _load_cached(str(path), cfg.format, st.st_mtime_ns, st.st_size, st.st_ino)
+        if read is not None:
+            read[(str(path), cfg.format)] = trace
     return trace if cfg.max_requests is None else trace.head(cfg.max_requests)

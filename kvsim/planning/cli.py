@@ -36,7 +36,7 @@ def add_commands(sub) -> None:
                                        "the cheapest deployments")
     add_scenario_arguments(plan)
     plan.add_argument("--policy", action="append", help="only this policy (repeatable; with --target-rate: the "
-                                                        "policy deployed, default the first)")
+                                                        "candidate policies, default every one)")
     plan.add_argument("--seeds", type=_positive(int), default=3, help="seeds per rate (default 3)")
     plan.add_argument("--resolution", type=_positive(float), default=0.02,
                       help="relative rate resolution of the search (default 0.02: ±2%%)")
@@ -103,10 +103,8 @@ def cmd_plan(args, console) -> int:
                   ray=args.ray, progress=bar)
     try:
         if args.target_rate is not None:
-            if args.policy and len(args.policy) > 1:
-                raise KvsimError("--target-rate deploys one policy: give --policy once")
             result = deploy(scenario, args.target_rate, gpus=args.gpu, tensor_parallel=tuple(args.tp or TP_DEGREES),
-                            policy=(args.policy or [None])[0], top=args.top, max_replicas=args.max_replicas, **common)
+                            policy=args.policy, top=args.top, max_replicas=args.max_replicas, **common)
         else:
             result = plan(scenario, policies=args.policy, **common)
     finally:
@@ -117,7 +115,7 @@ def cmd_plan(args, console) -> int:
             console.print(output.deploy_table(result))
             if result.skipped:
                 console.print(f"[dim]{len(result.skipped)} layouts left out: "
-                              + "; ".join(f"{s['gpu']} TP{s['tensor_parallel_size']}: {s['reason']}"
+                              + "; ".join(f"{s['gpu']} TP{s['tensor_parallel_size']} {s['policy']}: {s['reason']}"
                                           for s in result.skipped) + "[/dim]", highlight=False)
         else:
             _print_lines(console, output.plan_lines(result))

@@ -1,0 +1,87 @@
+"""The safe rate: the highest arrival rate that every seed of a plan sustains, and a run
+`LONG_RUN` times longer too, each simulated there.
+
+The seeds' knees are a cliff, not a slope: at their mean about half the seeds fail, and a knee
+found on N requests sits above the one a longer run finds (a queue needs time to grow). So the
+rate a planner should provision is checked, not averaged: start at the lowest of the seeds'
+highest sustainable rates, simulate every seed there and one run of LONG_RUN x N requests (the
+first seed, once every seed has passed); when any of them is not sustainable, step down by one resolution step (x (1 - res) /
+(1 + res)) and simulate again, at most `MAX_STEPS` times (then the safe rate is 0: none was
+found). Every label (policy or deployment) climbs down its own ladder; a round simulates every
+label still searching at once, so the answers do not depend on the executor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from kvsim.planning.executors import run_all
+from kvsim.planning.points import evaluate_point
+
+LONG_RUN = 4
+MAX_STEPS = 12
+
+
+@dataclass(slots=True)
+class SafeCheck:
+    """One label's ladder: the rate tried last and what every seed and the long run gave there."""
+
+    label: object
+    rate: float
+    steps: int = 0
+    done: bool = False
+    records: list = field(default_factory=list)  # the seeds' records at `rate`
+    long_record: Optional[dict] = None  # the long run's record at `rate`
+    tried: list = field(default_factory=list)  # (rate, seed or None for the long run, record)
+
+    @property
+    def safe_rate(self) -> float:
+        return self.rate if self.done and self.rate > 0 else 0.0
+
+
+def first_candidate(searches) -> float:
+    """The lowest of the seeds' highest sustainable rates (0 when a seed sustained none)."""
+    los = [s.lo for s in searches]
+    return 0.0 if not los or any(lo is None for lo in los) else min(los)
+
+
+def verify(executor, items: list, seeds: list[int], task: Callable[[object, int, bool], tuple],
+           tick) -> list[tuple[list, Optional[dict]]]:
+    """For each item, (the seeds' records, the long run's record): every seed first, then the long
+    run of the items whose seeds all passed (None for the others: it could not change the answer).
+    `task(item, seed, long)` gives the arguments of `evaluate_point`."""
+    tasks = [task(item, seed, False) for item in items for seed in seeds]
+    recs = run_all(executor, evaluate_point, tasks, lambda i, r: tick())
+    per = [recs[i * len(seeds):(i + 1) * len(seeds)] for i in range(len(items))]
+    passing = [i for i, group in enumerate(per) if all(r["sustainable"] for r in group)]
+    longs = run_all(executor, evaluate_point, [task(items[i], seeds[0], True) for i in passing],
+                    lambda i, r: tick())
+    long_of = dict(zip(passing, longs))
+    return [(group, long_of.get(i)) for i, group in enumerate(per)]
+
+
+def safe_rates(executor, candidates: dict, seeds: list[int], resolution: float,
+               task: Callable[[object, float, int, bool], tuple], tick, floor=lambda label: 0.0) -> dict:
+    """{label: SafeCheck} down each label's ladder from its candidate rate (module docstring).
+    `task(label, rate, seed, long)` gives the arguments of `evaluate_point` for one simulated point;
+    `floor(label)`: a rate already known to pass this check, below which the ladder does not go."""
+    checks = {label: SafeCheck(label, rate, done=rate <= 0) for label, rate in candidates.items()}
+    shrink = (1 - resolution) / (1 + resolution)
+    while True:
+        todo = [c for c in checks.values() if not c.done]
+        if not todo:
+            return checks
+        results = verify(executor, todo, seeds, lambda c, seed, long: task(c.label, c.rate, seed, long), tick)
+        for c, (records, long_record) in zip(todo, results):
+            c.records, c.long_record = records, long_record
+            c.tried += [(c.rate, seed, rec) for seed, rec in zip(seeds, records)]
+            if long_record is not None:
+                c.tried.append((c.rate, None, long_record))
+            if long_record is not None and long_record["sustainable"]:
+                c.done = True
+            elif c.steps + 1 >= MAX_STEPS:
+                c.done, c.rate = True, 0.0
+            else:
+                c.steps += 1
+                c.rate = max(c.rate * shrink, floor(c.label))

@@ -142,13 +142,17 @@ class PlanResult(Frames):
     meta: dict  # model, gpu, tensor_parallel_size, num_replicas, slo, seeds, num_requests, resolution
     policies: list[PolicyCapacity]
     points: list[dict] = field(default_factory=list)  # policy, seed, rate, phase + point figures
+    tuning: list = field(default_factory=list)  # kvsim.planning.tune.Tuned per policy, with --tune
 
     def rows(self) -> list[dict]:
         return [p.row() for p in self.policies]
 
     def to_dict(self) -> dict:
-        return {"scenario": self.scenario, "meta": self.meta,
-                "policies": [asdict(p) for p in self.policies], "points": self.points}
+        out = {"scenario": self.scenario, "meta": self.meta,
+               "policies": [asdict(p) for p in self.policies], "points": self.points}
+        if self.tuning:
+            out["tuning"] = [t.as_dict() for t in self.tuning]
+        return out
 
 
 def _public(record: dict) -> dict:
@@ -226,14 +230,16 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
                     start: float, num_requests: Callable, trace_rate=None, overrides_of=lambda label: None,
                     policy_of=lambda label: label, headroom_rate: Optional[float] = None,
                     confirm: bool = True, key: str = "policy", growth_of=lambda label: 2.0,
-                    known=lambda label, seed: (), floor=lambda label: 0.0) -> tuple[list[PolicyCapacity], list[dict]]:
+                    known=lambda label, seed: (), floor=lambda label: 0.0,
+                    start_of=None) -> tuple[list[PolicyCapacity], list[dict]]:
     """The search for each label (a policy, or a deployment layout) over seeds, starting at `start`
     req/s with `num_requests(label)` requests a point (`known(label, seed)`: (rate, record) pairs
-    already simulated, `growth_of(label)`: the search's step up); with `confirm`, each label's safe
+    already simulated, `growth_of(label)`: the search's step up, `start_of(label)`: its own start); with `confirm`, each label's safe
     rate (kvsim/planning/safe.py; `floor(label)`: a rate known to pass it), else the lowest of the
     seeds' highest sustainable rates, unchecked.
     Returns the answers (headroom against `headroom_rate`, default `start`) and the point rows."""
-    searches = {label: [Search((label, seed), start, resolution, growth_of(label)) for seed in seeds]
+    start_of = start_of or (lambda label: start)
+    searches = {label: [Search((label, seed), start_of(label), resolution, growth_of(label)) for seed in seeds]
                 for label in labels}
     for label, group in searches.items():
         for seed, search in zip(seeds, group):
@@ -310,8 +316,9 @@ def _text(record: dict) -> str:
 
 def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, resolution: float = 0.02,
          num_requests: Optional[int] = None, workers: Optional[int] = None, ray: Optional[str] = None,
-         executor=None, progress: Optional[Callable[[int, int], None]] = None) -> PlanResult:
-    """Each policy's safe rate, with the mean and interval of its knee; see the module docstring."""
+         executor=None, progress: Optional[Callable[[int, int], None]] = None, tune: bool = False) -> PlanResult:
+    """Each policy's safe rate, with the mean and interval of its knee; see the module docstring.
+    `tune`: then search each policy's max_num_seqs and max_num_batched_tokens (kvsim/planning/tune.py)."""
     from kvsim.pipeline import chosen_policies
     from kvsim.results.verdict import STABILITY_TOLERANCE
     from kvsim.scenario.catalog import gpu_spec, model_spec
@@ -330,6 +337,12 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
         answers, rows = capacity_search(executor, scenario, chosen, seed_list, resolution, tick, start=r0,
                                         num_requests=lambda label: n, trace_rate=trace_rate)
         rows += name_step_time(executor, scenario, answers, seed_list[0], n, trace_rate, tick)
+        tuning = []
+        if tune:
+            from kvsim.planning.tune import tune as tune_engine
+
+            tuning, more = tune_engine(executor, scenario, answers, seed_list, resolution, n, trace_rate, tick)
+            rows += more
     finally:
         if own:
             executor.close()
@@ -340,4 +353,4 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
             "slo": scenario.slo.model_dump(), "seeds": seed_list, "num_requests": n, "resolution": resolution,
             "stability_tolerance": STABILITY_TOLERANCE, "policy_order": [p.name for p in scenario.policies],
             "long_run_requests": LONG_RUN * n}
-    return PlanResult(scenario.name or "scenario", meta, answers, rows)
+    return PlanResult(scenario.name or "scenario", meta, answers, rows, tuning)

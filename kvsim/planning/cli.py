@@ -42,6 +42,9 @@ def add_commands(sub) -> None:
                       help="relative rate resolution of the search (default 0.02: ±2%%)")
     plan.add_argument("--requests", type=_positive(int), help="requests per simulated point "
                                                               "(default: the scenario's, at most 3000)")
+    plan.add_argument("--tune", action="store_true", help="also search each policy's max_num_seqs and "
+                                                          "max_num_batched_tokens (vLLM's --max-num-seqs, "
+                                                          "--max-num-batched-tokens) for a higher safe rate")
     plan.add_argument("--target-rate", type=_positive(float), metavar="R",
                       help="search deployments (GPU, TP, replicas) meeting the SLO at R req/s")
     plan.add_argument("--gpu", action="append", help="candidate GPU preset (repeatable; default: all)")
@@ -106,7 +109,7 @@ def cmd_plan(args, console) -> int:
             result = deploy(scenario, args.target_rate, gpus=args.gpu, tensor_parallel=tuple(args.tp or TP_DEGREES),
                             policy=args.policy, top=args.top, max_replicas=args.max_replicas, **common)
         else:
-            result = plan(scenario, policies=args.policy, **common)
+            result = plan(scenario, policies=args.policy, tune=args.tune, **common)
     finally:
         bar.close()
     if not args.quiet:
@@ -120,6 +123,8 @@ def cmd_plan(args, console) -> int:
         else:
             _print_lines(console, output.plan_lines(result))
             console.print(output.plan_table(result))
+            if result.tuning:
+                console.print(output.tuning_table(result))
     if args.out is not None:
         written = output.write_plan(args.out, result, scenario, args.force)
         if not args.quiet:

@@ -139,6 +139,20 @@ def plan_table(result) -> Table:
     return table
 
 
+def tuning_table(result) -> Table:
+    table = Table(title="kvsim plan --tune: engine settings that raise the safe rate (vLLM flags)")
+    for i, c in enumerate(["policy", "safe req/s at the scenario's settings", "tuned safe req/s", "gain",
+                           "vllm serve flags", "binds then", "tried"]):
+        table.add_column(c, justify="right" if i in (1, 2, 3) else "left", no_wrap=i in (0, 4))
+    for t in result.tuning:
+        tried = ", ".join(f"{x['max_num_seqs']}/{x['max_num_batched_tokens']}: {_num(x['safe_rate'])}"
+                          + ("" if x["kept"] else " (not kept)") for x in t.tried) or "– (nothing to change)"
+        table.add_row(t.policy, _num(t.baseline_safe_rate), _num(t.safe_rate), _num(t.gain, pct=True), t.flags(),
+                      t.binding or "–", tried)
+    table.caption = "tried: max_num_seqs/max_num_batched_tokens: safe req/s"
+    return table
+
+
 def deploy_lines(result) -> list[str]:
     m = result.meta
     lines = [f"{m['model']}, target {result.target_rate:g} req/s; " + slo_text(m["slo"]),

@@ -36,10 +36,15 @@ def at_load(scenario, rate: float, seed: Optional[int] = None, num_requests: Opt
             policies: Optional[list[str]] = None, trace_rate: Optional[float] = None, overrides: dict | None = None):
     """The scenario with requests arriving at `rate`/s (see the module docstring), `seed`,
     `num_requests` requests (no duration cut) and only the named policies; `overrides` is a dict
-    of section updates merged in first (e.g. {"hardware": {"gpu": "H200"}})."""
+    of section updates merged in first (e.g. {"hardware": {"gpu": "H200"}}; "policies": keys set on
+    every policy)."""
     data = scenario.model_dump()  # None stays None (an absent SLO bound), not the default
     for section, values in (overrides or {}).items():
-        data.setdefault(section, {}).update(values)
+        if section == "policies":  # the same keys on every policy
+            for p in data["policies"]:
+                p.update(values)
+        else:
+            data.setdefault(section, {}).update(values)
     wl = data["workload"]
     arrival = wl["arrival"]
     if arrival["process"] == "trace":

@@ -122,18 +122,23 @@ def _slo_columns(slo: dict, prefix: str = "", suffix: str = " at max") -> list[t
     return [(f"{prefix}{k}_at_pct", f"{LABELS[k]} {q} ms{suffix}") for k in LABELS if slo.get(k) is not None]
 
 
+def tied_with(answers: list) -> dict[str, list[str]]:
+    """Each answer's ties (the others in its group of overlapping 95% intervals), by label."""
+    return {a.policy: [b.policy for b in group if b is not a] for group in ties(answers) for a in group}
+
+
 def plan_table(result) -> Table:
     slo_cols = _slo_columns(result.meta["slo"], "worst_", " at safe")
     table = Table(title="kvsim plan: safe rate per policy (every seed and a long run sustainable)")
-    labels = ["policy", "safe req/s", "knee: mean (95% CI)", "headroom", "at scenario rate", *(c[1] for c in slo_cols),
-              "binds at the knee"]
+    tied = tied_with(result.policies)
+    labels = ["policy", "safe req/s", "knee: mean (95% CI)", "tied with", "headroom", "at scenario rate",
+              *(c[1] for c in slo_cols), "binds at the knee"]
     for i, label in enumerate(labels):
-        table.add_column(label, justify="left" if i in (0, 4, len(labels) - 1) else "right", no_wrap=i == 0)
-    tied = {p.policy for g in ties(result.policies) if len(g) > 1 for p in g}
+        table.add_column(label, justify="left" if i in (0, 3, 5, len(labels) - 1) else "right", no_wrap=i == 0)
     for p in result.policies:
         more = ">" if p.censored else ""
-        table.add_row(p.policy + (" (tie)" if p.policy in tied else ""), _num(p.safe_rate),
-                      f"{more}{_num(p.mean_rate)} ({_num(p.ci_low)}–{_num(p.ci_high)})", _num(p.headroom, pct=True),
+        table.add_row(p.policy, _num(p.safe_rate), f"{more}{_num(p.mean_rate)} ({_num(p.ci_low)}–{_num(p.ci_high)})",
+                      ", ".join(tied[p.policy]) or "–", _num(p.headroom, pct=True),
                       "✓ sustainable" if p.sustainable_at_scenario_rate else "✗ not sustainable",
                       *(_num(p.at_safe_rate.get(c[0]), 0) for c in slo_cols), p.binding or "–")
     return table

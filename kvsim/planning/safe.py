@@ -4,9 +4,10 @@
 The seeds' knees are a cliff, not a slope: at their mean about half the seeds fail, and a knee
 found on N requests sits above the one a longer run finds (a queue needs time to grow). So the
 rate a planner should provision is checked, not averaged: start at the lowest of the seeds'
-highest sustainable rates, simulate every seed there and one run of LONG_RUN x N requests (the
-first seed, once every seed has passed); when any of them is not sustainable, step down by one resolution step (x (1 - res) /
-(1 + res)) and simulate again, at most `MAX_STEPS` times (then the safe rate is 0: none was
+highest sustainable rates, simulate one run of LONG_RUN x N requests there (the first seed; near
+the knee it is the one that fails) and, when it passes, every seed; when any of them is not
+sustainable, step down by one resolution step (x (1 - res) / (1 + res)) and simulate again, at
+most `MAX_STEPS` times (then the safe rate is 0: none was
 found). Every label (policy or deployment) climbs down its own ladder; a round simulates every
 label still searching at once, so the answers do not depend on the executor.
 """
@@ -48,17 +49,16 @@ def first_candidate(searches) -> float:
 
 def verify(executor, items: list, seeds: list[int], task: Callable[[object, int, bool], tuple],
            tick) -> list[tuple[list, Optional[dict]]]:
-    """For each item, (the seeds' records, the long run's record): every seed first, then the long
-    run of the items whose seeds all passed (None for the others: it could not change the answer).
-    `task(item, seed, long)` gives the arguments of `evaluate_point`."""
-    tasks = [task(item, seed, False) for item in items for seed in seeds]
+    """For each item, (the seeds' records, the long run's record): the long run first (near a knee it
+    is the one that fails), then every seed of the items whose long run passed (an empty list for the
+    others: it could not change the answer). `task(item, seed, long)` gives the arguments of
+    `evaluate_point`."""
+    longs = run_all(executor, evaluate_point, [task(item, seeds[0], True) for item in items], lambda i, r: tick())
+    passing = [i for i, rec in enumerate(longs) if rec["sustainable"]]
+    tasks = [task(items[i], seed, False) for i in passing for seed in seeds]
     recs = run_all(executor, evaluate_point, tasks, lambda i, r: tick())
-    per = [recs[i * len(seeds):(i + 1) * len(seeds)] for i in range(len(items))]
-    passing = [i for i, group in enumerate(per) if all(r["sustainable"] for r in group)]
-    longs = run_all(executor, evaluate_point, [task(items[i], seeds[0], True) for i in passing],
-                    lambda i, r: tick())
-    long_of = dict(zip(passing, longs))
-    return [(group, long_of.get(i)) for i, group in enumerate(per)]
+    per = {i: recs[k * len(seeds):(k + 1) * len(seeds)] for k, i in enumerate(passing)}
+    return [(per.get(i, []), longs[i]) for i in range(len(items))]
 
 
 def safe_rates(executor, candidates: dict, seeds: list[int], resolution: float,
@@ -75,10 +75,8 @@ def safe_rates(executor, candidates: dict, seeds: list[int], resolution: float,
         results = verify(executor, todo, seeds, lambda c, seed, long: task(c.label, c.rate, seed, long), tick)
         for c, (records, long_record) in zip(todo, results):
             c.records, c.long_record = records, long_record
-            c.tried += [(c.rate, seed, rec) for seed, rec in zip(seeds, records)]
-            if long_record is not None:
-                c.tried.append((c.rate, None, long_record))
-            if long_record is not None and long_record["sustainable"]:
+            c.tried += [(c.rate, None, long_record)] + [(c.rate, seed, rec) for seed, rec in zip(seeds, records)]
+            if records and all(r["sustainable"] for r in records):
                 c.done = True
             elif c.steps + 1 >= MAX_STEPS:
                 c.done, c.rate = True, 0.0

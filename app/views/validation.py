@@ -24,7 +24,6 @@ EXAMPLE_NAME = "benchmarks/results/validate_h100"
 SOURCES = ("built-in example: an H100 run of validate_h100", "upload a measured run")
 GOOD = 0.10  # the shaded band: kvsim calibrate's default hold-out bound
 
-st.title("Validation")
 cur = settings.current()
 
 

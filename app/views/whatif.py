@@ -8,10 +8,10 @@ downloads are the settings as a scenario file and the run's results folder files
 import plotly.graph_objects as go
 import streamlit as st
 
-from kvdash import errors, runs, settings
+from kvdash import answers, errors, runs, settings
+from kvsim.errors import KvsimError
 from kvsim.results.report import table_figures, verdict_lines
 
-st.title("What-if")
 cur = settings.current()
 
 
@@ -27,7 +27,10 @@ def comparison_rows(summaries: dict) -> list[dict]:
 
 with errors.caught(st):
     scenario, base = cur.scenario, cur.base
-    st.caption(scenario.description or scenario.name or base.source)
+    st.caption(f"{settings.layout_text(scenario)}; {settings.workload_text(scenario)}")
+    problem = answers.fit_problem(scenario)
+    if problem:  # no run can start: say why now, not after a "Run all"
+        raise KvsimError(problem)
     full_toml = cur.toml()
     total = runs.request_count(full_toml, base.source, str(base.base_dir), base.digest)
     is_preview = total is None or total > runs.PREVIEW_REQUESTS
@@ -50,7 +53,7 @@ with errors.caught(st):
     st.markdown("  \n".join(verdict_lines(result.summaries, result.meta)))  # model, SLO, who meets it, what binds
 
     st.subheader("Policy comparison")
-    st.dataframe(comparison_rows(result.summaries), hide_index=True,
+    st.dataframe(comparison_rows(result.summaries), hide_index=True, width="stretch",
                  column_config={f.label: st.column_config.NumberColumn(format=f"%.{f.digits}f")
                                 for f in table_figures(result.summaries)})
     for i, fig in enumerate(result.figures):

@@ -50,7 +50,11 @@ def add_commands(sub) -> None:
     plan.add_argument("--gpu", action="append", help="candidate GPU preset (repeatable; default: all)")
     plan.add_argument("--tp", action="append", type=_positive(int), help="candidate TP degree (repeatable; default 1 2 4 8)")
     plan.add_argument("--max-replicas", type=_positive(int), default=64)
-    plan.add_argument("--top", type=_positive(int), default=3, help="deployments whose own max rate is searched")
+    plan.add_argument("--top", type=_positive(int), default=3, help="deployments listed, each with its own safe "
+                                                                    "rate searched (default 3)")
+    plan.add_argument("--headroom", action=argparse.BooleanOptionalAction, default=True,
+                      help="search each listed deployment's own safe rate (--no-headroom: only whether it "
+                           "meets the target, faster)")
     plan.add_argument("--out", type=Path, help="write plan.json, plan.csv and points.csv into this folder")
     _executor_arguments(plan)
     plan.set_defaults(handler=cmd_plan)
@@ -107,7 +111,8 @@ def cmd_plan(args, console) -> int:
     try:
         if args.target_rate is not None:
             result = deploy(scenario, args.target_rate, gpus=args.gpu, tensor_parallel=tuple(args.tp or TP_DEGREES),
-                            policy=args.policy, top=args.top, max_replicas=args.max_replicas, **common)
+                            policy=args.policy, top=args.top, max_replicas=args.max_replicas,
+                            headroom=args.headroom, **common)
         else:
             result = plan(scenario, policies=args.policy, tune=args.tune, **common)
     finally:

@@ -169,9 +169,10 @@ def tokens_per_request(scenario, n: int) -> tuple[float, float]:
 def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, tensor_parallel=TP_DEGREES,
            policy=None, seeds: int = 3, resolution: float = 0.02, num_requests: Optional[int] = None,
            top: int = 3, max_replicas: int = MAX_REPLICAS, workers: Optional[int] = None, ray: Optional[str] = None,
-           executor=None, progress: Optional[Callable[[int, int], None]] = None) -> DeployResult:
+           executor=None, progress: Optional[Callable[[int, int], None]] = None, headroom: bool = True) -> DeployResult:
     """The cheapest layouts meeting the SLO at `target_rate`; `policy`: a name or a list of the
-    candidate policies (default: every policy of the scenario). See the module docstring."""
+    candidate policies (default: every policy of the scenario); `headroom=False` skips step 4 (no
+    deployment's own safe rate). See the module docstring."""
     from kvsim.pipeline import chosen_policies
 
     if isinstance(target_rate, bool) or not isinstance(target_rate, (int, float)) or not target_rate > 0:
@@ -197,12 +198,13 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
     ok, skipped = layouts(scenario, policies, gpus, tensor_parallel)
     per_check = seeds + LONG_RUN
     tick = Ticker(progress, len(ok) * expected_points(SCOUT_RESOLUTION)
-                  + len({lay[:2] for lay in ok}) * 2 * per_check + top * (seeds * expected_points(resolution) + per_check))
+                  + len({lay[:2] for lay in ok}) * 2 * per_check
+                  + (top * (seeds * expected_points(resolution) + per_check) if headroom else 0))
     own = executor is None
     executor = executor or make_executor(workers, ray)
     try:
         search = _Search(executor, scenario, target_rate, seed_list, resolution, n_req, trace_rate, top,
-                         max_replicas, tick)
+                         max_replicas, tick, headroom)
         deployments = search.run(ok)
         skipped += search.skipped
     finally:
@@ -217,7 +219,8 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
     meta = {"model": model_spec(scenario).name, "policies": policies, "slo": scenario.slo.model_dump(),
             "seeds": seed_list, "num_requests": n_req, "long_run_requests": LONG_RUN * n_req,
             "resolution": resolution, "gpus": gpus, "tensor_parallel": list(tensor_parallel),
-            "mean_prompt_tokens": prompt, "mean_output_tokens": output, "top": top, "scout": search.scout}
+            "mean_prompt_tokens": prompt, "mean_output_tokens": output, "top": top, "headroom": headroom,
+            "scout": search.scout}
     return DeployResult(target_rate, meta, deployments, skipped, search.points)
 
 
@@ -275,10 +278,11 @@ class _Layout:
 class _Search:
     """Steps 2-4 of the module docstring."""
 
-    def __init__(self, executor, scenario, target, seeds, resolution, n_req, trace_rate, top, max_replicas, tick):
+    def __init__(self, executor, scenario, target, seeds, resolution, n_req, trace_rate, top, max_replicas, tick,
+                 headroom: bool = True):
         self.executor, self.scenario, self.target, self.seeds = executor, scenario, target, seeds
         self.resolution, self.n_req, self.trace_rate, self.top = resolution, n_req, trace_rate, top
-        self.max_replicas, self.tick = max_replicas, tick
+        self.max_replicas, self.tick, self.headroom = max_replicas, tick, headroom
         self.points: list[dict] = []
         self.skipped: list[dict] = []
         self.scout: list[dict] = []
@@ -399,7 +403,7 @@ class _Search:
                 None, None, None, cost, math.nan, math.nan, f"{price.source} ({price.date})".replace(" ()", ""),
                 ans.binding, ans.binding_detail, mean_figures(st.records[st.passed])))
         chosen = sorted(deployments, key=lambda d: (d.usd_per_hour, d.num_gpus, d.gpu))[:self.top]
-        if chosen:
+        if chosen and self.headroom:
             labels = [(d.gpu, d.tensor_parallel_size, d.policy, d.num_replicas) for d in chosen]
             at_target = {(st.lay, st.passed): st.records[st.passed] for st in states if st.pinned}
             seed_index = {seed: i for i, seed in enumerate(self.seeds)}

@@ -101,13 +101,17 @@ class Browser:
         self.ws = self._stack.enter_context(connect(pages[0]["webSocketDebuggerUrl"], max_size=None,
                                                     open_timeout=timeout))
         self.next_id = 0
+        self.urls: list[str] = []  # every request the page made (Network.requestWillBeSent), in order
         self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+        self.call("Network.enable")
 
     def call(self, method: str, **params):
         self.next_id += 1
         self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
         while True:
             msg = json.loads(self.ws.recv(timeout=60))
+            if msg.get("method") == "Network.requestWillBeSent":
+                self.urls.append(msg["params"]["request"]["url"])
             if msg.get("id") == self.next_id:
                 if "error" in msg:
                     raise RuntimeError(f"{method}: {msg['error']}")
@@ -176,6 +180,10 @@ DRAWN = """(() => {
     && document.querySelector('[data-stale="true"]') === null;
 })()"""  # heading and every figure drawn, nothing left over from the previous script run
 HEADINGS = "Array.from(document.querySelectorAll('h1')).map(h => h.innerText.trim())"
+ANSWERED = """(() => document.querySelector('h1') !== null
+  && document.querySelector('[data-testid="stAlertContentSuccess"]') !== null
+  && document.querySelector('[data-testid="stStatusWidget"]') === null
+  && document.querySelector('[data-stale="true"]') === null)()"""  # the Answer page: cards and the target line
 
 
 def count(testid: str) -> str:

@@ -83,9 +83,10 @@ def curve_figure(result, colors: dict, column: str, title: str, bound) -> dict:
     data = []
     for policy, color in colors.items():
         by_rate: dict = {}
-        for pt in result.points:
+        for pt in result.points:  # a seed's search and the safe check may simulate one rate twice: the same point
             if pt["policy"] == policy and pt["phase"] in SEARCH_PHASES:
-                by_rate.setdefault(pt["rate"], []).append(pt)
+                by_rate.setdefault(pt["rate"], {})[pt["seed"]] = pt
+        by_rate = {r: list(seeds.values()) for r, seeds in by_rate.items()}
         rates = sorted(by_rate)
         ys = [_mean(pt[column] for pt in by_rate[r]) for r in rates]
         ok = [all(pt["sustainable"] for pt in by_rate[r]) for r in rates]

@@ -133,7 +133,10 @@ class Browser:
         return time.perf_counter() - t0
 
     def open(self, url: str, until: str, timeout: float = 30.0) -> float:
-        """Navigate to `url`; seconds from the navigation until `until` holds."""
+        """Navigate to `url`; seconds from the navigation until `until` holds. The tab goes to a blank
+        page first, so `until` is never true of the page it leaves."""
+        self.call("Page.navigate", url="about:blank")
+        self.wait_for("document.URL === 'about:blank' && document.readyState === 'complete'", timeout)
         t0 = time.perf_counter()
         self.call("Page.navigate", url=url)
         self.wait_for(until, timeout)

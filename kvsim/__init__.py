@@ -93,7 +93,7 @@ def sweep(scenario, points, *, workers=None, ray=None, progress=None):
     points (each a list of 'dotted.key=value' overrides), as `kvsim sweep`.
 
     Returns a `kvsim.planning.sweep.SweepResult`: `.rows`, a row per point × policy (`point`, each
-    swept key's value, `policy` and the figures of kvsim.planning.points.FIGURES), `.to_frame()` a
+    swept key's value, `policy` and the figures of kvsim.results.verdict.FIGURES), `.to_frame()` a
     pandas DataFrame with `.columns` in order. The same rows whatever `workers` or `ray`.
     """
     from kvsim.planning.sweep import sweep as run_sweep

@@ -15,7 +15,8 @@ from streamlit.testing.v1 import AppTest
 
 import kvsim
 from kvsim.cli import main
-from kvsim.results.report import bar_figures, table_figures
+from kvsim.results.figures import bar_figures
+from kvsim.results.headline import table_figures
 from kvsim.scenario.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parent.parent

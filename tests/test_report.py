@@ -10,7 +10,8 @@ from rich.console import Console
 
 from kvsim.errors import KvsimError
 from kvsim.results.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS, Metrics
-from kvsim.results.report import cdf_points, comparison_table, write_report_html
+from kvsim.results.figures import cdf_points
+from kvsim.results.report import comparison_table, write_report_html
 from kvsim.results.writer import ResultsWriter
 from kvsim.scenario.config import SloConfig
 from kvsim.sequence import Request, Sequence
@@ -196,7 +197,7 @@ def test_cdf_points_thinned_and_exact_at_the_ends():
 
 def test_in_memory_latencies_equal_the_csv_columns(tmp_path):
     """The report's CDFs come from Metrics.latencies(); they must be what requests.csv holds (to its 12 digits)."""
-    from kvsim.results.report import _read_latencies
+    from kvsim.results.figures import _read_latencies
     writer = ResultsWriter(tmp_path / "res")
     with writer:
         metrics = {}
@@ -223,7 +224,7 @@ def test_in_memory_latencies_equal_the_csv_columns(tmp_path):
 def test_in_memory_timeseries_equal_the_csv_columns(tmp_path):
     """The report's time series come from the rows the writer was given; they must equal timeseries.csv
     read back, bit for bit (floats are written as repr, which reads back exactly)."""
-    from kvsim.results.report import _read_timeseries, timeseries_arrays
+    from kvsim.results.figures import _read_timeseries, timeseries_arrays
     rng = np.random.default_rng(3)
     writer = ResultsWriter(tmp_path / "res")
     with writer:
@@ -264,7 +265,7 @@ def test_report_opens_with_the_verdict_and_draws_the_slo(tmp_path):
     assert "% of KV capacity" in page
     assert '"text":"preemptions"' not in page  # none in this run: no empty panel
     # colours follow the policies' names, whichever others are on the page
-    from kvsim.results.report import policy_colors
+    from kvsim.results.figures import policy_colors
     colors = policy_colors(["other", *POLICIES])
     assert all(f'"color":"{colors[p]}"' in page for p in POLICIES)
     assert f'"color":"{colors["other"]}"' not in page

@@ -17,7 +17,7 @@ import streamlit as st
 
 import kvsim
 from kvdash.source import temp_dir
-from kvsim.results.report import report_figures
+from kvsim.results.figures import report_figures
 from kvsim.scenario.config import scenario_from_toml
 from kvsim.scenario.workload import expected_count
 

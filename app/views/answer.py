@@ -13,7 +13,8 @@ import streamlit as st
 from kvdash import answers, errors, plans, settings
 from kvsim.planning.output import tied_with
 from kvsim.scenario.catalog import GPUS
-from kvsim.results.report import policy_colors, slo_text
+from kvsim.results.figures import policy_colors
+from kvsim.results.report import slo_text
 
 cur = settings.current()
 CARDS_PER_ROW = 5

@@ -19,7 +19,8 @@ from kvsim.errors import KvsimError
 from kvsim.planning.capacity import DEFAULT_REQUESTS
 from kvsim.planning.output import deploy_lines, plan_files, plan_lines, tied_with
 from kvsim.planning.points import base_rate
-from kvsim.results.report import policy_colors, slo_text
+from kvsim.results.figures import policy_colors
+from kvsim.results.report import slo_text
 from kvsim.results.verdict import LABELS, percentile_label
 from kvsim.scenario.catalog import GPUS
 

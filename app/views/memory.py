@@ -10,7 +10,7 @@ import kvsim
 from kvdash import errors, settings
 from kvdash.answers import breakdown_figure
 from kvsim.results.memory_report import table_lengths
-from kvsim.results.report import policy_colors
+from kvsim.results.figures import policy_colors
 
 
 cur = settings.current()

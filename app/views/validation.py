@@ -15,7 +15,7 @@ import streamlit as st
 from kvdash import errors, measured, settings
 from kvdash.source import SCENARIO_DIR
 from kvsim.calibrate.validate import FIGURES, median_abs_error, read_measured
-from kvsim.results.report import policy_colors
+from kvsim.results.figures import policy_colors
 from kvsim.scenario.files import read_text
 
 EXAMPLE = SCENARIO_DIR.parent / "benchmarks" / "results" / "validate_h100"

@@ -10,7 +10,8 @@ import streamlit as st
 
 from kvdash import answers, errors, runs, settings
 from kvsim.errors import KvsimError
-from kvsim.results.report import table_figures, verdict_lines
+from kvsim.results.headline import table_figures
+from kvsim.results.report import verdict_lines
 
 cur = settings.current()
 

@@ -44,6 +44,7 @@ from kvsim.planning.capacity import (Frames, PolicyCapacity, Ticker, capacity_se
                                      default_requests, mean_figures, point_row)
 from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.points import at_load, base_rate, evaluate_point
+from kvsim.planning.replicas import ReplicaCount
 from kvsim.planning.safe import LONG_RUN
 from kvsim.planning.search import expected_points
 from kvsim.scenario.catalog import GPUS, GpuSpec, gpu_price, gpu_spec, model_spec, tp_problem
@@ -224,57 +225,6 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
     return DeployResult(target_rate, meta, deployments, skipped, search.points)
 
 
-@dataclass(slots=True)
-class _Layout:
-    """Step 3's state of one layout: the fewest passing replica count lies in [lo, passed]. A count
-    passes on its seeds first; the long run is simulated only once it is the fewest (`verified`)."""
-
-    lay: tuple  # (gpu, tp, policy)
-    price: float  # $/hour of one replica
-    guess: int  # next count to try while none has passed
-    passed: Optional[int] = None  # fewest count whose seeds all passed
-    verified: bool = False  # the long run passed at `passed` too
-    failed: Optional[int] = None  # most count seen to fail
-    records: dict = field(default_factory=dict)  # count -> seeds' records at the target
-
-    @property
-    def lo(self) -> int:
-        return 1 if self.failed is None else self.failed + 1
-
-    @property
-    def pinned(self) -> bool:
-        return self.passed is not None and self.passed == self.lo and self.verified
-
-    def next_check(self, cutoff: float, max_replicas: int) -> Optional[tuple[int, bool]]:
-        """(count, long run?) to simulate next; None when pinned or out of reach."""
-        if self.pinned or self.lo > max_replicas:
-            return None
-        if self.passed == self.lo:
-            return self.passed, True
-        most = min(max_replicas, math.floor(cutoff / self.price + 1e-9)) if math.isfinite(cutoff) else max_replicas
-        want = self.guess if self.passed is None else self.passed - 1
-        return max(self.lo, min(want, most)), False
-
-    def prunable(self, cutoff: float) -> bool:
-        return not self.pinned and self.price * self.lo > cutoff * (1 + 1e-12)
-
-    def seeds_done(self, n: int, records: list) -> None:
-        self.records[n] = records
-        if all(r["sustainable"] for r in records):
-            if self.passed is None or n < self.passed:
-                self.passed, self.verified = n, False
-        else:
-            self.failed = n if self.failed is None else max(self.failed, n)
-            if self.passed is None:
-                self.guess = n + 1
-
-    def long_done(self, n: int, record: dict) -> None:
-        if record["sustainable"]:
-            self.verified = True
-        else:  # n fails after all; the counts above it passed on seeds only
-            self.failed, self.passed, self.guess = n, None, n + 1
-
-
 class _Search:
     """Steps 2-4 of the module docstring."""
 
@@ -350,12 +300,12 @@ class _Search:
             else:
                 st.seeds_done(n, group)
 
-    def fewest_replicas(self, best: dict) -> list[_Layout]:
+    def fewest_replicas(self, best: dict) -> list[ReplicaCount]:
         """Step 3: each layout's fewest passing replica count, or its proof of being dearer."""
         states = []
         for lay, ans in best.items():
             price = gpu_price(self.scenario, lay[0]).usd_per_hour * lay[1]
-            states.append(_Layout(lay, price, math.ceil(self.target / ans.mean_rate)))
+            states.append(ReplicaCount(lay, price, math.ceil(self.target / ans.mean_rate)))
         queue = sorted(states, key=lambda st: (st.price * st.guess, st.lay))
         active: list = []
         width = max(self.top, LAYOUTS_PER_ROUND)
@@ -378,11 +328,11 @@ class _Search:
                 self.check(todo)
         return states
 
-    def cutoff(self, states: list[_Layout]) -> float:
+    def cutoff(self, states: list[ReplicaCount]) -> float:
         costs = sorted(st.price * st.passed for st in states if st.passed is not None)
         return costs[self.top - 1] if len(costs) >= self.top else math.inf
 
-    def search_top(self, states: list[_Layout], best: dict) -> list[Deployment]:
+    def search_top(self, states: list[ReplicaCount], best: dict) -> list[Deployment]:
         """Step 4, and the deployments: pinned layouts within the cutoff (dearer ones are skipped)."""
         cutoff = self.cutoff(states)
         deployments = []

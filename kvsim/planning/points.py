@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from kvsim.results.verdict import FIGURES, flat_record as point_record
+from kvsim.results.verdict import FIGURES, flat_record as point_record  # noqa: F401 (FIGURES: the record's keys)
 from kvsim.scenario.config import scenario_from_dict
 
 def base_rate(scenario, num_requests: Optional[int] = None) -> float:

@@ -19,10 +19,8 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from kvsim.results.figures import (PALETTE, PHASES, _Plot, _read_latencies, _read_timeseries, _subplots,  # noqa: F401
-                                   bar_figures, cdf_points, policy_colors, report_figures, report_plots,
-                                   timeseries_arrays, why_missed)
-from kvsim.results.headline import FIGURES, table_figures  # noqa: F401
+from kvsim.results.figures import PHASES, _Plot, _read_latencies, report_plots, why_missed
+from kvsim.results.headline import table_figures
 from kvsim.results.metrics import SLO_KEYS
 from kvsim.results.verdict import LABELS, judge, percentile_label
 

@@ -26,7 +26,8 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.results.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS
-from kvsim.results.report import timeseries_arrays, write_report_html
+from kvsim.results.figures import timeseries_arrays
+from kvsim.results.report import write_report_html
 from kvsim.scenario.files import read_text
 
 MARKER = ".kvsim-results.json"

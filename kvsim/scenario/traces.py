@@ -14,14 +14,8 @@ Formats:
 - `csv`: header `arrival_s,prompt_tokens,output_tokens`, arrival in seconds; or your own log, its
   columns named by `[workload.trace.columns]` (`arrival` in s, ms, us, ns or as datetimes, or left
   out for lengths only; `prompt_tokens`, `output_tokens`).
-- `sharegpt`: a ShareGPT-style JSON list of `{"conversations": [{"from", "value"}, ...]}`, streamed
-  one conversation at a time (`ijson`). As `vllm bench serve --dataset-name sharegpt` samples it
-  (vLLM v0.11.0, `ShareGPTDataset`): the first turn is the prompt, the second the output;
-  conversations with fewer than two turns are skipped, and so are pairs whose prompt or output is
-  under 4 tokens, whose prompt is over 1024 or whose total is over 2048 (`is_valid_sequence`).
-  Tokens are estimated as UTF-8 bytes / `bytes_per_token` (default 4); file order, not shuffled.
-- `vllm_bench`: a `vllm bench serve --save-result --save-detailed` JSON: its `input_lens` and
-  `output_lens`.
+- `sharegpt`: a ShareGPT-style JSON list of conversations, and `vllm_bench`: a `vllm bench serve
+  --save-result --save-detailed` JSON (kvsim/scenario/datasets.py reads both, and the mapped csv).
 
 `sharegpt`, `vllm_bench` and a csv without an arrival column have lengths only (`arrival_s` all 0):
 the scenario's arrivals are then synthetic.
@@ -242,109 +236,6 @@ def load_csv(path: Path) -> Trace:
     return _sorted_trace(np.frombuffer(cols.time, dtype=np.float64).copy(), cols.prompt, cols.output)
 
 
-_UNIT_SCALE = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
-
-
-def load_csv_columns(path: Path, arrival: Optional[str], unit: str, prompt: str, output: str) -> Trace:
-    """Your own CSV log: the columns holding the arrival time (None: lengths only; `unit` s, ms, us,
-    ns or datetime), the prompt and the output tokens."""
-    path = Path(path)
-    key = "workload.trace.columns."
-    names = tuple(c for c in (arrival, prompt, output) if c)
-    keys = {prompt: key + "prompt_tokens", output: key + "output_tokens"}
-    if arrival:
-        keys[arrival] = key + "arrival"
-    dated = unit == "datetime"
-    cols = _Columns(path, "q" if dated else "d")
-
-    def row(line, f):
-        if not arrival:
-            t, f = (0 if dated else 0.0), ["", *f]
-        elif dated:
-            t = _azure_ns(path, line, f[0], arrival)
-        else:
-            t = _parse_seconds(path, line, arrival, f[0], _UNIT_SCALE[unit])
-        cols.add(line, t, _parse_len(path, line, prompt, f[1]), _parse_len(path, line, output, f[2]))
-
-    _read_csv(path, names, row, keys)
-    cols.nonempty()
-    times = np.frombuffer(cols.time, dtype=np.int64 if dated else np.float64)
-    arrival = (times - times[0]) / 1e9 if dated else times.copy()
-    return _sorted_trace(arrival, cols.prompt, cols.output)
-
-
-# vllm bench serve's ShareGPT filter (benchmarks/datasets.py is_valid_sequence, vLLM v0.11.0)
-SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048
-DEFAULT_BYTES_PER_TOKEN = 4.0
-
-
-def _json_items(path: Path, what: str):
-    """The elements of a top-level JSON list, streamed (ijson), with their index; one-line errors."""
-    import ijson
-
-    with open_regular(path, "trace") as f:
-        index = -1
-        try:
-            for index, item in enumerate(ijson.items(f, "item", use_float=True)):
-                yield index, item
-        except ijson.JSONError as exc:
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise KvsimError(f"{path}: bad JSON after {what} {index}: {reason[:200]}") from None
-        if index < 0:
-            raise KvsimError(f"{path}: expected a JSON list of {what}s, found none")
-
-
-def _turn_tokens(path: Path, index: int, turn, bytes_per_token: float) -> int:
-    text = turn.get("value") if isinstance(turn, dict) else None
-    if not isinstance(text, str):
-        raise KvsimError(f"{path}: conversation {index}: a turn without a string \"value\"")
-    return max(1, int(np.ceil(len(text.encode("utf-8", "surrogatepass")) / bytes_per_token)))
-
-
-def load_sharegpt(path: Path, bytes_per_token: Optional[float] = None) -> Trace:
-    """A ShareGPT-style dataset's (prompt, output) lengths, filtered as vllm bench does (module docstring)."""
-    path = Path(path)
-    bpt = bytes_per_token or DEFAULT_BYTES_PER_TOKEN
-    cols = _Columns(path)
-    for index, conv in _json_items(path, "conversation"):
-        turns = conv.get("conversations") if isinstance(conv, dict) else None
-        if not isinstance(turns, list):
-            raise KvsimError(f"{path}: conversation {index}: expected an object with a \"conversations\" list")
-        if len(turns) < 2:
-            continue
-        prompt, output = (_turn_tokens(path, index, t, bpt) for t in turns[:2])
-        if (prompt < SHAREGPT_MIN_LEN or output < SHAREGPT_MIN_LEN or prompt > SHAREGPT_MAX_PROMPT
-                or prompt + output > SHAREGPT_MAX_TOTAL):
-            continue
-        cols.add(index + 1, 0.0, prompt, output)
-    if not cols.prompt:
-        raise KvsimError(f"{path}: no conversation has a first two turns within vllm bench's ShareGPT bounds "
-                         f"({SHAREGPT_MIN_LEN}-{SHAREGPT_MAX_PROMPT} prompt tokens, at most {SHAREGPT_MAX_TOTAL} in all)")
-    return _sorted_trace(np.zeros(len(cols.prompt)), cols.prompt, cols.output)
-
-
-def load_vllm_bench(path: Path) -> Trace:
-    """The request lengths of a `vllm bench serve --save-result --save-detailed` JSON."""
-    from kvsim.scenario.files import read_json_object
-
-    path = Path(path)
-    doc = read_json_object(path, "trace")
-    lens = {}
-    for key in ("input_lens", "output_lens"):
-        values = doc.get(key)
-        if not isinstance(values, list) or not values:
-            raise KvsimError(f"{path}: {key}: missing or empty (save the result with vllm bench serve "
-                             "--save-result --save-detailed)")
-        lens[key] = [_parse_len(path, 1, f"{key}[{i}]", v) for i, v in enumerate(values)]
-    if len(lens["input_lens"]) != len(lens["output_lens"]):
-        raise KvsimError(f"{path}: input_lens has {len(lens['input_lens'])} requests, output_lens "
-                         f"{len(lens['output_lens'])}")
-    n = len(lens["input_lens"])
-    if n > MAX_REQUESTS:
-        raise KvsimError(f"{path}: trace has more than {MAX_REQUESTS:,} requests")
-    return _sorted_trace(np.zeros(n), lens["input_lens"], lens["output_lens"])
-
-
 def _mooncake_row(path: Path, line: int, text: str) -> tuple:
     try:
         obj = json.loads(text)
@@ -407,7 +298,13 @@ def _sorted_trace(arrival: np.ndarray, prompt, output, hash_ids=None, start=None
     return Trace(arrival, prompt, output, hash_ids, start, end)
 
 
-_LOADERS = {"azure": load_azure, "mooncake": load_mooncake, "csv": load_csv, "vllm_bench": load_vllm_bench}
+def _load_vllm_bench(path: Path) -> Trace:
+    from kvsim.scenario.datasets import load_vllm_bench
+
+    return load_vllm_bench(path)
+
+
+_LOADERS = {"azure": load_azure, "mooncake": load_mooncake, "csv": load_csv, "vllm_bench": _load_vllm_bench}
 
 
 @lru_cache(maxsize=4)
@@ -418,6 +315,8 @@ def _load_cached(path: str, fmt: str, mtime_ns: int, size: int) -> Trace:
 @lru_cache(maxsize=4)
 def _load_cached_with(path: str, fmt: str, options, mtime_ns: int, size: int) -> Trace:
     """A format read with options (a csv's column mapping, a dataset's bytes per token)."""
+    from kvsim.scenario.datasets import load_csv_columns, load_sharegpt
+
     if fmt == "sharegpt":
         return load_sharegpt(Path(path), options)
     return load_csv_columns(Path(path), *options)
@@ -426,6 +325,8 @@ def _load_cached_with(path: str, fmt: str, options, mtime_ns: int, size: int) ->
 def _options(cfg):
     """The hashable reading options of a trace config, or None for the formats read as they are."""
     if cfg.format == "sharegpt":
+        from kvsim.scenario.datasets import DEFAULT_BYTES_PER_TOKEN
+
         return cfg.bytes_per_token or DEFAULT_BYTES_PER_TOKEN
     c = cfg.columns
     return (c.arrival, c.arrival_unit, c.prompt_tokens, c.output_tokens) if cfg.format == "csv" and c else None

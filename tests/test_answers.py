@@ -201,3 +201,24 @@ def test_why_it_missed_splits_each_requests_time_and_counts_time_spent_preempted
     assert got_met["requests"] == len(rows) - int(missed.sum())
     page = (tmp_path / "out/report.html").read_text()
     assert "Why requests missed the SLO" in page and "Where the time went" in page
+
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def test_the_validation_example_is_the_run_the_readme_quotes():
+    from kvsim.calibrate.validate import median_abs_error
+
+    records = kvsim.validate(ROOT / "scenarios/validate_h100.toml", ROOT / "benchmarks/results/validate_h100")
+    bf16, fp8 = (median_abs_error(records, p) for p in ("paged-bf16", "paged-fp8"))
+    readme = (ROOT / "README.md").read_text()
+    assert f"{bf16:.1%} / {fp8:.1%} for `validate_h100`" in readme and f"{bf16:.1%} / {fp8:.1%}," in readme
+
+
+@pytest.mark.skipif(not (ROOT / "scenarios/../../shared/traces/mooncake_conversation.jsonl").resolve().is_file(),
+                    reason="the Mooncake trace is not in ../shared/traces")
+def test_the_mooncake_showcase_meets_its_slo(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "kvsim", "run", str(ROOT / "scenarios/mooncake.toml"), "--set",
+                           "workload.num_requests=3000", "--policy", "paged-fp8-prefix-cache", "--check", "--quiet",
+                           "--out", str(tmp_path / "m")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

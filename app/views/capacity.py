@@ -139,8 +139,8 @@ def deploy_rows(result) -> list[dict]:
              "policy": d.policy, "safe req/s": f"{d.safe_rate:.3g}" if d.safe_rate is not None else f"≥{r:g}",
              "knee (95% CI)": "–" if d.mean_rate is None else f"{d.mean_rate:.3g} ({d.ci_low:.3g}–{d.ci_high:.3g})",
              "$/hour": d.usd_per_hour, "$/M input": d.usd_per_m_input, "$/M output": d.usd_per_m_output,
-             "headroom": "–" if d.headroom is None else f"{d.headroom:+.0%}", "binds": d.binding,
-             "price source": d.price_source} for d in result.deployments]
+             "headroom": "–" if d.headroom is None else f"{d.headroom:+.0%}", "binds": d.binding}
+            for d in result.deployments]
 
 
 def cost_figure(result) -> dict:
@@ -201,6 +201,9 @@ def show_deploy(result) -> None:
     st.markdown("  \n".join(deploy_lines(result)))
     rows = deploy_rows(result)
     st.dataframe(rows, hide_index=True, column_config=number_columns(rows), height="content", width="stretch")
+    sources = sorted({d.price_source for d in result.deployments})
+    if sources:
+        st.caption("Prices: " + "; ".join(sources))
     if any(d.meets_target for d in result.deployments):
         show(cost_figure(result), "cost")
     if result.skipped:

@@ -17,12 +17,12 @@ cur = settings.current()
 
 
 def comparison_rows(summaries: dict) -> list[dict]:
-    """The comparison table's rows: the report's headline figures per policy, as numbers."""
-    rows = []
-    for name, s in summaries.items():
-        req = s.get("requests", {})
-        rows.append({"policy": name, "finished": req.get("finished"), "rejected": req.get("rejected"),
-                     **{f.label: f.value(s) for f in table_figures(summaries)}})
+    """The comparison table, a row per figure and a column per policy (it fits the page however
+    many figures): the report's headline figures as the terminal table prints them."""
+    rows = [{"figure": "finished / rejected",
+             **{name: f"{s['requests']['finished']:,} / {s['requests']['rejected']:,}" for name, s in summaries.items()}}]
+    for f in table_figures(summaries):
+        rows.append({"figure": f.label, **{name: f.text(s) for name, s in summaries.items()}})
     return rows
 
 
@@ -54,9 +54,7 @@ with errors.caught(st):
     st.markdown("  \n".join(verdict_lines(result.summaries, result.meta)))  # model, SLO, who meets it, what binds
 
     st.subheader("Policy comparison")
-    st.dataframe(comparison_rows(result.summaries), hide_index=True, width="stretch",
-                 column_config={f.label: st.column_config.NumberColumn(format=f"%.{f.digits}f")
-                                for f in table_figures(result.summaries)})
+    st.dataframe(comparison_rows(result.summaries), hide_index=True, width="stretch", height="content")
     for i, fig in enumerate(result.figures):
         st.plotly_chart(go.Figure(fig), theme=None, key=f"kvsim.report_fig_{i}")
 

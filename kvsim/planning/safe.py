@@ -2,14 +2,16 @@
 `LONG_RUN` times longer too, each simulated there.
 
 The seeds' knees are a cliff, not a slope: at their mean about half the seeds fail, and a knee
-found on N requests sits above the one a longer run finds (a queue needs time to grow). So the
-rate a planner should provision is checked, not averaged: start at the lowest of the seeds'
-highest sustainable rates, simulate one run of LONG_RUN x N requests there (the first seed; near
-the knee it is the one that fails) and, when it passes, every seed; when any of them is not
-sustainable, step down by one resolution step (x (1 - res) / (1 + res)) and simulate again, at
-most `MAX_STEPS` times (then the safe rate is 0: none was
-found). Every label (policy or deployment) climbs down its own ladder; a round simulates every
-label still searching at once, so the answers do not depend on the executor.
+found on N requests sits above the one a longer run finds (a queue needs time to grow, and a real
+trace's later rows may be burstier than its first N). So the rate a planner should provision is
+checked, not averaged. A rate *passes* when one run of LONG_RUN x N requests (the first seed;
+near the knee it is the one that fails) and then every seed are sustainable there. Start at the
+lowest of the seeds' highest sustainable rates; while nothing has passed, step down by one
+resolution step (x (1 - res) / (1 + res)), then two, four, eight... (so a long run far below the
+knee is found in a few rounds); once a rate has passed below one that failed, bisect (on a log
+scale) until the two are within the resolution. The safe rate is the highest rate that passed (0
+when none did in `MAX_STEPS` rounds). Every label (policy or deployment) has its own ladder; a
+round simulates every label still searching at once, so the answers do not depend on the executor.
 """
 
 from __future__ import annotations
@@ -26,19 +28,29 @@ MAX_STEPS = 12
 
 @dataclass(slots=True)
 class SafeCheck:
-    """One label's ladder: the rate tried last and what every seed and the long run gave there."""
+    """One label's ladder: the rate to try next, the highest that passed and the lowest that failed."""
 
     label: object
     rate: float
     steps: int = 0
     done: bool = False
-    records: list = field(default_factory=list)  # the seeds' records at `rate`
-    long_record: Optional[dict] = None  # the long run's record at `rate`
+    passed: Optional[float] = None  # the highest rate that passed
+    failed: Optional[float] = None  # the lowest rate that failed
+    records: list = field(default_factory=list)  # the seeds' records at `passed`
+    long_record: Optional[dict] = None  # the long run's record at `passed`
     tried: list = field(default_factory=list)  # (rate, seed or None for the long run, record)
 
     @property
     def safe_rate(self) -> float:
-        return self.rate if self.done and self.rate > 0 else 0.0
+        return self.passed or 0.0
+
+    def next_rate(self, shrink: float, floor: float) -> Optional[float]:
+        """The rate to try after the last result, or None when done (module docstring)."""
+        if self.passed is None:
+            return max(self.failed * shrink ** (2 ** (self.steps - 1)), floor)
+        if self.failed is None or self.failed / self.passed <= 1 / shrink:
+            return None
+        return (self.passed * self.failed) ** 0.5
 
 
 def first_candidate(searches) -> float:
@@ -74,12 +86,14 @@ def safe_rates(executor, candidates: dict, seeds: list[int], resolution: float,
             return checks
         results = verify(executor, todo, seeds, lambda c, seed, long: task(c.label, c.rate, seed, long), tick)
         for c, (records, long_record) in zip(todo, results):
-            c.records, c.long_record = records, long_record
             c.tried += [(c.rate, None, long_record)] + [(c.rate, seed, rec) for seed, rec in zip(seeds, records)]
+            c.steps += 1
             if records and all(r["sustainable"] for r in records):
-                c.done = True
-            elif c.steps + 1 >= MAX_STEPS:
-                c.done, c.rate = True, 0.0
+                c.passed, c.records, c.long_record = c.rate, records, long_record
             else:
-                c.steps += 1
-                c.rate = max(c.rate * shrink, floor(c.label))
+                c.failed = c.rate
+            rate = c.next_rate(shrink, floor(c.label))
+            if rate is None or c.steps >= MAX_STEPS:
+                c.done = True
+            else:
+                c.rate = rate

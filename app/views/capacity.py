@@ -19,7 +19,7 @@ from kvsim.errors import KvsimError
 from kvsim.planning.capacity import DEFAULT_REQUESTS
 from kvsim.planning.output import deploy_lines, plan_files, plan_lines, tied_with
 from kvsim.planning.points import base_rate
-from kvsim.results.figures import policy_colors
+from kvsim.results.figures import policy_colors, policy_dashes
 from kvsim.results.report import slo_text
 from kvsim.results.verdict import LABELS, percentile_label
 from kvsim.scenario.catalog import GPUS
@@ -82,6 +82,7 @@ def curve_figure(result, colors: dict, column: str, title: str, bound) -> dict:
     """One figure at the percentile against the arrival rate, per policy: the mean over the seeds tried
     at each rate (open markers: some seed not sustainable there; a star: the safe rate)."""
     data = []
+    dashes = policy_dashes(list(colors))
     for policy, color in colors.items():
         by_rate: dict = {}
         for pt in result.points:  # a seed's search and the safe check may simulate one rate twice: the same point
@@ -93,7 +94,7 @@ def curve_figure(result, colors: dict, column: str, title: str, bound) -> dict:
         ok = [all(pt["sustainable"] for pt in by_rate[r]) for r in rates]
         safe = next(p.safe_rate for p in result.policies if p.policy == policy)
         data.append({"type": "scatter", "mode": "lines+markers", "name": policy, "legendgroup": policy,
-                     "x": rates, "y": ys, "line": {"color": color},
+                     "x": rates, "y": ys, "line": {"color": color, "dash": dashes[policy]},
                      "marker": {"symbol": ["star" if r == safe else "circle" if good else "circle-open"
                                            for r, good in zip(rates, ok)],
                                 "size": [14 if r == safe else 8 for r in rates]},
@@ -127,9 +128,9 @@ def plan_rows(result) -> list[dict]:
     return [{"policy": p.policy, "safe req/s": p.safe_rate,
              "knee (95% CI)": f"{p.mean_rate:.3g} ({p.ci_low:.3g}–{p.ci_high:.3g})" + (" >" if p.censored else ""),
              "tied with": ", ".join(tied[p.policy]) or "–", "headroom": p.headroom * 100,
-             "at scenario rate": "✓ sustainable" if p.sustainable_at_scenario_rate else "✗ not sustainable",
-             **{f"{label} at safe": p.at_safe_rate.get(f"worst_{col}") for col, label, _ in cols},
-             "binds at the knee": p.binding} for p in result.policies]
+             f"at {result.meta['scenario_rate']:.3g}/s": "✓" if p.sustainable_at_scenario_rate else "✗",
+             **{label: p.at_safe_rate.get(f"worst_{col}") for col, label, _ in cols},
+             "binds": p.binding} for p in result.policies]
 
 
 def deploy_rows(result) -> list[dict]:
@@ -167,19 +168,22 @@ def downloads(result, prefix: str) -> None:
 
 
 def number_columns(rows: list[dict]) -> dict:
-    """Display formats of a table's numeric columns, by their names."""
+    """Display formats of a table's numeric columns, by their names; short columns narrow, so the
+    table fits the page."""
     out = {}
     for name, value in (rows[0] if rows else {}).items():
+        if name.startswith("at ") and name.endswith("/s"):
+            out[name] = st.column_config.TextColumn(width="small")
         if not isinstance(value, float):
             continue
         if name == "headroom":
-            out[name] = st.column_config.NumberColumn(format="%+.0f%%")
+            out[name] = st.column_config.NumberColumn(format="%+.0f%%", width="small")
         elif name.startswith("$"):
-            out[name] = st.column_config.NumberColumn(format="%.3f")
+            out[name] = st.column_config.NumberColumn(format="%.3f", width="small")
         elif " ms " in name:
-            out[name] = st.column_config.NumberColumn(format="%.0f")
+            out[name] = st.column_config.NumberColumn(format="%.0f", width="small")
         else:
-            out[name] = st.column_config.NumberColumn(format="%.3g")
+            out[name] = st.column_config.NumberColumn(format="%.3g", width="small")
     return out
 
 
@@ -190,6 +194,8 @@ def show_plan(result) -> None:
     show(capacity_figure(result, colors), "max_rate")
     rows = plan_rows(result)
     st.dataframe(rows, hide_index=True, column_config=number_columns(rows), width="stretch")
+    st.caption("at r/s: every seed sustainable at the scenario's own rate; the SLO figures: the worst of the seeds and "
+               "the long run at the safe rate; binds: at the knee.")
     with st.expander("What binds at each policy's knee"):
         st.markdown("  \n".join(f"**{p.policy}**: {p.binding_detail}" for p in result.policies))
     for i, (col, label, bound) in enumerate(slo_columns(result.meta["slo"])):

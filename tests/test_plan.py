@@ -224,8 +224,13 @@ def test_plan_names_compute_or_bandwidth_when_step_time_binds(tmp_path, calibrat
                                  "prompt_len": {"dist": "fixed", "value": prompt},
                                  "output_len": {"dist": "fixed", "value": 16}},
                        slo={"ttft_ms": None, "tpot_ms": tpot_ms, "percentile": 99}, backend={"calibration": str(cal)})
-    (answer,) = plan(sc, seeds=1, resolution=0.1, executor=InlineExecutor()).policies
+    result = plan(sc, seeds=1, resolution=0.1, executor=InlineExecutor())
+    (answer,) = result.policies
     assert answer.binding == bound, answer.binding_detail
+    # the counterfactual shows its baseline: the same point as it is, beside 2x FLOP/s and 2x bandwidth
+    base = next(p for p in result.points if p["phase"] == "counterfactual_baseline")
+    assert base["rate"] == answer.first_unsustainable_rate and not base["sustainable"]
+    assert f"(SLO margin {base['slo_margin']:+.0%} as it is)" in answer.binding_detail
 
 
 def test_points_from_csv(tmp_path):

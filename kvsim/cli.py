@@ -24,6 +24,8 @@ from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
 
 # Packages above `run` that add commands of their own: each has `add_commands(subparsers)`.
 COMMAND_MODULES = ("kvsim.planning.cli", "kvsim.calibrate.cli")
+PIPE_WIDTH = 1000  # the console's width when stdout is not a terminal
+CHECK_FAILED = 1  # `kvsim run --check`: some policy is not sustainable (as diff and grep: 1 = a difference, 2 = trouble)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -63,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="replace the results folder even if kvsim did not write it (its contents are deleted)")
     run.add_argument("--policy", action="append", help="run only this policy (repeatable)")
     run.add_argument("--quiet", action="store_true", help="no table, no progress bar")
+    run.add_argument("--check", action="store_true",
+                     help=f"exit with code {CHECK_FAILED} when a policy misses its SLO or falls behind the arrivals "
+                          "(for CI gates on capacity plans; bad input stays code 2)")
     run.set_defaults(handler=cmd_run)
     mem = sub.add_parser("memory", help="print the KV capacity breakdown and KV memory growth table")
     add_scenario_arguments(mem)
@@ -132,7 +137,23 @@ def cmd_run(args, console: Console) -> int:
         for run in result.runs:
             console.print(f"[dim]{run.name}: simulated in {run.wall_s:.2f} s wall ({run.events} engine events)[/dim]")
         console.print(f"results: {result.out_dir}")
+    if args.check:
+        return check_verdicts(result.summaries)
     return 0
+
+
+def check_verdicts(summaries: dict) -> int:
+    """`--check`: 0 when every policy meets its SLO and keeps up with the arrivals, else one line
+    naming the others on stderr and CHECK_FAILED."""
+    from kvsim.results.verdict import judge
+
+    failed = {name: judge(s) for name, s in summaries.items()}
+    failed = {name: v for name, v in failed.items() if not v.sustainable}
+    if not failed:
+        return 0
+    print("kvsim: check failed: " + "; ".join(f"{name}: {v.summary_text()}" for name, v in failed.items()),
+          file=sys.stderr)
+    return CHECK_FAILED
 
 
 def cmd_memory(args, console: Console) -> int:
@@ -192,7 +213,7 @@ def _console() -> Console:
 
         def on_broken_pipe(self):  # rich's own exits 1; the guard's ends quietly with 141
             raise BrokenPipeError(32, "Broken pipe")
-    return SafeConsole() if sys.stdout.isatty() else SafeConsole(width=160)
+    return SafeConsole() if sys.stdout.isatty() else SafeConsole(width=PIPE_WIDTH)
 
 
 def _check_output(args) -> None:

@@ -55,6 +55,12 @@ class ScenarioResult:
     capacity: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)  # summary.json's "meta": model, GPU, layout, arrivals, SLO
 
+    def to_frame(self):
+        """A pandas DataFrame, a row per policy: the verdict and headline figures (kvsim.results.verdict.FIGURES)."""
+        from kvsim.results.verdict import summary_frame
+
+        return summary_frame(self.summaries)
+
 
 def run_meta(scenario, model, gpu) -> dict:
     """What ran, for summary.json and the report's opening lines."""

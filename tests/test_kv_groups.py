@@ -239,7 +239,7 @@ def test_deploy_and_the_simulation_refuse_what_they_cannot_simulate():
     from kvsim.planning.deploy import layouts
 
     sc = make("gpt-oss-20b", engine={"max_model_len": 131072})
-    ok, skipped = layouts(sc, "paged", ["H100-SXM"], [1])
+    ok, skipped = layouts(sc, ["paged"], ["H100-SXM"], [1])
     assert not ok and "needs the hybrid KV cache allocator" in skipped[0]["reason"]
     with pytest.raises(KvsimError, match="hybrid KV cache allocator"):
         kv_capacity(sc, sc.policies[0], MODELS["gpt-oss-20b"], GPUS["H100-SXM"])

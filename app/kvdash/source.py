@@ -211,4 +211,20 @@ def choose_base(container) -> Base:
     data = apply_overrides(data, overrides)
     check_values(data, source)
     scenario = scenario_from_dict(data, source, base_dir)
+    if base_dir == upload_dir():
+        _check_uploaded_inputs(scenario, source)
     return Base(data, scenario, source, base_dir, tuple(overrides), digest.hexdigest()[:16], upload_dir())
+
+
+def _check_uploaded_inputs(scenario, source: str) -> None:
+    """An uploaded scenario's input files live only if uploaded beside it: say which to upload, not a
+    server path."""
+    wanted = (("workload.trace.path", scenario.workload.trace.path if scenario.workload.trace else None,
+               "upload the trace too (Upload a trace or a model config, in the sidebar)"),
+              ("model.hf_config", scenario.model.hf_config,
+               "upload the model's config.json too (Upload a trace or a model config, in the sidebar)"),
+              ("backend.calibration", scenario.backend.calibration,
+               "the dashboard takes no calibration upload: remove the key, or run it with python -m kvsim"))
+    for key, rel, fix in wanted:
+        if rel and not scenario.resolve(rel).is_file():
+            raise KvsimError(f"{source}: {key} names {Path(rel).name}: {fix}")

@@ -159,6 +159,11 @@ class Simulation:
             for seq in seqs:
                 if seq.first_scheduled_time < 0:
                     seq.first_scheduled_time = now
+                elif seq.preempted_at >= 0:  # back after a preemption
+                    seq.preempted_s += now - seq.preempted_at
+                    seq.preempted_at = -1.0
+            for seq in batch.preempted:
+                seq.preempted_at = now
             fused = False
             if fuse and not seqs and not batch.preempted:  # cohort only: a decode run
                 # as many identical steps as start before the next arrival and end by the next finish

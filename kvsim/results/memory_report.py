@@ -121,16 +121,22 @@ def prefix_savings(scenario, model: ModelSpec) -> tuple[int, int, float, float] 
 
 def capacities(scenario, model: ModelSpec, gpu: GpuSpec,
                kv_dtypes=None) -> list[tuple[str, list, KvCapacity, str | None]]:
-    """(kv dtype, policies using it, per-GPU breakdown, why it cannot serve or None) per kv dtype in
-    use (or each of `kv_dtypes`): the capacity depends on the dtype only."""
-    by_dtype: dict[str, list] = {}
+    """(kv dtype, policies, per-GPU breakdown, why it cannot serve or None) per kv dtype in use (or
+    each of `kv_dtypes`) and activation reserve: a policy's step budget (its own
+    max_num_batched_tokens, chunked prefill or not) sizes the activations, so two policies of one
+    dtype share a column only when their breakdowns are the same."""
+    groups: dict[tuple, tuple[str, list, KvCapacity]] = {}
     for p in scenario.policies:
         for d in kv_dtypes or (p.kv_cache_dtype,):
-            by_dtype.setdefault(d, []).append(p)
+            cap = compute_capacity(scenario, replace_dtype(p, d), model, gpu)
+            key = (d, tuple(sorted(asdict(cap).items())))
+            if key in groups:
+                groups[key][1].append(p)
+            else:
+                groups[key] = (d, [p], cap)
     out = []
-    for dtype, pols in by_dtype.items():
+    for dtype, pols, cap in groups.values():
         pol = replace_dtype(pols[0], dtype)
-        cap = compute_capacity(scenario, pol, model, gpu)
         try:
             check_capacity(scenario, pol, model, gpu, cap)
             problem = None

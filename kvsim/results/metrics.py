@@ -34,7 +34,7 @@ from kvsim.sequence import Sequence
 REQUEST_COLUMNS = (
     "policy", "request_id", "status", "reject_reason", "arrival_s", "first_scheduled_s", "first_token_s",
     "finish_s", "ttft_s", "mean_itl_s", "e2e_s", "prompt_tokens", "output_tokens", "prefix_hit_tokens",
-    "preemptions",
+    "preemptions", "preempted_s",
 )
 TIMESERIES_COLUMNS = (
     "policy", "replica", "time_s", "running", "waiting", "swapped", "kv_blocks_used", "kv_blocks_cached",
@@ -81,11 +81,13 @@ class Metrics:
         csv.writer(cell).writerow((self._csv_policy,))  # quoted as the csv module would; a '%' is not a format
         self._finished_row = (cell.getvalue().rstrip("\r\n").replace("%", "%%") + ",%d,finished,,"
                               + ",".join([TIME] * 5)
-                              + ",%s," + TIME + ",%d,%d,%d,%d\r\n")
+                              + ",%s," + TIME + ",%d,%d,%d,%d," + TIME + "\r\n")
         self.ttft = array("d")
         self.e2e = array("d")
         self.tpot = array("d")  # per-request mean ITL, requests with >= 2 output tokens only
         self.first_scheduled = array("d")  # of finished requests, for the backlog at the last arrival
+        self._preempted_s = array("d")  # per finished request, for the report's "why it missed"
+        self._missed = array("b")  # per finished request: 1 when it misses a per-request SLO bound
         self.itl = LogHistogram()
         self._itl_runs: list = []  # (gap, count, gap, count) records not yet binned, flat
         self._itl_gaps: list[float] = []  # single gaps not yet binned
@@ -133,8 +135,12 @@ class Metrics:
             self.tpot.append(tpot)
         self.first_scheduled.append(seq.first_scheduled_time)
         self.num_finished += 1
+        self._preempted_s.append(seq.preempted_s)
         if ttft * 1e3 <= self._ttft_ms and e2e * 1e3 <= self._e2e_ms and (tpot is None or tpot * 1e3 <= self._tpot_ms):
             self.num_good += 1  # meets every per-request bound (an absent one is infinite); one token has no TPOT to miss
+            self._missed.append(0)
+        else:
+            self._missed.append(1)
         self.prompt_tokens += seq.request.prompt_len
         self.output_tokens += n_out
         self.prefix_hit_tokens += seq.num_cached_tokens
@@ -144,7 +150,7 @@ class Metrics:
             self.requests_file.write(self._finished_row % (
                 r.request_id, arrival, seq.first_scheduled_time, seq.first_token_time, seq.finish_time, ttft,
                 "" if tpot is None else TIME % tpot, e2e, r.prompt_len, n_out, seq.num_cached_tokens,
-                seq.num_preemptions))
+                seq.num_preemptions, seq.preempted_s))
 
     def _arrived(self, t: float) -> None:
         if t < self.first_arrival:
@@ -168,7 +174,7 @@ class Metrics:
             "" if seq.first_scheduled_time < 0 else TIME % seq.first_scheduled_time,
             "" if seq.first_token_time < 0 else TIME % seq.first_token_time,
             "" if seq.finish_time < 0 else TIME % seq.finish_time, "", "", "",
-            r.prompt_len, seq.num_output_tokens, seq.num_cached_tokens, seq.num_preemptions))
+            r.prompt_len, seq.num_output_tokens, seq.num_cached_tokens, seq.num_preemptions, TIME % seq.preempted_s))
 
     def _itlstats_of(self) -> dict:
         self._flush_itl()
@@ -272,10 +278,17 @@ class Metrics:
         return sorted(self._rows + open_rows, key=lambda row: (row[2], row[1]))
 
     def latencies(self) -> dict[str, np.ndarray]:
-        """The finished requests' TTFT, mean ITL and E2E, named as requests.csv's columns."""
-        return {"ttft_s": np.frombuffer(self.ttft, dtype=np.float64),
-                "mean_itl_s": np.frombuffer(self.tpot, dtype=np.float64),
-                "e2e_s": np.frombuffer(self.e2e, dtype=np.float64)}
+        """The finished requests' TTFT, mean ITL and E2E, named as requests.csv's columns (mean_itl_s:
+        requests with two or more output tokens only); and, a value per finished request in finishing
+        order, where its time went (queued_s, prefill_s: first scheduled to first token, decode_s,
+        preempted_s: part of those two) and whether it missed a per-request SLO bound (missed)."""
+        ttft, e2e = np.frombuffer(self.ttft, dtype=np.float64), np.frombuffer(self.e2e, dtype=np.float64)
+        arrival = np.frombuffer(self._finish_times, dtype=np.float64) - e2e
+        queued = np.frombuffer(self.first_scheduled, dtype=np.float64) - arrival
+        return {"ttft_s": ttft, "mean_itl_s": np.frombuffer(self.tpot, dtype=np.float64), "e2e_s": e2e,
+                "queued_s": queued, "prefill_s": ttft - queued, "decode_s": e2e - ttft,
+                "preempted_s": np.frombuffer(self._preempted_s, dtype=np.float64),
+                "missed": np.frombuffer(self._missed, dtype=np.int8).astype(bool)}
 
     # ---- summary
 

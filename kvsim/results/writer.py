@@ -32,7 +32,8 @@ from kvsim.errors import KvsimError
 from kvsim.guard import deferred_signals
 from kvsim.results.cells import csv_cell
 from kvsim.results.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS
-from kvsim.results.report import timeseries_arrays, write_report_html
+from kvsim.results.figures import timeseries_arrays
+from kvsim.results.report import write_report_html
 from kvsim.results.target import (FORMAT, HOST, LEGACY_FILES, MARKER, Vetted, check_target,  # noqa: F401
                                   recover_leftovers, results_path)
 from kvsim.scenario.files import identity, rename_exchange, rename_noreplace

@@ -265,15 +265,57 @@ class PrefixConfig(_Section):
         return self
 
 
-class TraceConfig(_Section):
-    """A request trace to replay: its arrival times, lengths, or both."""
+ColumnName = Annotated[str, Field(min_length=1, max_length=L.MAX_NAME_CHARS), AfterValidator(_one_line(L.MAX_NAME_CHARS))]
 
-    format: Literal["azure", "mooncake", "csv"] = Field(description=(
+
+class TraceColumns(_Section):
+    """Which columns of your own CSV log hold what ([workload.trace.columns], format = "csv")."""
+
+    arrival: Optional[ColumnName] = Field(None, description=(
+        "The column holding each request's arrival time. Leave it out for a log of lengths only, replayed "
+        "at a synthetic arrival rate."))
+    arrival_unit: Literal["s", "ms", "us", "ns", "datetime"] = Field("s", description=(
+        "The arrival column's unit: seconds, milliseconds, microseconds or nanoseconds (any origin: the first "
+        "arrival becomes 0), or datetime (e.g. 2024-05-01 12:00:03.25 or 2024-05-01T12:00:03)."))
+    prompt_tokens: ColumnName = Field(description="The column of prompt (input) token counts.")
+    output_tokens: ColumnName = Field(description="The column of output (generated) token counts.")
+
+
+class TraceConfig(_Section):
+    """A request trace to replay: its arrival times, lengths, or both; or a dataset of lengths."""
+
+    format: Literal["azure", "mooncake", "csv", "sharegpt", "vllm_bench"] = Field(description=(
         "azure: Azure LLM 2023 CSV (TIMESTAMP, ContextTokens, GeneratedTokens); mooncake: JSONL with "
-        "timestamp (ms), input_length, output_length, hash_ids; csv: arrival_s, prompt_tokens, output_tokens."))
+        "timestamp (ms), input_length, output_length, hash_ids; csv: your own CSV log, columns named by "
+        "[workload.trace.columns] (default arrival_s, prompt_tokens, output_tokens); sharegpt: a ShareGPT-style "
+        "JSON list of conversations (lengths only: the first two turns, as vllm bench serve --dataset-name "
+        "sharegpt samples them); vllm_bench: a vllm bench serve --save-result --save-detailed JSON (lengths "
+        "only: its input_lens and output_lens)."))
     path: PathText = Field(description="The trace file, relative to the scenario file.")
     max_requests: Optional[Annotated[int, Field(ge=1, le=L.MAX_REQUESTS)]] = Field(None, description=(
         "Replay only the first this many rows (in arrival order). Default: all."))
+    columns: Optional[TraceColumns] = Field(None, description=(
+        "format csv: which columns hold the arrival time, prompt and output tokens. Default: the header "
+        "arrival_s, prompt_tokens, output_tokens, times in seconds."))
+    bytes_per_token: Optional[Annotated[float, Field(ge=0.5, le=64)]] = Field(None, description=(
+        "format sharegpt: a turn's tokens are estimated as its UTF-8 bytes / this (about 4 for Llama-3-class "
+        "tokenizers, in English and in CJK text alike); default 4. For exact counts, tokenize the dataset "
+        "yourself and give a csv with the columns."))
+
+    @model_validator(mode="after")
+    def _format_keys(self):
+        if self.columns is not None and self.format != "csv":
+            raise ValueError(f"columns: only for format \"csv\", not {self.format!r}")
+        if self.bytes_per_token is not None and self.format != "sharegpt":
+            raise ValueError(f"bytes_per_token: only for format \"sharegpt\", not {self.format!r}")
+        return self
+
+    @property
+    def has_times(self) -> bool:
+        """Whether the file holds arrival times (a dataset of lengths does not)."""
+        if self.format in ("sharegpt", "vllm_bench"):
+            return False
+        return self.format != "csv" or self.columns is None or self.columns.arrival is not None
 
 
 class WorkloadConfig(_Section):
@@ -297,6 +339,9 @@ class WorkloadConfig(_Section):
                       or self.output_len.dist == "trace")
         if uses_trace and self.trace is None:
             raise ValueError("arrival process or lengths come from a trace, but [workload.trace] is missing")
+        if self.arrival.process == "trace" and not self.trace.has_times:
+            raise ValueError(f"arrival.process: the {self.trace.format} trace has no arrival times: use poisson, "
+                             "gamma or deterministic arrivals, with prompt_len and output_len dist = \"trace\"")
         if self.trace is None and self.num_requests is None and self.duration_s is None:
             raise ValueError("give num_requests or duration_s")
         if self.num_requests is None and self.duration_s is not None and self.arrival.process != "trace":

@@ -11,10 +11,18 @@ Formats:
   output token (a request always produces at least one token; the 2023 conversation trace has none).
 - `mooncake`: one JSON object a line with `timestamp` (ms), `input_length`, `output_length`,
   `hash_ids` (chained 512-token block ids, `len(hash_ids) == ceil(input_length / 512)`).
-- `csv`: header `arrival_s,prompt_tokens,output_tokens`, arrival in seconds.
+- `csv`: header `arrival_s,prompt_tokens,output_tokens`, arrival in seconds; or your own log, its
+  columns named by `[workload.trace.columns]` (`arrival` in s, ms, us, ns or as datetimes, or left
+  out for lengths only; `prompt_tokens`, `output_tokens`).
+- `sharegpt`: a ShareGPT-style JSON list of conversations, and `vllm_bench`: a `vllm bench serve
+  --save-result --save-detailed` JSON (kvsim/scenario/datasets.py reads both, and the mapped csv).
+
+`sharegpt`, `vllm_bench` and a csv without an arrival column have lengths only (`arrival_s` all 0):
+the scenario's arrivals are then synthetic.
 
 Every malformed row raises `KvsimError("<path>:<line>: <reason>")`, lines counted from 1 as an
-editor shows them (the CSV header is line 1).
+editor shows them (the CSV header is line 1); a JSON dataset's bad entry names its index
+(`<path>: conversation 12: <reason>`).
 """
 
 from __future__ import annotations
@@ -163,8 +171,11 @@ class _Columns:
             raise KvsimError(f"{self.path}: trace has no requests")
 
 
-def _read_csv(path: Path, columns: tuple[str, str, str], add_row: Callable[[int, list[str]], None]) -> None:
-    """Each row of a headed CSV as `add_row(line, [time, prompt, output])`, blank lines skipped."""
+def _read_csv(path: Path, columns: tuple[str, ...], add_row: Callable[[int, list[str]], None],
+              keys: Optional[dict] = None) -> None:
+    """Each row of a headed CSV as `add_row(line, [value of each column])`, blank lines skipped;
+    `keys` names the scenario key of each column in errors."""
+    keys = keys or {}
     reader = csv.reader(text for _, text in iter_lines(path, "trace"))
     try:
         header = next(reader, None)
@@ -173,7 +184,7 @@ def _read_csv(path: Path, columns: tuple[str, str, str], add_row: Callable[[int,
         header = [h.strip() for h in header]
         for name in columns:
             if name not in header:
-                _fail(path, 1, f"missing column {name!r} in header")
+                _fail(path, 1, f"missing column {name!r} in header" + (f" ({keys[name]})" if name in keys else ""))
         idx = [header.index(name) for name in columns]
         width = max(idx) + 1
         for fields in reader:
@@ -187,14 +198,14 @@ def _read_csv(path: Path, columns: tuple[str, str, str], add_row: Callable[[int,
         _fail(path, reader.line_num, f"bad CSV: {exc}")
 
 
-def _azure_ns(path: Path, line: int, stamp: str) -> int:
+def _azure_ns(path: Path, line: int, stamp: str, column: str = "TIMESTAMP") -> int:
     """A wall-clock timestamp as int64 nanoseconds since 1970, within MIN/MAX_TRACE_YEAR."""
     if not _AZURE_TIME.fullmatch(stamp) or not MIN_TRACE_YEAR <= int(stamp[:4]) <= MAX_TRACE_YEAR:
-        _fail(path, line, f"bad timestamp in TIMESTAMP: {_show(stamp)} (years {MIN_TRACE_YEAR}-{MAX_TRACE_YEAR})")
+        _fail(path, line, f"bad timestamp in {column}: {_show(stamp)} (years {MIN_TRACE_YEAR}-{MAX_TRACE_YEAR})")
     try:
         return int(np.datetime64(stamp, "ns").astype(np.int64))
     except ValueError:
-        _fail(path, line, f"bad timestamp in TIMESTAMP: {_show(stamp)}")
+        _fail(path, line, f"bad timestamp in {column}: {_show(stamp)}")
 
 
 def load_azure(path: Path) -> Trace:
@@ -288,7 +299,13 @@ def _sorted_trace(arrival: np.ndarray, prompt, output, hash_ids=None, start=None
     return Trace(arrival, prompt, output, hash_ids, start, end)
 
 
-_LOADERS = {"azure": load_azure, "mooncake": load_mooncake, "csv": load_csv}
+def _load_vllm_bench(path: Path) -> Trace:
+    from kvsim.scenario.datasets import load_vllm_bench
+
+    return load_vllm_bench(path)
+
+
+_LOADERS = {"azure": load_azure, "mooncake": load_mooncake, "csv": load_csv, "vllm_bench": _load_vllm_bench}
 
 
 @lru_cache(maxsize=4)
@@ -314,19 +331,42 @@ def one_read_per_call(fn):
     return run
 
 
+@lru_cache(maxsize=4)
+def _load_cached_with(path: str, fmt: str, options, mtime_ns: int, size: int, ino: int) -> Trace:
+    """A format read with options (a csv's column mapping, a dataset's bytes per token)."""
+    from kvsim.scenario.datasets import load_csv_columns, load_sharegpt
+
+    if fmt == "sharegpt":
+        return load_sharegpt(Path(path), options)
+    return load_csv_columns(Path(path), *options)
+
+
+def _options(cfg):
+    """The hashable reading options of a trace config, or None for the formats read as they are."""
+    if cfg.format == "sharegpt":
+        from kvsim.scenario.datasets import DEFAULT_BYTES_PER_TOKEN
+
+        return cfg.bytes_per_token or DEFAULT_BYTES_PER_TOKEN
+    c = cfg.columns
+    return (c.arrival, c.arrival_unit, c.prompt_tokens, c.output_tokens) if cfg.format == "csv" and c else None
+
+
 def load_trace(scenario) -> Trace:
     """The scenario's `workload.trace`, cut to `max_requests`; parsed once per file version (and once per
     run: `one_read_per_call`)."""
     cfg = scenario.workload.trace
     path = scenario.resolve(cfg.path)
     read = _read_once.get()
-    trace = None if read is None else read.get((str(path), cfg.format))
+    options = _options(cfg)
+    key = (str(path), cfg.format, options)
+    trace = None if read is None else read.get(key)
     if trace is None:
         if not os.path.lexists(path):
             raise KvsimError(f"{scenario.source}: workload.trace.path: file not found: {path}")
         with open_regular(path, "trace") as f:
             st = os.fstat(f.fileno())
-        trace = _load_cached(str(path), cfg.format, st.st_mtime_ns, st.st_size, st.st_ino)
+        trace = (_load_cached(str(path), cfg.format, st.st_mtime_ns, st.st_size, st.st_ino) if options is None
+                 else _load_cached_with(str(path), cfg.format, options, st.st_mtime_ns, st.st_size, st.st_ino))
         if read is not None:
-            read[(str(path), cfg.format)] = trace
+            read[key] = trace
     return trace if cfg.max_requests is None else trace.head(cfg.max_requests)

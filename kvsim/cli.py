@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 
 from kvsim.errors import KvsimError
-from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
+from kvsim.scenario.args import add_scenario_arguments, scenario_from_args
 
 # Packages above `run` that add commands of their own: each has `add_commands(subparsers)`.
 COMMAND_MODULES = ("kvsim.planning.cli", "kvsim.calibrate.cli")

@@ -112,7 +112,7 @@ def main() -> int:
     if args.record:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                 text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kvsim", "backends"], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kvsim"], cwd=ROOT,
                                capture_output=True, text=True).stdout.strip()
         merged = {**recorded, **{name: hashes for name, hashes, _ in results if "error" not in hashes}}
         doc = {"commit": commit + ("+changes" if dirty else ""), "files": list(FILES),

@@ -2,8 +2,8 @@
 
 Read a request's path in this order: scenario.config (scenario TOML) -> scenario.workload/traces
 (requests) -> engine.simulator (SimPy arrival + engine processes) -> engine.scheduler (vLLM V1
-semantics) -> engine.block_manager / engine.contiguous (allocators) -> backends.analytic (with
-perf.roofline) or backends.triton_engine (step time) -> results.metrics -> results.writer/report.
+semantics) -> engine.block_manager / engine.contiguous (allocators) -> kvsim.backends.analytic (with
+perf.roofline) or kvsim.backends.triton_engine (step time) -> results.metrics -> results.writer/report.
 
 The library API below is what the command line and the dashboard call; each function imports its
 machinery when first called, so `import kvsim` stays cheap.

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from backends import load_backend
+from kvsim.backends import load_backend
 from kvsim.errors import KvsimError
 from kvsim.engine.simulator import Replica, Simulation, make_allocator, make_scheduler
 from kvsim.perf.memory import check_fits, kv_capacity

@@ -381,7 +381,7 @@ def test_profile_runner_on_the_cpu(tmp_path):
     """The timing loop and the CSV row it writes, on a two-layer model through Triton's interpreter."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    from backends.triton_engine.runner import ModelRunner, RunnerConfig
+    from kvsim.backends.triton_engine.runner import ModelRunner, RunnerConfig
     from kvsim.calibrate.profile import profile_runner
     from kvsim.scenario.catalog import ModelSpec
 

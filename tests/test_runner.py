@@ -18,8 +18,8 @@ import pytest  # noqa: E402
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 try:
-    from backends.triton_engine.model import dense_reference_forward
-    from backends.triton_engine.runner import ModelRunner, RunnerConfig, graph_batch_sizes, pseudo_token_ids
+    from kvsim.backends.triton_engine.model import dense_reference_forward
+    from kvsim.backends.triton_engine.runner import ModelRunner, RunnerConfig, graph_batch_sizes, pseudo_token_ids
 except ImportError as exc:  # the kernel modules are written separately
     pytest.skip(f"triton engine not importable: {exc}", allow_module_level=True)
 
@@ -185,7 +185,7 @@ def _scenario(**engine):
 
 
 def _backend(sc):
-    from backends.triton_engine.backend import TritonBackend
+    from kvsim.backends.triton_engine.backend import TritonBackend
     from kvsim.perf.memory import kv_capacity
 
     model, gpu = model_spec(sc), gpu_spec(sc)

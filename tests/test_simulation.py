@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from backends.analytic import AnalyticBackend
+from kvsim.backends.analytic import AnalyticBackend
 from kvsim.cli import main
 from kvsim.perf.memory import kv_capacity
 from kvsim.results.metrics import Metrics

@@ -215,7 +215,7 @@ def run_profile(models: list[str], kv_dtypes: list[str], out_path, opts: Profile
 def _profile_all(specs, kv_dtypes, opts: ProfileOptions, dev, gpu, device_name, out, f, log) -> int:
     import torch
 
-    from backends.triton_engine.runner import ModelRunner, RunnerConfig
+    from kvsim.backends.triton_engine.runner import ModelRunner, RunnerConfig
 
     deadline = time.monotonic() + opts.max_seconds
     rows = 0

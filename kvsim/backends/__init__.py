@@ -13,8 +13,8 @@ from importlib.metadata import entry_points
 from kvsim.errors import KvsimError
 
 _BUILTIN = {
-    "analytic": "backends.analytic:AnalyticBackend",
-    "triton": "backends.triton_engine.backend:TritonBackend",
+    "analytic": "kvsim.backends.analytic:AnalyticBackend",
+    "triton": "kvsim.backends.triton_engine.backend:TritonBackend",
 }
 
 

@@ -23,9 +23,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from backends.triton_engine.decode_attention import choose_num_splits
-from backends.triton_engine.kv_quant import LayerKVCache, allocate_kv_cache, resolve_kv_dtype
-from backends.triton_engine.model import TORCH_DTYPES, AttentionMetadata, PagedAttention, Transformer
+from kvsim.backends.triton_engine.decode_attention import choose_num_splits
+from kvsim.backends.triton_engine.kv_quant import LayerKVCache, allocate_kv_cache, resolve_kv_dtype
+from kvsim.backends.triton_engine.model import TORCH_DTYPES, AttentionMetadata, PagedAttention, Transformer
 from kvsim.errors import KvsimError
 from kvsim.perf.roofline import VLLM_GRAPH_SIZES
 from kvsim.sequence import Sequence

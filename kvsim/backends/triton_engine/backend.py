@@ -136,7 +136,7 @@ class TritonBackend:
             torch = _import_torch()
         except KvsimError as exc:
             raise KvsimError(f"{scenario.source}: backend.name: {exc}") from None
-        from backends.triton_engine.runner import ModelRunner, RunnerConfig
+        from kvsim.backends.triton_engine.runner import ModelRunner, RunnerConfig
         from kvsim.scenario.defaults import engine_limits
 
         _release_previous()

@@ -186,10 +186,10 @@ def _scenario(**engine):
 
 def _backend(sc):
     from kvsim.backends.triton_engine.backend import TritonBackend
-    from kvsim.perf.memory import kv_capacity
+    from kvsim.pipeline import resolve_policy
 
     model, gpu = model_spec(sc), gpu_spec(sc)
-    return TritonBackend(sc, sc.policies[0], model, gpu, kv_capacity(sc, sc.policies[0], model, gpu))
+    return TritonBackend(sc, sc.policies[0], model, gpu, *resolve_policy(sc, sc.policies[0], model, gpu))
 
 
 def test_backend_refuses_swap_preemption():

@@ -7,6 +7,7 @@ import pytest
 
 from kvsim.backends.analytic import AnalyticBackend
 from kvsim.cli import main
+from kvsim.engine.settings import EngineSettings
 from kvsim.perf.memory import kv_capacity
 from kvsim.results.metrics import Metrics
 from kvsim.pipeline import run_scenario
@@ -152,9 +153,10 @@ def test_the_cohort_keeps_its_longest_member_only_when_the_price_reads_it():
     sc = make_scenario()
     model, gpu = model_spec(sc), gpu_spec(sc)
     cap = kv_capacity(sc, sc.policies[0], model, gpu)
-    assert not AnalyticBackend(sc, sc.policies[0], model, gpu, cap).prices_longest_decode  # vLLM: no serial term
+    settings = EngineSettings(16, 64, 2048, 4096)
+    assert not AnalyticBackend(sc, sc.policies[0], model, gpu, cap, settings).prices_longest_decode  # vLLM: no serial term
     triton = make_scenario(backend={"calibration": "triton"})
-    assert AnalyticBackend(triton, triton.policies[0], model, gpu, cap).prices_longest_decode
+    assert AnalyticBackend(triton, triton.policies[0], model, gpu, cap, settings).prices_longest_decode
 
 
 @pytest.mark.parametrize("case", ["tight memory, preemptions", "prefix groups, two replicas"])

@@ -132,11 +132,12 @@ class KvCapacity:
         ]
 
 
-def compute_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec) -> KvCapacity:
-    """The breakdown, unchecked: kv may be negative and num_blocks zero (see kv_capacity)."""
+def compute_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, limits=None) -> KvCapacity:
+    """The breakdown, unchecked: kv may be negative and num_blocks zero (see kv_capacity). `limits`:
+    the policy's engine_limits, when the caller has them."""
     hw, engine = scenario.hardware, scenario.engine
     tp = hw.tensor_parallel_size
-    limits = engine_limits(scenario, policy, model, gpu)
+    limits = limits or engine_limits(scenario, policy, model, gpu)
     total = gpu.cuda_memory_gib * GiB
     budget = total * hw.gpu_memory_utilization
     weights = model.weight_bytes / tp
@@ -171,8 +172,8 @@ def check_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, cap: KvCapa
                          f"hardware.tensor_parallel_size or hardware.gpu_memory_utilization")
 
 
-def kv_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec) -> KvCapacity:
-    cap = compute_capacity(scenario, policy, model, gpu)
+def kv_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, limits=None) -> KvCapacity:
+    cap = compute_capacity(scenario, policy, model, gpu, limits)
     check_capacity(scenario, policy, model, gpu, cap)
     return cap
 

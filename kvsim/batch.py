@@ -23,6 +23,9 @@ class DecodeShape(NamedTuple):
     longest: int = 0
 
 
+_new = tuple.__new__  # builds a named tuple without its Python-level __new__ (once per fused decode run)
+
+
 @dataclass(slots=True)
 class Batch:
     seqs: list[Sequence] = field(default_factory=list)
@@ -59,7 +62,7 @@ class Batch:
 
     def decode_shape(self) -> DecodeShape:
         """The step as a decode-run price reads it (a cohort-only batch: every sequence decodes)."""
-        return DecodeShape(self.num_decode_seqs, self.decode_read_tokens, self.decode_max_context)
+        return _new(DecodeShape, (self.num_decode_seqs, self.decode_read_tokens, self.decode_max_context))
 
     @property
     def is_pure_decode(self) -> bool:

@@ -29,6 +29,10 @@ class AnalyticBackend:
         self.calibration = calibration
         # whether a step's price reads the longest decode (Batch.decode_max_context), which the scheduler then keeps
         self.prices_longest_decode = calibration.decode_key_s > 0
+        # The Backend methods are the pricer's own (bound here: no call layer per step).
+        self.execute = self.pricer.step_time
+        self.decode_run = self.pricer.decode_run_within
+        self.decode_run_time = self.pricer.decode_run_time
 
     def execute(self, batch: Batch) -> float:
         return self.pricer.step_time(batch)

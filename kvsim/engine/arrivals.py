@@ -1,7 +1,7 @@
 """Arrival sources: where the simulation's requests come from (`interfaces.ArrivalSource`).
 
-The simulation pulls the next request when the previous one has been dispatched, and tells the
-source about every request that finished or was rejected. An open-loop stream (a synthetic arrival
+The simulation pulls the next request when the previous one has been dispatched, and tells a
+`closed_loop` source about every request that finished or was rejected. An open-loop stream (a synthetic arrival
 process, a trace) ignores that; a closed-loop source (a fixed number of clients, each sending its
 next request a think time after the last one ended) releases requests from there, and returns None
 from `next_request` while every client waits.
@@ -18,6 +18,7 @@ class RequestStream:
     """An open-loop stream: the requests of an iterable, in arrival order, whatever ends when."""
 
     __slots__ = ("_requests", "exhausted")
+    closed_loop = False  # request_ended releases nothing: the simulation need not call it
 
     def __init__(self, requests: Iterable[Request]):
         self._requests = iter(requests)

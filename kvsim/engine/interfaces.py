@@ -89,16 +89,17 @@ class EngineObserver(Protocol):
     interval: float
 
     def on_reject(self, seq: Sequence) -> None: ...
-    def on_schedule(self, step: StepRecord) -> None: ...  # planned and priced, not yet run
+    def on_held_back(self, step: StepRecord) -> None: ...  # planned and priced; requests wait (step.admission_limit)
     def on_step(self, step: StepRecord) -> None: ...  # ran; sets step.sample_boundary
 
 
 class ArrivalSource(Protocol):
     """Requests in arrival order. `next_request` gives the next one (None: none is known now);
-    `exhausted` is True once none will ever come; `request_ended` hears of every request that
-    finished or was rejected (a closed-loop source releases its next request from there)."""
+    `exhausted` is True once none will ever come. A `closed_loop` source hears of every request
+    that finished or was rejected through `request_ended`, and releases its next ones from there."""
 
     exhausted: bool
+    closed_loop: bool
 
     def next_request(self) -> Optional[Request]: ...
     def request_ended(self, seq: Sequence, now: float) -> None: ...

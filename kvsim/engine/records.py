@@ -52,6 +52,8 @@ class StepRecord:
     batch_tokens: int = 0  # tokens the (first) step computed
     sample: tuple = ()  # the replica after the event (SAMPLE_FIELDS, time = end)
     used_block_s: float = -1.0  # KV block-seconds held during the event (-1: the previous sample's use held)
-    marks: list | tuple = ()  # inside a fused run: (sample, batch_tokens) of the last step in each sampling interval it crosses
-    peak_used: int = -1  # inside a fused run: blocks held after its next-to-last step (-1: not a fused run)
+    # A fused run only (peak_used >= 0): (sample, batch_tokens) of its last step in each sampling
+    # interval it crosses, and the blocks held after its next-to-last step.
+    marks: list | tuple = ()
+    peak_used: int = -1
     sample_boundary: float = -math.inf  # set by the observer: a fused run reports marks only when it ends past this

@@ -62,23 +62,31 @@ class Replica:
 
     def begin(self, now: float, next_arrival: float) -> StepRecord:
         """Schedule and price the next step (or run) starting at `now`; the record's plan and price."""
-        step, batch = self.record, self.scheduler.schedule()
-        if not batch.seqs and not batch.cohort_size:
+        step, sched = self.record, self.scheduler
+        batch = sched.schedule()
+        seqs = batch.seqs
+        if seqs:
+            if batch.dissolved:
+                for seq in batch.dissolved:
+                    seq.last_token_time = self.cohort_last_token
+            for seq in seqs:
+                if seq.first_scheduled_time < 0:
+                    seq.first_scheduled_time = now
+        elif not batch.cohort_size:
             raise RuntimeError("scheduler made no progress with work queued")
-        for seq in batch.dissolved:
-            seq.last_token_time = self.cohort_last_token
-        for seq in batch.seqs:
-            if seq.first_scheduled_time < 0:
-                seq.first_scheduled_time = now
         step.peak_used = -1
-        if self.runs is not None and not batch.seqs and not batch.preempted:  # the cohort alone: a run
+        if self.runs is not None and not seqs and not batch.preempted:  # the cohort alone: a run
             k, duration, first = self._decode_run(batch, now, next_arrival - now)
         else:
             k, duration = 1, self.backend.execute(batch)
             first = duration
-        step.batch, step.num_steps, step.start, step.duration, step.first_s = batch, k, now, duration, first
+        step.batch = batch
+        step.num_steps = k
+        step.start = now
+        step.duration = duration
+        step.first_s = first
         step.end = now + duration
-        step.admission_limit = self.scheduler.admission_limit if self.scheduler.waiting else ""
+        step.admission_limit = sched.admission_limit if sched.waiting else ""
         return step
 
     def _decode_run(self, batch: Batch, now: float, budget_s: float) -> tuple[int, float, float]:
@@ -99,9 +107,9 @@ class Replica:
         return k, duration, first
 
     def complete(self, step: StepRecord) -> list[Sequence]:
-        """Apply the step now that its end is reached: tokens, finished sequences, the record's
-        outcome; returns the finished sequences."""
-        sched, batch, end = self.scheduler, step.batch, step.end
+        """Apply the step now that its end is reached: tokens, finished sequences, the replica's
+        state after it (and a fused run's figures step by step) in the record; returns the finished."""
+        sched, alloc, batch, end = self.scheduler, self.allocator, step.batch, step.end
         self.num_events += 1
         self.num_steps += step.num_steps
         emitted, finished = sched.postprocess(batch, step.num_steps)
@@ -116,21 +124,16 @@ class Replica:
             seq.last_token_time = seq.finish_time = end
             self.backend.free(seq)
         step.finished = finished
-        self._sample(step, batch)
-        return finished
-
-    def _sample(self, step: StepRecord, batch: Batch) -> None:
-        """The replica after the step, and a fused run's figures step by step."""
-        sched, alloc = self.scheduler, self.allocator
         if step.peak_used >= 0:
             runs = self.runs
             step.marks, step.used_block_s = runs.marks, runs.block_s
         else:
-            step.marks, step.used_block_s = (), -1.0
+            step.used_block_s = -1.0
         used, cached, free = alloc.block_counts()
-        step.sample = (step.end, sched.num_running, len(sched.waiting), len(sched.swapped), used, cached,
-                       free - cached, alloc.reserved_unused_tokens, alloc.external_fragmentation)
+        step.sample = (end, sched.num_running, len(sched.waiting), len(sched.swapped), used, cached, free - cached,
+                       alloc.reserved_unused_tokens, alloc.external_fragmentation)
         step.batch_tokens = batch.num_prefill_tokens + batch.num_decode_seqs
+        return finished
 
 
 def _stamp_tokens(emitted: list[Sequence], t_token: float, t_end: float) -> list[float]:

@@ -32,6 +32,7 @@ RUNNING, WAITING, SWAPPED, FINISHED, REJECTED = (
     SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.SWAPPED,
     SequenceStatus.FINISHED, SequenceStatus.REJECTED)
 _run_order = attrgetter("run_order")
+_new = tuple.__new__  # builds a named tuple without its Python-level __new__ (once per fused decode run)
 # What can hold a waiting sequence back (Scheduler.admission_limit).
 KV_CACHE, MAX_NUM_SEQS, TOKEN_BUDGET = "kv_cache", "max_num_seqs", "token_budget"
 
@@ -302,7 +303,7 @@ class Scheduler:
             first = batch.cohort_step_blocks  # reserved by schedule()
             k, need = cohort.affordable_steps(k, self.allocator.num_free_blocks + first)
             if k > 1:
-                return DecodeRunPlan(k, need - first)
+                return _new(DecodeRunPlan, (k, need - first))
         return DecodeRunPlan(1, 0)
 
     def commit_decode_run(self, plan: DecodeRunPlan) -> None:

@@ -2,8 +2,8 @@
 
 The arrival process takes requests from an `ArrivalSource` and sends each to the replica its
 `Router` picks. Each replica's engine loop asks its `Replica` to begin a step (schedule and price
-it), tells the `EngineObserver`, waits until the step ends, completes it and tells the observer
-again. A run of identical decode steps (nothing arrives, finishes or runs out of blocks in between)
+it), tells the `EngineObserver` if requests wait while it runs, waits until the step ends,
+completes it and tells the observer what it did. A run of identical decode steps (nothing arrives, finishes or runs out of blocks in between)
 is one event, priced in closed form by backends that offer it: the number of events grows with
 scheduling changes, not with generated tokens.
 
@@ -26,6 +26,8 @@ from kvsim.sequence import Sequence
 
 class Simulation:
     """One policy's run: `Simulation(...).run(source)` drives every request to an end."""
+
+    ONE_REPLICA_WITHOUT_SIMPY = True  # one replica: the event order is replayed without an event queue (OneReplicaClock)
 
     def __init__(self, replicas: list[Replica], observer: EngineObserver, router: Router,
                  on_progress: Optional[Callable[[int], None]] = None):
@@ -53,14 +55,18 @@ class Simulation:
     def run(self, source: ArrivalSource) -> float:
         """Simulate until every request has finished or been rejected; returns the end time."""
         self.source = source
-        self.env.process(self._arrivals())
-        for rep in self.replicas:
-            self.env.process(self._engine_loop(rep))
-        self.env.run()
+        if len(self.replicas) == 1 and self.ONE_REPLICA_WITHOUT_SIMPY:
+            end = self._run_alone(self.replicas[0])
+        else:
+            self.env.process(self._arrivals())
+            for rep in self.replicas:
+                self.env.process(self._engine_loop(rep))
+            self.env.run()
+            end = max(self.env.now, *(rep.clock for rep in self.replicas))
         stuck = sum(rep.scheduler.num_unfinished for rep in self.replicas)
         if stuck or not source.exhausted:
             raise RuntimeError(f"simulation ended with {stuck} requests unaccounted for")
-        return max(self.env.now, *(rep.clock for rep in self.replicas))
+        return end
 
     # ---- arrivals ------------------------------------------------------------------------
     def _arrivals(self):
@@ -76,10 +82,10 @@ class Simulation:
             self.next_arrival_time = req.arrival_time
             if req.arrival_time > env.now:
                 yield env.timeout(req.arrival_time - env.now)
-            self._dispatch(Sequence(req))
+            self._dispatch(Sequence(req), env.now)
         self.next_arrival_time = math.inf
 
-    def _dispatch(self, seq: Sequence) -> None:
+    def _dispatch(self, seq: Sequence, now: float) -> None:
         self.num_received += 1
         rep = self.replicas[self.router.route(seq)]
         if rep.scheduler.add(seq):
@@ -87,17 +93,18 @@ class Simulation:
                 rep.idle.succeed()
                 rep.idle = None
         else:
-            seq.finish_time = self.env.now
+            seq.finish_time = now
             self.observer.on_reject(seq)
-            self._ended([seq], self.env.now)
+            self._ended([seq], now)
 
     def _ended(self, seqs: list[Sequence], now: float) -> None:
         self.num_ended += len(seqs)
-        for seq in seqs:
-            self.source.request_ended(seq, now)
-        if self._arrival_wait is not None:
-            self._arrival_wait.succeed()
-            self._arrival_wait = None
+        if self.source.closed_loop:
+            for seq in seqs:
+                self.source.request_ended(seq, now)
+            if self._arrival_wait is not None:
+                self._arrival_wait.succeed()
+                self._arrival_wait = None
         if self.on_progress is not None:
             self.on_progress(len(seqs))
 
@@ -113,7 +120,8 @@ class Simulation:
                 now = env.now
                 continue
             step = rep.begin(now, self.next_arrival_time)
-            observer.on_schedule(step)
+            if step.admission_limit:
+                observer.on_held_back(step)
             if step.end >= peek():  # a SimPy event is due before the step ends: let it happen first
                 yield env.timeout(step.end - env.now)
             finished = rep.complete(step)
@@ -121,3 +129,84 @@ class Simulation:
             if finished:
                 self._ended(finished, step.end)
             now = step.end
+
+    # ---- one replica ----------------------------------------------------------------------
+    def _run_alone(self, rep: Replica) -> float:
+        """The engine loop of a lone replica, with the arrival process replayed by a OneReplicaClock:
+        every event happens when, and in the order, SimPy would run it (so the results are the same
+        bytes), without an event queue, timeouts or generator switches."""
+        observer, clock = self.observer, OneReplicaClock(self)
+        now = 0.0
+        while True:
+            if not rep.scheduler.num_unfinished:
+                rep.clock = now
+                while not rep.scheduler.num_unfinished and clock.pending is not None:
+                    clock.fire_next()  # the engine waits: arrivals come until one is queued
+                if not rep.scheduler.num_unfinished:
+                    return max(clock.now, rep.clock)
+                now = clock.now
+                continue
+            step = rep.begin(now, self.next_arrival_time)
+            if step.admission_limit:
+                observer.on_held_back(step)
+            if step.end >= clock.fire:  # the engine would yield a timeout: arrivals due by then come first
+                clock.engine_waits_until(step.end)
+            finished = rep.complete(step)
+            observer.on_step(step)
+            if finished:
+                self._ended(finished, step.end)
+                if clock.pending is None and self.source.closed_loop:
+                    clock.poll()
+            now = step.end
+
+
+class OneReplicaClock:
+    """SimPy's clock and event order for one engine and the arrival process, replayed.
+
+    SimPy's `now` is the time of the event it last ran; a timeout of `d` scheduled at `now` fires at
+    `now + d`, the arrival process's at `a` thus at now + (a - now), which rounding may put an ulp
+    away from `a`; equal times fire in the order they were scheduled. The engine yields a timeout
+    only when its step ends at or after the pending arrival's firing time (`Simulation._engine_loop`),
+    so that arrival was scheduled first: it fires before the engine resumes if it is due by then,
+    and arrivals scheduled while the engine waits fire before it only if strictly earlier."""
+
+    __slots__ = ("sim", "now", "pending", "fire")
+
+    def __init__(self, sim: Simulation):
+        self.sim, self.now = sim, 0.0
+        self.pending, self.fire = None, math.inf  # the arrival whose timeout is scheduled, and when it fires
+        self._release()
+
+    def _release(self) -> None:
+        """The arrival process runs at `now`: requests already due are dispatched, the next scheduled."""
+        sim, source, now = self.sim, self.sim.source, self.now
+        while True:
+            req = source.next_request()
+            if req is None:
+                self.pending, self.fire = None, math.inf
+                sim.next_arrival_time = math.inf
+                return
+            sim.next_arrival_time = req.arrival_time
+            if req.arrival_time > now:
+                self.pending, self.fire = req, now + (req.arrival_time - now)
+                return
+            sim._dispatch(Sequence(req), now)
+
+    def fire_next(self) -> None:
+        """The pending arrival's timeout fires."""
+        self.now, req = self.fire, self.pending
+        self.sim._dispatch(Sequence(req), self.now)
+        self._release()
+
+    def engine_waits_until(self, end: float) -> None:
+        """The engine yields a timeout until its step's `end`: arrivals fire first as SimPy orders them."""
+        resume = self.now + (end - self.now)
+        if self.fire <= resume:
+            self.fire_next()
+            while self.fire < resume:
+                self.fire_next()
+        self.now = resume
+
+    def poll(self) -> None:
+        """A closed-loop source may have released requests after a request ended."""
+        self._release()

@@ -40,6 +40,7 @@ from kvsim.perf.pricing import DecodeRunPrice
 from kvsim.scenario.catalog import DTYPE_BYTES, GpuSpec, ModelSpec
 
 NEVER = 1 << 62  # a step index no run reaches
+_new = tuple.__new__  # builds a named tuple without its Python-level __new__ (once or twice per decode run)
 LOGITS_BYTES_PER_VOCAB = 12  # a sampled row: 16-bit logits written, read, fp32 copy written and read
 # vLLM V1's CUDA-graph capture sizes (CompilationConfig): a decode batch is padded to the next one.
 VLLM_GRAPH_SIZES = (1, 2, 4, *range(8, 513, 8))
@@ -170,6 +171,7 @@ class StepModel:
             per_elem = c.dequant_flops_per_element * (2 if kv_cache_dtype == "int4" else 1)
             dequant = kv_elements_per_token(model, tp) * per_elem / (gpu.fp32_tflops * 1e12)
         self.dequant_s_per_kv_token = dequant
+        self.decode_s_per_pair = self.attn_s_per_pair + dequant  # decode attention's compute, dequantization included
         self.kv_s_per_token = self.kv_bytes_per_token / bandwidth
         self.attn_floor_s = layers * c.attention_floor_s
         self.decode_key_s = layers * c.decode_key_s
@@ -229,7 +231,7 @@ class StepModel:
         also walk m keys; then they walk their last L - m alone (two classes of program in a fluid
         model: uniform batches get the roofline, a long sequence among short ones its serial time,
         and a mix of both more than either)."""
-        c, m = self.attn_s_per_pair + self.dequant_s_per_kv_token, self.kv_s_per_token
+        c, m = self.decode_s_per_pair, self.kv_s_per_token
         cn, mn = c * n, m * n
         lines = [(self.attn_floor_s, 0.0), (c * x0, cn), (m * x0, mn)]
         if self.decode_key_s:
@@ -349,11 +351,11 @@ class StepModel:
         lines = self._decode_lines(*shape)
         first = lines[0] + lines[1]
         if max_steps == 1:
-            return DecodeRunPrice(1, first, first)
+            return _new(DecodeRunPrice, (1, first, first))
         total = _run_time(lines, max_steps)
         if total < budget_s:
-            return DecodeRunPrice(max_steps, total, first)
-        return DecodeRunPrice(*_steps_within(lines, budget_s), first)
+            return _new(DecodeRunPrice, (max_steps, total, first))
+        return _new(DecodeRunPrice, (*_steps_within(lines, budget_s), first))
 
     def decode_steps_within(self, shape: DecodeShape, budget_s: float) -> int:
         """The smallest k >= 1 with decode_run_time(shape, k) >= budget_s."""

@@ -4,7 +4,7 @@ Nothing here keeps per-request objects, so a run of a million requests stays sma
 in `array('d')` (8 bytes a value), the token-level inter-token latency (ITL) distribution in a fixed
 log-spaced histogram, and the time series keeps one row per replica per `timeseries_interval_s`.
 `Metrics` is the engine's observer (kvsim.engine.interfaces.EngineObserver): `on_reject(seq)`, then
-per engine event `on_schedule(step)` and `on_step(step)` with the replica's `StepRecord` (token
+per engine event `on_held_back(step)` (when requests wait) and `on_step(step)` with the replica's `StepRecord` (token
 gaps, finished requests, the state after the step); `summary` gives the dict that goes into
 `summary.json` under the policy's name. requests.csv holds times with
 12 significant digits (0.1 µs on a day-long run): shortest-repr floats cost 3 s a million rows.
@@ -117,10 +117,9 @@ class Metrics:
 
     # ---- the engine's observer (kvsim.engine.interfaces.EngineObserver)
 
-    def on_schedule(self, step: StepRecord) -> None:
-        """A step is planned: waiting requests are held back for its duration by what stopped admission."""
-        if step.admission_limit:
-            self.held_back(step.admission_limit, step.duration)
+    def on_held_back(self, step: StepRecord) -> None:
+        """A step is planned while requests wait: held back for its duration by what stopped admission."""
+        self.held_back(step.admission_limit, step.duration)
 
     def on_step(self, step: StepRecord) -> None:
         """A step ran: its token gaps, its finished requests, the replica's state (and inside a fused
@@ -132,7 +131,7 @@ class Metrics:
             self.record_run_itl(step.cohort_first_gap, size, step.cohort_later_gap, size * (step.num_steps - 1))
         for seq in step.finished:
             self.on_finish(seq)
-        r = self.series(step.replica)
+        r = self._replicas.get(step.replica) or self.series(step.replica)
         if step.peak_used >= 0:
             for sample, batch_tokens in step.marks:
                 self._record_sample(r, sample, batch_tokens, 0.0)

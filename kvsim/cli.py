@@ -16,8 +16,6 @@ import time
 from importlib import import_module
 from pathlib import Path
 
-from rich.console import Console
-
 from kvsim.errors import KvsimError
 from kvsim.scenario.args import add_scenario_arguments, scenario_from_args
 
@@ -67,10 +65,24 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+class LazyConsole:
+    """rich's Console, built (and rich imported) when a command first prints: a quiet run needs neither."""
+
+    def __init__(self, **options):
+        self._options, self._console = options, None
+
+    def __getattr__(self, name: str):
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return getattr(self._console, name)
+
+
 class Progress:
     """A progress bar that appears only once a run has taken more than a second."""
 
-    def __init__(self, console: Console, enabled: bool):
+    def __init__(self, console, enabled: bool):
         self.console, self.enabled, self.bar = console, enabled, None
 
     def __call__(self, label: str, total):
@@ -96,9 +108,8 @@ class Progress:
             self.bar.stop()
 
 
-def cmd_run(args, console: Console) -> int:
+def cmd_run(args, console) -> int:
     from kvsim.pipeline import run_scenario
-    from kvsim.results.report import comparison_table, verdict_lines
 
     scenario = scenario_from_args(args)
     progress = Progress(console, not args.quiet and console.is_terminal)
@@ -107,6 +118,8 @@ def cmd_run(args, console: Console) -> int:
     finally:
         progress.close()
     if not args.quiet:
+        from kvsim.results.report import comparison_table, verdict_lines
+
         for line in verdict_lines(result.summaries, result.meta):
             console.print(line, markup=False, highlight=False)
         console.print(comparison_table(result.summaries, transpose=console.width < 150))
@@ -116,7 +129,7 @@ def cmd_run(args, console: Console) -> int:
     return 0
 
 
-def cmd_memory(args, console: Console) -> int:
+def cmd_memory(args, console) -> int:
     from kvsim.perf.memory import check_fits
     from kvsim.results.memory_report import render_memory
     from kvsim.scenario.catalog import gpu_spec, model_spec
@@ -129,7 +142,7 @@ def cmd_memory(args, console: Console) -> int:
     return 0
 
 
-def cmd_schema(args, console: Console) -> int:
+def cmd_schema(args, console) -> int:
     if args.markdown:
         from kvsim.scenario.reference import schema_markdown
         print(schema_markdown(), end="")
@@ -142,7 +155,7 @@ def cmd_schema(args, console: Console) -> int:
 DASHBOARD_APP = Path(__file__).resolve().parent.parent / "app" / "Home.py"
 
 
-def cmd_dashboard(args, console: Console) -> int:
+def cmd_dashboard(args, console) -> int:
     """Become `streamlit run app/Home.py` (exec: Ctrl-C and kill reach the server itself)."""
     import os
 
@@ -191,7 +204,7 @@ def main(argv=None) -> int:
     if argv and argv[0] not in commands and not argv[0].startswith("-"):
         argv.insert(0, "run")
     args = parser.parse_args(argv)
-    console = Console() if sys.stdout.isatty() else Console(width=160)  # pipes and logs: no truncated table
+    console = LazyConsole() if sys.stdout.isatty() else LazyConsole(width=160)  # pipes and logs: no truncated table
     in_main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, _on_signal) for sig in _SIGNALS} if in_main else {}
     try:

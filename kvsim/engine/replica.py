@@ -10,9 +10,7 @@ decides when the step's end is reached.
 
 from __future__ import annotations
 
-from typing import Optional
-
-import simpy
+from typing import TYPE_CHECKING, Optional
 
 from kvsim.batch import Batch
 from kvsim.engine.block_manager import BlockManager
@@ -22,6 +20,9 @@ from kvsim.engine.records import StepRecord
 from kvsim.engine.scheduler import Scheduler
 from kvsim.engine.settings import EngineSettings
 from kvsim.sequence import Sequence
+
+if TYPE_CHECKING:
+    import simpy
 
 
 def paged_allocator(settings: EngineSettings, num_blocks: int) -> BlockManager:

@@ -15,13 +15,14 @@ it sees next. Results are those of yielding every step.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
-
-import simpy
+from typing import TYPE_CHECKING, Callable, Optional
 
 from kvsim.engine.interfaces import ArrivalSource, EngineObserver, Router
 from kvsim.engine.replica import Replica
 from kvsim.sequence import Sequence
+
+if TYPE_CHECKING:
+    import simpy
 
 
 class Simulation:
@@ -31,7 +32,7 @@ class Simulation:
 
     def __init__(self, replicas: list[Replica], observer: EngineObserver, router: Router,
                  on_progress: Optional[Callable[[int], None]] = None):
-        self.env = simpy.Environment()
+        self.env: Optional[simpy.Environment] = None  # SimPy's, for several replicas (one runs without)
         self.replicas = replicas
         self.observer = observer
         self.router = router
@@ -58,11 +59,14 @@ class Simulation:
         if len(self.replicas) == 1 and self.ONE_REPLICA_WITHOUT_SIMPY:
             end = self._run_alone(self.replicas[0])
         else:
-            self.env.process(self._arrivals())
+            import simpy
+
+            env = self.env = simpy.Environment()
+            env.process(self._arrivals())
             for rep in self.replicas:
-                self.env.process(self._engine_loop(rep))
-            self.env.run()
-            end = max(self.env.now, *(rep.clock for rep in self.replicas))
+                env.process(self._engine_loop(rep))
+            env.run()
+            end = max(env.now, *(rep.clock for rep in self.replicas))
         stuck = sum(rep.scheduler.num_unfinished for rep in self.replicas)
         if stuck or not source.exhausted:
             raise RuntimeError(f"simulation ended with {stuck} requests unaccounted for")

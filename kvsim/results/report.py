@@ -16,11 +16,10 @@ import html
 import json
 from array import array
 from dataclasses import dataclass
-from importlib.resources import files
+from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
-from rich.table import Table
 
 from kvsim.results.metrics import REQUEST_COLUMNS, SLO_KEYS, TIMESERIES_COLUMNS
 from kvsim.results.verdict import LABELS, judge, percentile_label
@@ -146,9 +145,11 @@ def verdict_lines(summaries: dict[str, dict], meta: dict | None = None) -> list[
     return lines
 
 
-def comparison_table(summaries: dict[str, dict], transpose: bool = False) -> Table:
+def comparison_table(summaries: dict[str, dict], transpose: bool = False):
     """A rich table with one row per policy, or (`transpose`, for narrow terminals) one column per policy."""
     header, rows = _table_rows(summaries)
+    from rich.table import Table  # the terminal's table only: a quiet run does not load rich
+
     table = Table(title="kvsim: policy comparison")
     if transpose:
         table.add_column(header[0], no_wrap=True)
@@ -219,6 +220,12 @@ def cdf_points(values: np.ndarray, max_points: int = MAX_CDF_POINTS) -> tuple[np
         return x, x
     idx = np.unique(np.linspace(0, n - 1, min(n, max_points)).round().astype(np.int64))
     return x[idx], (idx + 1) / n
+
+
+def _package_dir(name: str) -> Path:
+    """An installed package's folder, found without importing it (plotly's import costs more than
+    reading its plotly.min.js)."""
+    return Path(find_spec(name).submodule_search_locations[0])
 
 
 # ---- figures, as plotly.js data and layout
@@ -423,7 +430,7 @@ def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requ
 
 def figures_page(title: str, lines: list[str], figures: list[_Plot], table_html: str = "") -> str:
     """A self-contained HTML page: a title, lines of text, an HTML table and plotly figures (plotly.js inlined once)."""
-    plotly_js = (files("plotly") / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+    plotly_js = (_package_dir("plotly") / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
     divs = [f"<script>{plotly_js}</script>"] + [_figure_html(fig, f"kvsim-fig-{i}") for i, fig in enumerate(figures)]
     name = html.escape(title)
     items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)

@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     dash.set_defaults(handler=cmd_dashboard)
     for name in COMMAND_MODULES:
         import_module(name).add_commands(sub)
+    p.commands = sub.choices  # command name -> subparser (main inserts `run` before a bare scenario)
     return p
 
 
@@ -200,7 +201,7 @@ def _one_line(text: str, limit: int = 2000) -> str:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    commands = parser.commands
     if argv and argv[0] not in commands and not argv[0].startswith("-"):
         argv.insert(0, "run")
     args = parser.parse_args(argv)

@@ -109,14 +109,9 @@ def profile_runner(runner, spec_name: str, kv_cache_dtype: str, shapes, gpu: str
                 break
             shape = shapes[i]
             seqs, counts, _ = build_step(shape, order, runner.block_size)
-            graphs = runner._graphs
-            if shape.eager:
-                runner._graphs = {}
             allocs = _device_allocs(runner.device)
-            try:
+            with runner.eager(shape.eager):
                 t = time_step(runner, seqs, counts, sync, 1, repeats, target_s)
-            finally:
-                runner._graphs = graphs
             t["device_allocs"] = _device_allocs(runner.device) - allocs
             for seq in seqs:
                 runner.free(seq)

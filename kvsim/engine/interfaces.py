@@ -20,7 +20,7 @@ step did, for the observer) and `settings.EngineSettings` (one policy's engine, 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Optional, Protocol, Sequence as Seq
+from typing import TYPE_CHECKING, Optional, Protocol, Sequence as Seq, runtime_checkable
 
 if TYPE_CHECKING:
     from kvsim.batch import Batch, DecodeShape
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from kvsim.sequence import Request, Sequence
 
 
+@runtime_checkable
 class KVAllocator(Protocol):
     """One replica's KV cache as the scheduler and the decode cohort use it. Misuse (an allocation
     the caller should have checked, a double free) raises `block_manager.AllocationError`."""
@@ -65,6 +66,7 @@ class KVAllocator(Protocol):
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]: ...
 
 
+@runtime_checkable
 class Backend(Protocol):
     """Prices engine steps (or runs them on a device). Built by the kvsim.backends registry as
     `Backend(scenario, policy, model, gpu, capacity, settings)`."""
@@ -82,6 +84,7 @@ class Backend(Protocol):
     def close(self) -> None: ...  # release the device (a next policy's backend needs it)
 
 
+@runtime_checkable
 class EngineObserver(Protocol):
     """Is told what the engine does; `interval` is its time-series sampling interval (a fused run
     reports the state at the last step ending in every interval it crosses, `StepRecord.marks`)."""
@@ -93,6 +96,7 @@ class EngineObserver(Protocol):
     def on_step(self, step: StepRecord) -> None: ...  # ran; sets step.sample_boundary
 
 
+@runtime_checkable
 class ArrivalSource(Protocol):
     """Requests in arrival order. `next_request` gives the next one (None: none is known now);
     `exhausted` is True once none will ever come. A `closed_loop` source hears of every request
@@ -105,5 +109,6 @@ class ArrivalSource(Protocol):
     def request_ended(self, seq: Sequence, now: float) -> None: ...
 
 
+@runtime_checkable
 class Router(Protocol):
     def route(self, seq: Sequence) -> int: ...  # the replica (index) that gets the request

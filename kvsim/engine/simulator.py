@@ -86,10 +86,11 @@ class Simulation:
             self.next_arrival_time = req.arrival_time
             if req.arrival_time > env.now:
                 yield env.timeout(req.arrival_time - env.now)
-            self._dispatch(Sequence(req), env.now)
+            self.dispatch(Sequence(req), env.now)
         self.next_arrival_time = math.inf
 
-    def _dispatch(self, seq: Sequence, now: float) -> None:
+    def dispatch(self, seq: Sequence, now: float) -> None:
+        """A request arrives at `now`: to the replica the router picks, or rejected."""
         self.num_received += 1
         rep = self.replicas[self.router.route(seq)]
         if rep.scheduler.add(seq):
@@ -194,12 +195,12 @@ class OneReplicaClock:
             if req.arrival_time > now:
                 self.pending, self.fire = req, now + (req.arrival_time - now)
                 return
-            sim._dispatch(Sequence(req), now)
+            sim.dispatch(Sequence(req), now)
 
     def fire_next(self) -> None:
         """The pending arrival's timeout fires."""
         self.now, req = self.fire, self.pending
-        self.sim._dispatch(Sequence(req), self.now)
+        self.sim.dispatch(Sequence(req), self.now)
         self._release()
 
     def engine_waits_until(self, end: float) -> None:

@@ -402,6 +402,11 @@ class Scenario(_Section):
     def source(self) -> str:
         return self._source
 
+    def located(self, source: str, base_dir: Path) -> "Scenario":
+        """The scenario as read from `source`, its relative paths starting at `base_dir`."""
+        self._base_dir, self._source = base_dir, source
+        return self
+
     @model_validator(mode="after")
     def _unique_policy_names(self):
         names = [p.name for p in self.policies]
@@ -462,8 +467,7 @@ def scenario_from_dict(data: dict, source: str = "<scenario>", base_dir: Path = 
         sc = Scenario.model_validate(data)
     except ValidationError as err:
         raise KvsimError(format_validation_error(source, err)) from None
-    sc._base_dir, sc._source = base_dir, source
-    return sc
+    return sc.located(source, base_dir)
 
 
 def name_from_stem(stem: str) -> str:

@@ -16,6 +16,7 @@ what `gpu_memory_utilization` leaves after weights, activations and non-torch me
 from __future__ import annotations
 
 import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Optional
@@ -149,6 +150,17 @@ class ModelRunner:
     def graph_sizes(self) -> list[int]:
         """Decode batch sizes with a captured CUDA graph (empty: eager only)."""
         return list(self._graphs)
+
+    @contextmanager
+    def eager(self, enabled: bool = True):
+        """Steps inside run eagerly (no CUDA graph replayed) when `enabled`; the graphs stay captured."""
+        graphs = self._graphs
+        if enabled:
+            self._graphs = {}
+        try:
+            yield self
+        finally:
+            self._graphs = graphs
 
     def _allocate(self, num_blocks: int) -> list[LayerKVCache]:
         s = self.spec

@@ -17,9 +17,10 @@
   (`Request.token_ids`), with the prefix cache's chained identities (`prefix_cache.block_hashes`);
   the view holds up to (KV blocks x block_size / ROUTER_BLOCK_TOKENS) identities per replica and
   drops whole routed prompts, oldest first, keeping what a later prompt refreshed. Prefixes are thus
-  matched to 256 tokens (the GIE scorer: 64-character blocks, about 16 tokens, but only the first
-  256 blocks), and a lookup is a binary search over one dict per replica. Without prefix caching the
-  router has nothing to follow and sends requests to the least loaded replica.
+  matched to 512 tokens, the unit in which Mooncake's trace names shared content (the GIE scorer
+  hashes 64-character blocks, about 16 tokens, but matches only the first 256 of them), and a lookup
+  is a binary search over one dict per replica. Without prefix caching the router has nothing to
+  follow and sends requests to the least loaded replica.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from kvsim.sequence import Sequence
 # follow the longest prefix unless that replica holds more than FACTOR x the least loaded one's
 # requests + SLACK
 AFFINITY_LOAD_FACTOR, AFFINITY_LOAD_SLACK = 2, 8
-ROUTER_BLOCK_TOKENS = 256
+ROUTER_BLOCK_TOKENS = 512
 _load = attrgetter("scheduler.num_unfinished")
 
 
@@ -111,7 +112,7 @@ class PrefixView:
         while len(seen) > self.capacity and len(routed) > 1:
             stamp, old = routed.popleft()
             for identity in old:
-                if seen.get(identity) == stamp:
+                if seen.get(identity) == stamp:  # not sent again since
                     del seen[identity]
 
 

@@ -35,9 +35,9 @@ def test_the_view_is_an_lru_of_routed_prompts_closed_under_prefixes(routes, capa
     history = {r: [] for r in range(3)}
     chains = {}
     for rep, group, blocks in routes:
-        chain = view.chain(prompt(group, blocks).request.token_ids)
+        chain = view.chain(prompt(group, blocks))
         chains[(group, blocks)] = chain
-        assert len(chain) == blocks and chain[0] == view.chain(prompt(3 - group, 1).request.token_ids)[0]
+        assert len(chain) == blocks and chain[0] == view.chain(prompt(3 - group, 1))[0]
         view.add(rep, chain)
         history[rep].append(chain)
         kept, seen = [], set()

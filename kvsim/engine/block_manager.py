@@ -32,13 +32,14 @@ from typing import Sequence as Seq
 import numpy as np
 
 from kvsim.engine.free_queue import FreeBlockQueue
-from kvsim.engine.prefix_cache import BlockContent, CachedRun, ChainMemo, PrefixIndex, block_hashes
+from kvsim.engine.prefix_cache import BlockContent, CachedRun, ChainMemo, PrefixIndex, block_hashes, sequence_chain
 from kvsim.sequence import Sequence
 
 __all__ = ["AllocationError", "BlockManager", "PrefixHit", "block_hashes"]
 
 
-def _identities(hashes: np.ndarray) -> array:
+def identities(hashes: np.ndarray) -> array:
+    """Block identities as the allocator keeps them (and Sequence.block_hashes holds them)."""
     return array("Q", hashes.tobytes())
 
 
@@ -98,7 +99,7 @@ class BlockManager:
         self.index = PrefixIndex()
         self._runs: dict[Sequence, CachedRun] = {}  # the run each sequence is registering
         self._parked: dict[Sequence, _Parked] = {}
-        self._chains = ChainMemo(block_size, _identities)  # a prefix group's identities, computed once
+        self._chains = ChainMemo(block_size, identities)  # a prefix group's identities, computed once
         self._tables: dict[Sequence, Seq[int]] = {}  # the block table given to each holder of blocks
         self._reserved = array("i")  # taken off the free queue for sequences that claim them later
         # Slots held but not (yet) written: the tails of last blocks, and reserved blocks. Tables
@@ -162,10 +163,7 @@ class BlockManager:
         """Identities of the sequence's shareable full blocks, as an `array('Q')` (kept on the
         sequence for the other replicas' allocators, and per token_ids array for the other members
         of a prefix group)."""
-        chain = seq.block_hashes
-        if chain is None:
-            chain = seq.block_hashes = self._chains(seq.request.token_ids)
-        return chain
+        return sequence_chain(seq, self._chains)
 
     def get_computed_blocks(self, seq: Sequence):
         """Cached blocks holding the longest prefix of the sequence's tokens (at least one token is

@@ -130,6 +130,15 @@ class ChainMemo:
         return chain
 
 
+def sequence_chain(seq, memo: ChainMemo):
+    """The identities of the sequence's shareable full blocks (`memo`'s block size and form), kept on
+    the sequence: the router and every replica's allocator compute them once between them."""
+    chain = seq.block_hashes
+    if chain is None:
+        chain = seq.block_hashes = memo(seq.request.token_ids)
+    return chain
+
+
 SMALL_RUN = 32  # runs of blocks up to this long are handled element by element, longer ones by numpy
 
 

@@ -13,8 +13,9 @@
   No replica is asked what it caches: like the production routers, the view is an estimate that
   misses evictions the LRU does not foresee and hits an engine finds beyond it.
 
-  The router hashes ROUTER_BLOCK_TOKENS-token blocks of the prompt's shareable content
-  (`Request.token_ids`), with the prefix cache's chained identities (`prefix_cache.block_hashes`);
+  The router names ROUTER_BLOCK_TOKENS-token blocks of the prompt's shareable content
+  (`Request.token_ids`) by the prefix cache's chained identities (`prefix_cache.block_hashes`, every
+  ROUTER_BLOCK_TOKENS / block_size-th block's: computed once a request, shared with the allocators);
   the view holds up to (KV blocks x block_size / ROUTER_BLOCK_TOKENS) identities per replica and
   drops whole routed prompts, oldest first, keeping what a later prompt refreshed. Prefixes are thus
   matched to 512 tokens, the unit in which Mooncake's trace names shared content (the GIE scorer
@@ -28,7 +29,8 @@ from __future__ import annotations
 from collections import deque
 from operator import attrgetter
 
-from kvsim.engine.prefix_cache import ChainMemo
+from kvsim.engine.block_manager import identities
+from kvsim.engine.prefix_cache import ChainMemo, sequence_chain
 from kvsim.sequence import Sequence
 
 # follow the longest prefix unless that replica holds more than FACTOR x the least loaded one's
@@ -61,17 +63,16 @@ class RoundRobin:
 
 
 class PrefixAffinity:
-    def __init__(self, replicas: list, capacity_blocks: int, enable_prefix_caching: bool):
+    def __init__(self, replicas: list, capacity_blocks: int, enable_prefix_caching: bool, block_size: int = 16):
         self.replicas = replicas
-        self.view = PrefixView(len(replicas), capacity_blocks) if enable_prefix_caching else None
+        self.view = PrefixView(len(replicas), capacity_blocks, block_size) if enable_prefix_caching else None
 
     def route(self, seq: Sequence) -> int:
         replicas = self.replicas
         least = min(replicas, key=_load)
-        ids = seq.request.token_ids
-        if self.view is None or ids is None:
+        if self.view is None or seq.request.token_ids is None:
             return least.index
-        chain = self.view.chain(ids)
+        chain = self.view.chain(seq)
         matched = self.view.match(chain)
         best = max(replicas, key=lambda r: (matched[r.index], -_load(r)))
         target = best if _load(best) <= AFFINITY_LOAD_FACTOR * _load(least) + AFFINITY_LOAD_SLACK else least
@@ -87,16 +88,18 @@ class PrefixView:
     that kept its stamp thus leaves every replica's set closed under prefixes, and the longest
     cached prefix of a chain is found by binary search."""
 
-    def __init__(self, num_replicas: int, capacity_blocks: int):
+    def __init__(self, num_replicas: int, capacity_blocks: int, block_size: int = 16):
         self.capacity = max(1, capacity_blocks)  # router blocks a replica's view holds
         self.seen: list[dict[int, int]] = [{} for _ in range(num_replicas)]
         self.routed: list[deque] = [deque() for _ in range(num_replicas)]
         self.stamp = 0
-        self.chains = ChainMemo(ROUTER_BLOCK_TOKENS, _as_ints)
+        self.stride = max(1, ROUTER_BLOCK_TOKENS // block_size)  # KV blocks a router block
+        self.chains = ChainMemo(block_size, identities)  # the allocators' chains (kept on the sequence)
 
-    def chain(self, token_ids) -> list:
-        """The identities of the prompt's full router blocks of shareable content."""
-        return self.chains(token_ids)
+    def chain(self, seq: Sequence) -> list:
+        """The identities of the prompt's full router blocks of shareable content: the allocators'
+        block identities (each names its whole prefix) at every `stride`-th depth."""
+        return sequence_chain(seq, self.chains)[self.stride - 1::self.stride].tolist()
 
     def match(self, chain: list) -> list[int]:
         """Per replica, how many leading blocks of `chain` it was sent (and has not dropped)."""
@@ -114,10 +117,6 @@ class PrefixView:
             for identity in old:
                 if seen.get(identity) == stamp:  # not sent again since
                     del seen[identity]
-
-
-def _as_ints(hashes) -> list[int]:
-    return hashes.tolist()
 
 
 def _longest_prefix(seen: dict, chain: list) -> int:
@@ -147,5 +146,5 @@ def make_router(settings, replicas: list, num_blocks: int):
         return OneReplica()
     if settings.router == "prefix_affinity":
         capacity = num_blocks * settings.block_size // ROUTER_BLOCK_TOKENS
-        return PrefixAffinity(replicas, capacity, settings.enable_prefix_caching)
+        return PrefixAffinity(replicas, capacity, settings.enable_prefix_caching, settings.block_size)
     return ROUTERS[settings.router](replicas)

@@ -174,6 +174,7 @@ class StepModel:
         self.decode_s_per_pair = self.attn_s_per_pair + dequant  # decode attention's compute, dequantization included
         self.kv_s_per_token = self.kv_bytes_per_token / bandwidth
         self.attn_floor_s = layers * c.attention_floor_s
+        self.decode_floor_line = (self.attn_floor_s, 0.0)  # decode attention's floor, flat in a run
         self.decode_key_s = layers * c.decode_key_s
         self._splits: dict[int, int] = {}
         self.act_s_per_token = activation_bytes_per_token(model, kv_cache_dtype, tp) / bandwidth
@@ -233,7 +234,7 @@ class StepModel:
         and a mix of both more than either)."""
         c, m = self.decode_s_per_pair, self.kv_s_per_token
         cn, mn = c * n, m * n
-        lines = [(self.attn_floor_s, 0.0), (c * x0, cn), (m * x0, mn)]
+        lines = [self.decode_floor_line, (c * x0, cn), (m * x0, mn)]
         if self.decode_key_s:
             s = self.decode_key_s / self.decode_splits(rows)
             first = max(longest, x0 / n)

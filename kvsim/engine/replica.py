@@ -87,7 +87,7 @@ class Replica:
         step.duration = duration
         step.first_s = first
         step.end = now + duration
-        step.admission_limit = sched.admission_limit if sched.waiting else ""
+        step.admission_limit = sched.admission_limit  # "" exactly when nothing waits
         return step
 
     def _decode_run(self, batch: Batch, now: float, budget_s: float) -> tuple[int, float, float]:

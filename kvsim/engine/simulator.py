@@ -3,13 +3,14 @@
 The arrival process takes requests from an `ArrivalSource` and sends each to the replica its
 `Router` picks. Each replica's engine loop asks its `Replica` to begin a step (schedule and price
 it), tells the `EngineObserver` if requests wait while it runs, waits until the step ends,
-completes it and tells the observer what it did. A run of identical decode steps (nothing arrives, finishes or runs out of blocks in between)
-is one event, priced in closed form by backends that offer it: the number of events grows with
-scheduling changes, not with generated tokens.
+completes it and tells the observer what it did. A run of identical decode steps (nothing arrives,
+finishes or runs out of blocks in between) is one event, priced in closed form by backends that
+offer it: the number of events grows with scheduling changes, not with generated tokens.
 
 Each engine loop keeps its own clock and yields a SimPy timeout only when another SimPy event (an
 arrival, another replica's step) is due before its step ends: until then nothing could change what
-it sees next. Results are those of yielding every step.
+it sees next. Results are those of yielding every step. A lone replica needs no event queue at all:
+`OneReplicaClock` replays SimPy's clock and order for it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 class Simulation:
     """One policy's run: `Simulation(...).run(source)` drives every request to an end."""
 
-    ONE_REPLICA_WITHOUT_SIMPY = True  # one replica: the event order is replayed without an event queue (OneReplicaClock)
+    ONE_REPLICA_WITHOUT_SIMPY = True  # a lone replica runs on a OneReplicaClock (False: on SimPy, for tests)
 
     def __init__(self, replicas: list[Replica], observer: EngineObserver, router: Router,
                  on_progress: Optional[Callable[[int], None]] = None):

@@ -200,7 +200,7 @@ def _one_line(text: str, limit: int = 2000) -> str:
 
 def main(argv=None) -> int:
     # Before numpy loads (every command imports it lazily): kvsim calls no multi-threaded BLAS, and
-    # starting OpenBLAS's pool of threads costs ~60 ms of a run's imports (a user's setting is kept).
+    # starting (and at exit joining) OpenBLAS's pool of threads costs ~50 ms a process (a user's setting is kept).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()

@@ -200,7 +200,8 @@ def _one_line(text: str, limit: int = 2000) -> str:
 
 def main(argv=None) -> int:
     # Before numpy loads (every command imports it lazily): kvsim calls no multi-threaded BLAS, and
-    # starting (and at exit joining) OpenBLAS's pool of threads costs ~50 ms a process (a user's setting is kept).
+    # starting (and at exit joining) OpenBLAS's pool of threads costs ~50 ms a process. A user's
+    # own setting is kept.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()

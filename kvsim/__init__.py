@@ -1,9 +1,11 @@
 """kvsim: replay LLM request arrivals against KV-cache policies and report latency, throughput and memory.
 
 Read a request's path in this order: scenario.config (scenario TOML) -> scenario.workload/traces
-(requests) -> engine.simulator (SimPy arrival + engine processes) -> engine.scheduler (vLLM V1
-semantics) -> engine.block_manager / engine.contiguous (allocators) -> backends.analytic (with
-perf.roofline) or backends.triton_engine (step time) -> results.metrics -> results.writer/report.
+(requests) -> engine.simulator (arrivals, one engine loop per replica; engine.router) -> engine.replica
+(a step: engine.scheduler, vLLM V1 semantics; engine.block_manager / engine.contiguous, allocators) ->
+kvsim.backends.analytic (perf.pricing, perf.roofline) or kvsim.backends.triton_engine (step time) ->
+results.metrics (the engine's observer) -> results.writer/report. engine.interfaces names the
+Protocols where these parts meet (docs/architecture.md).
 
 The library API below is what the command line and the dashboard call; each function imports its
 machinery when first called, so `import kvsim` stays cheap.

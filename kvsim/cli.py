@@ -15,12 +15,10 @@ import time
 from importlib import import_module
 from pathlib import Path
 
-from rich.console import Console
-
 from kvsim import guard
 from kvsim.errors import KvsimError
 from kvsim.guard import one_line as _one_line
-from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
+from kvsim.scenario.args import add_scenario_arguments, scenario_from_args
 
 # Packages above `run` that add commands of their own: each has `add_commands(subparsers)`.
 COMMAND_MODULES = ("kvsim.planning.cli", "kvsim.calibrate.cli")
@@ -88,13 +86,27 @@ def _parser() -> argparse.ArgumentParser:
     dash.set_defaults(handler=cmd_dashboard)
     for name in COMMAND_MODULES:
         import_module(name).add_commands(sub)
+    p.commands = sub.choices  # command name -> subparser (main inserts `run` before a bare scenario)
     return p
+
+
+class LazyConsole:
+    """The terminal's console (`_safe_console`), built (and rich imported) when a command first prints: a
+    quiet run needs neither."""
+
+    def __init__(self, **options):
+        self._options, self._console = options, None
+
+    def __getattr__(self, name: str):
+        if self._console is None:
+            self._console = _safe_console(**self._options)
+        return getattr(self._console, name)
 
 
 class Progress:
     """A progress bar that appears only once a run has taken more than a second."""
 
-    def __init__(self, console: Console, enabled: bool):
+    def __init__(self, console, enabled: bool):
         self.console, self.enabled, self.bar = console, enabled, None
 
     def __call__(self, label: str, total):
@@ -120,9 +132,8 @@ class Progress:
             self.bar.stop()
 
 
-def cmd_run(args, console: Console) -> int:
+def cmd_run(args, console) -> int:
     from kvsim.pipeline import run_scenario
-    from kvsim.results.report import comparison_table, verdict_lines
 
     scenario = scenario_from_args(args)
     progress = Progress(console, not args.quiet and console.is_terminal)
@@ -131,6 +142,8 @@ def cmd_run(args, console: Console) -> int:
     finally:
         progress.close()
     if not args.quiet:
+        from kvsim.results.report import comparison_table, verdict_lines
+
         for line in verdict_lines(result.summaries, result.meta):
             console.print(line, markup=False, highlight=False)
         console.print(comparison_table(result.summaries, transpose=console.width < 150))
@@ -156,7 +169,7 @@ def check_verdicts(summaries: dict) -> int:
     return CHECK_FAILED
 
 
-def cmd_memory(args, console: Console) -> int:
+def cmd_memory(args, console) -> int:
     from kvsim.perf.memory import check_fits
     from kvsim.results.memory_report import memory_records, render_memory
     from kvsim.scenario.catalog import gpu_spec, model_spec
@@ -172,7 +185,7 @@ def cmd_memory(args, console: Console) -> int:
     return 0
 
 
-def cmd_schema(args, console: Console) -> int:
+def cmd_schema(args, console) -> int:
     if args.markdown:
         from kvsim.scenario.reference import schema_markdown
         print(schema_markdown(), end="")
@@ -185,10 +198,8 @@ def cmd_schema(args, console: Console) -> int:
 DASHBOARD_APP = Path(__file__).resolve().parent.parent / "app" / "Home.py"
 
 
-def cmd_dashboard(args, console: Console) -> int:
+def cmd_dashboard(args, console) -> int:
     """Become `streamlit run app/Home.py` (exec: Ctrl-C and kill reach the server itself)."""
-    import os
-
     if not DASHBOARD_APP.is_file():
         raise KvsimError(f"{DASHBOARD_APP}: dashboard not found (app/ ships with the source tree: "
                          "install kvsim from a clone with pip install -e .)")
@@ -203,9 +214,11 @@ def cmd_dashboard(args, console: Console) -> int:
     return 0  # not reached
 
 
-def _console() -> Console:
-    """The terminal's console (pipes and logs: wide, no truncated table); control and bidirectional-override
-    characters in anything printed (policy names...) are escaped."""
+def _safe_console(**options):
+    """rich's Console with control and bidirectional-override characters in anything printed (policy
+    names...) escaped."""
+    from rich.console import Console
+
     class SafeConsole(Console):
         def _render_buffer(self, buffer):
             return super()._render_buffer(s if s.control else s._replace(text=guard.escape_terminal(s.text))
@@ -213,7 +226,12 @@ def _console() -> Console:
 
         def on_broken_pipe(self):  # rich's own exits 1; the guard's ends quietly with 141
             raise BrokenPipeError(32, "Broken pipe")
-    return SafeConsole() if sys.stdout.isatty() else SafeConsole(width=PIPE_WIDTH)
+    return SafeConsole(**options)
+
+
+def _console() -> LazyConsole:
+    """The terminal's console; pipes and logs: wide, no truncated table."""
+    return LazyConsole() if sys.stdout.isatty() else LazyConsole(width=PIPE_WIDTH)
 
 
 def _check_output(args) -> None:
@@ -222,11 +240,11 @@ def _check_output(args) -> None:
 
 
 def dispatch(argv=None) -> int:
-    """Parse the command line and run its command (`main` without the guard: kvsim.guard.main, the console
+    """Parse the command line and run its command (`main` without the guard: kvsim.__main__.main, the console
     script and `python -m kvsim`, sets the guard up before importing this module)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    commands = parser.commands
     if argv and argv[0] not in commands and not argv[0].startswith("-"):
         argv.insert(0, "run")
     args = parser.parse_args(argv)

@@ -251,13 +251,3 @@ def run(command) -> int:
         sys.stdout = stdout
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def main() -> int:
-    """The `kvsim` command (`python -m kvsim`, and the console script): the guard first, then the rest of
-    kvsim is imported inside it, so a signal or a closed stream during start-up also ends in one line."""
-    def command() -> int:
-        from kvsim.cli import dispatch
-
-        return dispatch()
-    return run(command)

@@ -384,7 +384,7 @@ def test_profile_runner_on_the_cpu(tmp_path):
     KVSIM_TEST_DEVICE=cuda TRITON_INTERPRET=0)."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    from backends.triton_engine.runner import ModelRunner, RunnerConfig
+    from kvsim.backends.triton_engine.runner import ModelRunner, RunnerConfig
     from kvsim.calibrate.profile import profile_runner
     from kvsim.scenario.catalog import ModelSpec
 

@@ -463,8 +463,9 @@ def test_bad_value_errors_name_key_and_bound():
 
 
 def test_trace_row_cap(box, monkeypatch):
+    import kvsim.scenario.trace_rows as trace_rows
     import kvsim.scenario.traces as traces
-    monkeypatch.setattr(traces, "MAX_REQUESTS", 3)
+    monkeypatch.setattr(trace_rows, "MAX_REQUESTS", 3)
     path = box.file("t.csv", CSV_HEADER + "1,10,5\n2,10,5\n3,10,5\n")
     with pytest.raises(KvsimError, match=r"t\.csv:5: trace has more than 3 requests$"):
         traces.load_csv(path)

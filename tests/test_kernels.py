@@ -1,7 +1,7 @@
 """Triton KV-cache kernels on the CPU interpreter against float64 references (tests/kernel_reference.py).
 
 TRITON_INTERPRET must be set before triton.jit decorates the kernels, so it is set here before any
-import; no test module collected before this one may import backends.triton_engine's kernel modules
+import; no test module collected before this one may import kvsim.backends.triton_engine's kernel modules
 (CI also sets TRITON_INTERPRET=1). Shapes are tiny: the interpreter runs each program in numpy.
 On a GPU: KVSIM_TEST_DEVICE=cuda TRITON_INTERPRET=0; every tensor of these tests (and of the float64
 references) is then made on that device (`torch.set_default_device` for the module, and the caches
@@ -17,10 +17,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from backends.triton_engine import decode_attention, prefill_attention  # noqa: E402
-from backends.triton_engine.kv_quant import (KV_DTYPES, QMAX, allocate_kv_cache, dequantize_reference,  # noqa: E402
+from kvsim.backends.triton_engine import decode_attention, prefill_attention  # noqa: E402
+from kvsim.backends.triton_engine.kv_quant import (KV_DTYPES, QMAX, allocate_kv_cache, dequantize_reference,  # noqa: E402
                                              kv_bytes_per_token)
-from backends.triton_engine.store_kvcache import store_kvcache  # noqa: E402
+from kvsim.backends.triton_engine.store_kvcache import store_kvcache  # noqa: E402
 from kvsim.errors import KvsimError  # noqa: E402
 from tests.kernel_reference import attention_reference, rel_err  # noqa: E402
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from kvsim.errors import KvsimError, check_int
-from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
+from kvsim.scenario.args import add_scenario_arguments, scenario_from_args
 
 
 MAX_FOLDS = 100  # k-fold hold-out: each fold is a fit; more folds than observations are empty

@@ -191,12 +191,13 @@ class KvCapacity:
         ]
 
 
-def compute_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec) -> KvCapacity:
+def compute_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, limits=None) -> KvCapacity:
     """The breakdown, unchecked: kv may be negative and num_blocks zero (see kv_capacity). Blocks are
-    those of vLLM's shared pool (`policy_layout`): one page in each layer of a group."""
+    those of vLLM's shared pool (`policy_layout`): one page in each layer of a group. `limits`: the
+    policy's engine_limits, when the caller has them."""
     hw, engine = scenario.hardware, scenario.engine
     tp = hw.tensor_parallel_size
-    limits = engine_limits(scenario, policy, model, gpu)
+    limits = limits or engine_limits(scenario, policy, model, gpu)
     total = gpu.cuda_memory_gib * GiB
     budget = total * hw.gpu_memory_utilization
     weights = weights_per_gpu(model, tp).total
@@ -234,11 +235,12 @@ def check_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, cap: KvCapa
                          f"hardware.tensor_parallel_size or hardware.gpu_memory_utilization")
 
 
-def kv_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, simulate: bool = True) -> KvCapacity:
+def kv_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, limits=None,
+                simulate: bool = True) -> KvCapacity:
     """The checked breakdown; `simulate`: the engine must also be able to simulate the layout."""
     if simulate:
         check_simulable(scenario, policy, model, gpu)
-    cap = compute_capacity(scenario, policy, model, gpu)
+    cap = compute_capacity(scenario, policy, model, gpu, limits)
     check_capacity(scenario, policy, model, gpu, cap)
     return cap
 

@@ -341,7 +341,8 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
         if tune:
             from kvsim.planning.tune import tune as tune_engine
 
-            tuning, more = tune_engine(executor, scenario, answers, seed_list, resolution, n, trace_rate, tick)
+            tuning, more = tune_engine(executor, scenario, answers, seed_list, resolution, n, trace_rate, tick,
+                                       capacity_search)
             rows += more
     finally:
         if own:

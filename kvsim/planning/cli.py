@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from kvsim.errors import KvsimError
-from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
+from kvsim.scenario.args import add_scenario_arguments, scenario_from_args
 
 
 def _positive(kind):

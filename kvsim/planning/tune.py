@@ -15,7 +15,7 @@ run), started from the safe rate it must beat; every policy is tuned side by sid
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 MAX_STEPS = 4
 MAX_SEQS = 4096
@@ -67,10 +67,10 @@ def _pace_binds(answer) -> bool:
 
 
 def tune(executor, scenario, answers: list, seeds: list[int], resolution: float, num_requests: int, trace_rate,
-         tick) -> tuple[list[Tuned], list[dict]]:
+         tick, capacity_search: Callable) -> tuple[list[Tuned], list[dict]]:
     """Each answered policy's best max_num_seqs and max_num_batched_tokens (module docstring); the
-    tuning and the point rows of every candidate planned."""
-    from kvsim.planning.capacity import capacity_search
+    tuning and the point rows of every candidate planned. `capacity_search`: the plan's search
+    (kvsim.planning.capacity, which calls this module)."""
     from kvsim.scenario.catalog import gpu_spec, model_spec
     from kvsim.scenario.defaults import engine_limits
 

@@ -3,8 +3,10 @@
 Nothing here keeps per-request objects, so a run of a million requests stays small: latencies live
 in `array('d')` (8 bytes a value), the token-level inter-token latency (ITL) distribution in a fixed
 log-spaced histogram, and the time series keeps one row per replica per `timeseries_interval_s`.
-The simulator calls `on_finish`, `on_reject`, `record_run_itl`/`record_itls` and `sample`; `summary`
-gives the dict that goes into `summary.json` under the policy's name. requests.csv holds times with
+`Metrics` is the engine's observer (kvsim.engine.interfaces.EngineObserver): `on_reject(seq)`, then
+per engine event `on_held_back(step)` (when requests wait) and `on_step(step)` with the replica's `StepRecord` (token
+gaps, finished requests, the state after the step); `summary` gives the dict that goes into
+`summary.json` under the policy's name. requests.csv holds times with
 12 significant digits (0.1 µs on a day-long run): shortest-repr floats cost 3 s a million rows.
 
 SLO figures (`summary["slo"]`, judged by kvsim.results.verdict): a request is good when it meets
@@ -23,13 +25,17 @@ import io
 import math
 from array import array
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvsim.results.cells import csv_cell
 from kvsim.results.distributions import LogHistogram, nearest_rank, stats_of
-from kvsim.scenario.config import SloConfig
 from kvsim.sequence import Sequence
+
+if TYPE_CHECKING:
+    from kvsim.engine.records import StepRecord
+    from kvsim.scenario.config import SloConfig
 
 REQUEST_COLUMNS = (
     "policy", "request_id", "status", "reject_reason", "arrival_s", "first_scheduled_s", "first_token_s",
@@ -111,6 +117,30 @@ class Metrics:
         # Replica-seconds that waiting requests were held back, by the limit that held them
         # (Scheduler.admission_limit: kv_cache, max_num_seqs, token_budget).
         self.admission_blocked_s: dict[str, float] = {}
+
+    # ---- the engine's observer (kvsim.engine.interfaces.EngineObserver)
+
+    def on_held_back(self, step: StepRecord) -> None:
+        """A step is planned while requests wait: held back for its duration by what stopped admission."""
+        self.held_back(step.admission_limit, step.duration)
+
+    def on_step(self, step: StepRecord) -> None:
+        """A step ran: its token gaps, its finished requests, the replica's state (and inside a fused
+        run, the state at the last step of each sampling interval it crossed)."""
+        if step.itl_gaps:
+            self.record_itls(step.itl_gaps)
+        size = step.cohort_size
+        if size:
+            self.record_run_itl(step.cohort_first_gap, size, step.cohort_later_gap, size * (step.num_steps - 1))
+        for seq in step.finished:
+            self.on_finish(seq)
+        r = self._replicas.get(step.replica) or self.series(step.replica)
+        if step.peak_used >= 0:
+            for sample, batch_tokens in step.marks:
+                self._record_sample(r, sample, batch_tokens, 0.0)
+            self.note_used(r, step.peak_used)
+        self._record_sample(r, step.sample, step.batch_tokens, step.used_block_s)
+        step.sample_boundary = r.bucket_end
 
     # ---- requests
 
@@ -226,13 +256,18 @@ class Metrics:
         """The replica's state after an engine step ending at t (`r`: `series(replica)`).
         `used_block_s`: the KV block-seconds since the previous sample, when the engine knows them
         exactly (a fused run); by default the previous sample's use held until t."""
+        self._record_sample(r, (t, running, waiting, swapped, blocks_used, blocks_cached, blocks_free,
+                                reserved_unused_tokens, external_fragmentation), batch_tokens, used_block_s)
+
+    def _record_sample(self, r: _ReplicaSeries, sample: tuple, batch_tokens: int, used_block_s: float) -> None:
+        """`sample` laid out as kvsim.engine.records.SAMPLE_FIELDS (kept as the open bucket's last)."""
+        t, running, waiting, _, blocks_used, _, _, _, external_fragmentation = sample
         if t >= r.bucket_end:
             self._next_bucket(r, t, batch_tokens)
         elif batch_tokens > r.batch_max:
             r.batch_max = batch_tokens
         r.used_seconds += r.last_used * (t - r.last_t) if used_block_s < 0 else used_block_s
-        r.last = (t, running, waiting, swapped, blocks_used, blocks_cached, blocks_free,
-                  reserved_unused_tokens, external_fragmentation)
+        r.last = sample
         if external_fragmentation > r.peak_external_fragmentation:
             r.peak_external_fragmentation = external_fragmentation
         r.last_t, r.last_used = t, blocks_used
@@ -313,7 +348,7 @@ class Metrics:
         """Fractions are of one replica's blocks: the peak is the largest one replica reached; the
         mean is time-weighted over each replica's samples (a value holds until the next sample) and
         averaged over replicas by time."""
-        reps = [r for r in self._replicas.values() if r.last]  # replicas that ran a step
+        reps = [r for _, r in sorted(self._replicas.items()) if r.last]  # replicas that ran a step, in order
         per_replica = num_blocks // num_replicas
         peak = max((r.peak_used for r in reps), default=0)
         span = sum(r.last_t - r.first_t for r in reps)

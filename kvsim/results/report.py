@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import html
 import json
-from importlib.resources import files
+from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
-from rich.table import Table
 
 from kvsim.results.figures import PHASES, _Plot, _read_latencies, report_plots, why_missed
 from kvsim.results.headline import table_figures
@@ -83,9 +82,11 @@ def verdict_lines(summaries: dict[str, dict], meta: dict | None = None) -> list[
     return lines
 
 
-def comparison_table(summaries: dict[str, dict], transpose: bool = False) -> Table:
+def comparison_table(summaries: dict[str, dict], transpose: bool = False):
     """A rich table with one row per policy, or (`transpose`, for narrow terminals) one column per policy."""
     header, rows = _table_rows(summaries)
+    from rich.table import Table  # the terminal's table only: a quiet run does not load rich
+
     table = Table(title="kvsim: policy comparison")
     if transpose:
         table.add_column(header[0], no_wrap=True)
@@ -99,6 +100,12 @@ def comparison_table(summaries: dict[str, dict], transpose: bool = False) -> Tab
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def _package_dir(name: str) -> Path:
+    """An installed package's folder, found without importing it (plotly's import costs more than
+    reading its plotly.min.js)."""
+    return Path(find_spec(name).submodule_search_locations[0])
 
 
 def _json(value) -> str:
@@ -162,7 +169,7 @@ def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requ
 
 def figures_page(title: str, lines: list[str], figures: list[_Plot], table_html: str = "") -> str:
     """A self-contained HTML page: a title, lines of text, an HTML table and plotly figures (plotly.js inlined once)."""
-    plotly_js = (files("plotly") / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+    plotly_js = (_package_dir("plotly") / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
     divs = [f"<script>{plotly_js}</script>"] + [_figure_html(fig, f"kvsim-fig-{i}") for i, fig in enumerate(figures)]
     name = html.escape(title)
     items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)

@@ -114,10 +114,12 @@ class HardwareConfig(_Section):
     num_replicas: Annotated[int, Field(ge=1, le=L.MAX_REPLICAS)] = Field(1, description=(
         "Independent engine replicas (data parallel), each with tensor_parallel_size GPUs, behind one router. "
         "vLLM: --data-parallel-size, or separate servers behind a load balancer."))
-    # prefix_affinity: to the replica whose prefix cache holds most of the prompt, load permitting
+    # prefix_affinity: the router's own view of the replicas' caches (kvsim.engine.router)
     router: Literal["least_loaded", "round_robin", "prefix_affinity"] = Field("least_loaded", description=(
         "How requests are spread over replicas: least_loaded (fewest unfinished requests), round_robin, or "
-        "prefix_affinity (the replica whose prefix cache holds most of the prompt, load permitting)."))
+        "prefix_affinity (the replica the router sent the longest prefix of the prompt to, load permitting; "
+        "the router's own LRU view of the replicas' caches, as the Gateway API Inference Extension's "
+        "approximate prefix-cache scorer)."))
     gpu_memory_utilization: Fraction = Field(0.9, description=(
         "Share of each GPU's memory the engine may use for weights, activations and KV cache, in (0, 1]. "
         "vLLM: --gpu-memory-utilization (default 0.9)."))
@@ -448,6 +450,11 @@ class Scenario(_Section):
     def source(self) -> str:
         return self._source
 
+    def located(self, source: str, base_dir: Path) -> "Scenario":
+        """The scenario as read from `source`, its relative paths starting at `base_dir`."""
+        self._base_dir, self._source = base_dir, source
+        return self
+
     @model_validator(mode="after")
     def _unique_policy_names(self):
         names = [p.name for p in self.policies]
@@ -508,8 +515,7 @@ def scenario_from_dict(data: dict, source: str = "<scenario>", base_dir: Path = 
         sc = Scenario.model_validate(data)
     except ValidationError as err:
         raise KvsimError(format_validation_error(source, err)) from None
-    sc._base_dir, sc._source = base_dir, source
-    return sc
+    return sc.located(source, base_dir)
 
 
 def name_from_stem(stem: str) -> str:

@@ -28,8 +28,7 @@ import numpy as np
 from kvsim.errors import KvsimError
 from kvsim.scenario.files import open_regular, read_json_object
 from kvsim.scenario.limits import MAX_REQUESTS
-from kvsim.scenario.traces import (Trace, _azure_ns, _Columns, _parse_len, _parse_seconds, _read_csv,
-                                   _sorted_trace)
+from kvsim.scenario.trace_rows import Columns, Trace, azure_ns, parse_len, parse_seconds, read_csv, sorted_trace
 
 _UNIT_SCALE = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
 
@@ -44,22 +43,22 @@ def load_csv_columns(path: Path, arrival: Optional[str], unit: str, prompt: str,
     if arrival:
         keys[arrival] = key + "arrival"
     dated = unit == "datetime"
-    cols = _Columns(path, "q" if dated else "d")
+    cols = Columns(path, "q" if dated else "d")
 
     def row(line, f):
         if not arrival:
             t, f = (0 if dated else 0.0), ["", *f]
         elif dated:
-            t = _azure_ns(path, line, f[0], arrival)
+            t = azure_ns(path, line, f[0], arrival)
         else:
-            t = _parse_seconds(path, line, arrival, f[0], _UNIT_SCALE[unit])
-        cols.add(line, t, _parse_len(path, line, prompt, f[1]), _parse_len(path, line, output, f[2]))
+            t = parse_seconds(path, line, arrival, f[0], _UNIT_SCALE[unit])
+        cols.add(line, t, parse_len(path, line, prompt, f[1]), parse_len(path, line, output, f[2]))
 
-    _read_csv(path, names, row, keys)
+    read_csv(path, names, row, keys)
     cols.nonempty()
     times = np.frombuffer(cols.time, dtype=np.int64 if dated else np.float64)
     arrival = (times - times[0]) / 1e9 if dated else times.copy()
-    return _sorted_trace(arrival, cols.prompt, cols.output)
+    return sorted_trace(arrival, cols.prompt, cols.output)
 
 
 # vllm bench serve's ShareGPT filter (benchmarks/datasets.py is_valid_sequence, vLLM v0.11.0)
@@ -94,7 +93,7 @@ def load_sharegpt(path: Path, bytes_per_token: Optional[float] = None) -> Trace:
     """A ShareGPT-style dataset's (prompt, output) lengths, filtered as vllm bench does (module docstring)."""
     path = Path(path)
     bpt = bytes_per_token or DEFAULT_BYTES_PER_TOKEN
-    cols = _Columns(path)
+    cols = Columns(path)
     for index, conv in _json_items(path, "conversation"):
         turns = conv.get("conversations") if isinstance(conv, dict) else None
         if not isinstance(turns, list):
@@ -109,7 +108,7 @@ def load_sharegpt(path: Path, bytes_per_token: Optional[float] = None) -> Trace:
     if not cols.prompt:
         raise KvsimError(f"{path}: no conversation has a first two turns within vllm bench's ShareGPT bounds "
                          f"({SHAREGPT_MIN_LEN}-{SHAREGPT_MAX_PROMPT} prompt tokens, at most {SHAREGPT_MAX_TOTAL} in all)")
-    return _sorted_trace(np.zeros(len(cols.prompt)), cols.prompt, cols.output)
+    return sorted_trace(np.zeros(len(cols.prompt)), cols.prompt, cols.output)
 
 
 def load_vllm_bench(path: Path) -> Trace:
@@ -122,11 +121,11 @@ def load_vllm_bench(path: Path) -> Trace:
         if not isinstance(values, list) or not values:
             raise KvsimError(f"{path}: {key}: missing or empty (save the result with vllm bench serve "
                              "--save-result --save-detailed)")
-        lens[key] = [_parse_len(path, 1, f"{key}[{i}]", v) for i, v in enumerate(values)]
+        lens[key] = [parse_len(path, 1, f"{key}[{i}]", v) for i, v in enumerate(values)]
     if len(lens["input_lens"]) != len(lens["output_lens"]):
         raise KvsimError(f"{path}: input_lens has {len(lens['input_lens'])} requests, output_lens "
                          f"{len(lens['output_lens'])}")
     n = len(lens["input_lens"])
     if n > MAX_REQUESTS:
         raise KvsimError(f"{path}: trace has more than {MAX_REQUESTS:,} requests")
-    return _sorted_trace(np.zeros(n), lens["input_lens"], lens["output_lens"])
+    return sorted_trace(np.zeros(n), lens["input_lens"], lens["output_lens"])

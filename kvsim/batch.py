@@ -46,6 +46,9 @@ class Batch:
     min_output_left: int = 1 << 62  # cohort batches: fewest tokens any member has left to generate
     cohort_size: int = 0  # decoders scheduled as the scheduler's decode cohort (counted, not listed)
     cohort_step_blocks: int = 0  # blocks reserved for the cohort's new tokens this step
+    cohort_step_releases: int = 0  # blocks the cohort's members freed this step (left their windows)
+    decode_window_tokens: int = 0  # windowed KV cache: what the cohort's windowed layers read (min(context, window))
+    decode_window_growth: int = 0  # ... and how much more a step (members not yet past the window)
     dissolved: list[Sequence] | tuple = ()  # cohort members released into `seqs` this step
 
     @property

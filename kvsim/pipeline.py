@@ -77,7 +77,7 @@ def resolve_policy(scenario, policy, model, gpu) -> tuple[KvCapacity, EngineSett
     """The policy's KV capacity and engine settings, its engine limits resolved once."""
     limits = engine_limits(scenario, policy, model, gpu)
     capacity = kv_capacity(scenario, policy, model, gpu, limits)
-    return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block)
+    return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block, capacity.windows)
 
 
 def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,

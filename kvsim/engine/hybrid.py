@@ -93,7 +93,13 @@ class HybridBlockManager:
         self._parked: dict[Sequence, _Parked] = {}
         self._reserved, self._reserved_at = array("i"), 0
         self.reserved_unused_tokens = 0
-        self.num_shared_refs = 0
+        self._full_shared_refs = 0  # references past a block's first holder, in the full-attention groups
+
+    @property
+    def num_shared_refs(self) -> int:
+        """References past a block's first holder in the full-attention layers, per group: the shared
+        tokens a decode step reads once (a window's reads are priced apart, and shift as it releases)."""
+        return self._full_shared_refs // len(self.full_groups) if self.full_groups else 0
 
     # ---- queries ---------------------------------------------------------------------------------
     @property
@@ -176,13 +182,14 @@ class HybridBlockManager:
         self.queue.append_uncached(blocks)
         return -1
 
-    def _free_shared(self, seq: Sequence, blocks: array, num_uncached: int) -> None:
-        """A reference less to each of `blocks` (shareable positions); those now free join the queue."""
+    def _free_shared(self, seq: Sequence, g: int, blocks: array, num_uncached: int) -> None:
+        """A reference less to each of group g's `blocks` (shareable positions); those now free join the queue."""
         try:
             freed = self.content.release(blocks)
         except ValueError as err:
             raise AllocationError(f"sequence {seq.seq_id}: its block table {err}") from None
-        self.num_shared_refs -= len(blocks) - len(freed)
+        if not self.windows[g]:
+            self._full_shared_refs -= len(blocks) - len(freed)
         if freed:
             pos = self.queue.append(freed, min(num_uncached, len(freed)))
             self.content.set_positions(freed, pos)
@@ -313,11 +320,16 @@ class HybridBlockManager:
                 free = self.content.acquire(live)
                 if len(free):
                     self.queue.remove_positions(free)
-                self.num_shared_refs += len(live) - len(free)
+                if not self.windows[g]:
+                    self._full_shared_refs += len(live) - len(free)
             ht.tables[g].extend(hit[g])
         if hit.own:
             self.queue.remove_positions(list(hit.own))
         self._parked.pop(seq, None)
+
+    def free_hits(self, hit) -> int:
+        """How many of a prefix hit's blocks are free (cached in the free queue) now."""
+        return self._num_revived(hit) if len(hit) else 0
 
     def _num_revived(self, hit: HybridHit) -> int:
         """How many of the hit blocks are free now (they leave the free queue, so they count as taken)."""
@@ -407,7 +419,7 @@ class HybridBlockManager:
                 freed += len(unique)
             if lo < min(hi, shared):
                 before = self.queue.num_free
-                self._free_shared(seq, table[lo:min(hi, shared)], 0)
+                self._free_shared(seq, g, table[lo:min(hi, shared)], 0)
                 freed += self.queue.num_free - before
         ht.skipped = hi
         if last and self.enable_prefix_caching:
@@ -473,5 +485,5 @@ class HybridBlockManager:
             unique.reverse()
             tail = self._free_unique(unique, n - max(mid, min(full, n)))
         if lo < min(n, shared):
-            self._free_shared(seq, table[lo:min(n, shared)], max(0, min(n, shared) - max(full, lo)))
+            self._free_shared(seq, g, table[lo:min(n, shared)], max(0, min(n, shared) - max(full, lo)))
         return mid, max(mid, min(full, n)), n, tail

@@ -64,6 +64,7 @@ class HybridReference:
         self.num_blocks, self.block_size, self.windows = num_blocks, block_size, tuple(windows)
         self.enable_prefix_caching, self.max_num_batched_tokens = enable_prefix_caching, max_num_batched_tokens
         self.num_groups = len(self.windows)
+        self.window = max(self.windows)  # the sliding groups' window
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.ref = [0] * num_blocks
         self.key: list = [None] * num_blocks  # (content key, group) a block holds, None: nothing reusable
@@ -86,14 +87,18 @@ class HybridReference:
         self.ref[block] = 1
         return block
 
-    def _release(self, blocks) -> None:
-        """A reference less to each block, in order; those left unreferenced join the queue's tail."""
+    def _release(self, blocks) -> int:
+        """A reference less to each block, in order; those left unreferenced join the queue's tail
+        (returns how many)."""
+        freed = 0
         for b in blocks:
             self.ref[b] -= 1
             if self.ref[b] == 0:
                 self.free[b] = None
+                freed += 1
             elif self.ref[b] < 0:
                 raise AllocationError(f"block {b} freed twice")
+        return freed
 
     def _cache(self, seq: Sequence, upto: int) -> None:
         """cache_blocks: the tables' full blocks below depth `upto` hold the sequence's content."""
@@ -155,6 +160,16 @@ class HybridReference:
         if not length:
             return []
         return HybridHit(per_group[g][:length] for g in range(self.num_groups))
+
+    def free_hits(self, hit) -> int:
+        """How many of a prefix hit's blocks are free (cached in the free queue) now."""
+        return sum(self.ref[b] == 0 for blocks in hit for b in blocks if b != NULL)
+
+    def next_release(self, seq: Sequence) -> int:
+        """The computed token count at which the sequence's sliding groups next free a block."""
+        table = self.tables[seq][self.windows.index(self.window)]
+        skipped = next((i for i, b in enumerate(table) if b != NULL), len(table))
+        return self.window - 1 + self.block_size * (skipped + 1)
 
     # ---- what fits ---------------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -222,12 +237,14 @@ class HybridReference:
         self.written += self.num_groups * num_new_tokens
         self._cache(seq, min(seq.num_computed_tokens + num_new_tokens, seq.num_tokens) // self.block_size)
 
-    def release(self, seq: Sequence, num_computed_tokens: int) -> None:
+    def release(self, seq: Sequence, num_computed_tokens: int) -> int:
         """remove_skipped_blocks at `num_computed_tokens` (a cohort member's count, or the sequence's
-        own): each sliding group frees the blocks wholly before the window, the last first."""
+        own): each sliding group frees the blocks wholly before the window, the last first. Returns
+        the blocks that joined the free queue."""
         tables, bs = self.tables.get(seq), self.block_size
         if tables is None:
-            return
+            return 0
+        total = 0
         # A cohort member's full blocks were cached when their steps were scheduled: before they leave
         self._cache(seq, min([num_computed_tokens // bs] + [len(t) for t in tables]))
         for g, w in enumerate(self.windows):
@@ -246,7 +263,8 @@ class HybridReference:
                 freed.append(table[i])
                 table[i] = NULL
             self.written -= bs * len(freed)
-            self._release(freed)
+            total += self._release(freed)
+        return total
 
     def reserve(self, n: int) -> None:
         if n > len(self.free):
@@ -297,7 +315,10 @@ class HybridReference:
 
     @property
     def num_shared_refs(self) -> int:
-        return sum(r - 1 for r in self.ref if r > 1)
+        """References past a block's first holder in the full-attention groups, per group."""
+        full = [g for g, w in enumerate(self.windows) if not w]
+        blocks = {b for t in self.tables.values() for g in full for b in t[g] if b != NULL}
+        return sum(self.ref[b] - 1 for b in blocks) // len(full) if full else 0
 
     @property
     def reserved_unused_tokens(self) -> int:

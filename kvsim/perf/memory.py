@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass
 
 from kvsim.errors import KvsimError
-from kvsim.perf.kv_groups import KvCacheLayout, kv_cache_layout, simulation_problem, vllm_block_size
+from kvsim.perf.kv_groups import SLIDING_SPEC, KvCacheLayout, kv_cache_layout, simulation_problem, vllm_block_size
 from kvsim.perf.weights import weights_per_gpu
 from kvsim.scenario.catalog import GPUS, GpuSpec, ModelSpec, tp_problem
 from kvsim.scenario.limits import MAX_KV_BLOCKS, MAX_TENSOR_PARALLEL
@@ -115,8 +115,9 @@ def policy_layout(scenario, policy, model: ModelSpec, gpu: GpuSpec, naive: bool 
     block = vllm_block_size(model, gpu.name, scenario.engine.block_size)
     args = (model, policy.kv_cache_dtype, block, scenario.hardware.tensor_parallel_size,
             policy.kv_cache_scales == "per_token")
-    layout = kv_layout(*args, naive)
-    if layout.hybrid and all(g.window >= max_model_len(scenario, model) for g in layout.groups if g.window):
+    layout = kv_layout(*args, naive or policy.allocator == "contiguous")  # a slab keeps every layer whole
+    windows = [g.window for g in layout.groups if g.window]
+    if windows and min(windows) >= max_model_len(scenario, model):
         return kv_layout(*args, naive=True)
     return layout
 
@@ -178,6 +179,7 @@ class KvCapacity:
     num_blocks: int
     block_size: int
     max_tokens: int
+    windows: tuple[int, ...] = ()  # each KV cache group's sliding window (0: whole context); () one full group
 
     def rows(self) -> list[tuple[str, float]]:
         return [
@@ -208,7 +210,14 @@ def compute_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, limits=No
     layout = policy_layout(scenario, policy, model, gpu)
     num_blocks = layout.num_blocks(kv)
     return KvCapacity(total, budget, weights, activations, reserve, kv, layout.block_bytes, num_blocks,
-                      layout.block_size, layout.tokens(num_blocks))
+                      layout.block_size, layout.tokens(num_blocks), layout_windows(layout))
+
+
+def layout_windows(layout: KvCacheLayout) -> tuple[int, ...]:
+    """Each group's sliding window (0: it keeps the whole context), or () when none has a window:
+    what the engine's allocator needs to know of the layout (kvsim.engine.hybrid)."""
+    windows = tuple(g.window if g.spec == SLIDING_SPEC else 0 for g in layout.groups)
+    return windows if any(windows) else ()
 
 
 def check_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, cap: KvCapacity) -> None:
@@ -246,9 +255,9 @@ def kv_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, limits=None,
 
 
 def check_simulable(scenario, policy, model: ModelSpec, gpu: GpuSpec) -> None:
-    """One line when kvsim's engine cannot yet simulate the policy's KV cache layout exactly."""
-    problem = simulation_problem(model, policy_layout(scenario, policy, model, gpu), max_model_len(scenario, model),
-                                 gpu.name, scenario.engine.block_size)
+    """One line when kvsim's engine cannot simulate the policy's KV cache layout as vLLM runs it."""
+    problem = simulation_problem(model, policy_layout(scenario, policy, model, gpu), gpu.name,
+                                 scenario.engine.block_size, scenario.engine.preemption_mode)
     if problem:
         raise KvsimError(f"{scenario.source}: {problem}")
 

@@ -22,9 +22,11 @@ class AnalyticBackend:
     def __init__(self, scenario, policy, model, gpu, capacity, settings):
         calibration, self.calibration_source = resolve_calibration(scenario, gpu.name)
         graphs = () if scenario.backend.enforce_eager else VLLM_GRAPH_SIZES
+        windows = [w for w in settings.kv_windows if w]
         self.pricer: RunPricer = StepModel(model, gpu, scenario.hardware.tensor_parallel_size, policy.kv_cache_dtype,
                                            calibration, settings.block_size, graphs, settings.max_model_len,
-                                           per_token_scales=policy.kv_cache_scales == "per_token")
+                                           per_token_scales=policy.kv_cache_scales == "per_token",
+                                           window=min(windows) if windows else 0)
         self.num_blocks = capacity.num_blocks
         self.calibration = calibration
         # whether a step's price reads the longest decode (Batch.decode_max_context), which the scheduler then keeps

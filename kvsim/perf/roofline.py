@@ -149,8 +149,12 @@ class StepModel:
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, kv_cache_dtype: str,
                  calibration: Calibration, block_size: int = 16, graph_sizes: tuple = VLLM_GRAPH_SIZES,
-                 max_model_len: int = 0, per_token_scales: bool = False):
+                 max_model_len: int = 0, per_token_scales: bool = False, window: int = 0):
         self.model, self.gpu, self.tp = model, gpu, tp
+        # Sliding-window layers (a window shorter than max_model_len): their share of the layers,
+        # whose attention reads at most `window` keys a query (priced apart, `window_attention_lines`)
+        self.window = window
+        self.window_share = model.num_sliding_layers / model.num_hidden_layers if window else 0.0
         self.kv_cache_dtype, self.calibration, self.block_size = kv_cache_dtype, calibration, block_size
         self.max_model_len = max_model_len
         self.graph_sizes = tuple(sorted(graph_sizes))
@@ -199,7 +203,7 @@ class StepModel:
         per_token = model.hidden_size * model.activation_bytes
         self.allreduce_s_per_token = calls * (allreduce_seconds(per_token, tp, gpu, c) - allreduce_seconds(0, tp, gpu, c))
         self._decode_base: dict[int, tuple] = {}
-        self._last_lines: tuple = (-1, -1, -1, None)
+        self._last_lines: tuple = (-1, -1, -1, None, -1)
 
     # ---- the parts of a step ---------------------------------------------------------------------
     def overhead(self, num_seqs: int, graph: bool = False) -> float:
@@ -314,34 +318,80 @@ class StepModel:
         padded = self.graph_batch(np_, nd)
         rows = padded or tokens  # a graph computes its padded rows too
         body = (self.gemm_time(rows, padded or seqs) + self.activation_time(rows, padded or seqs)
-                + self.allreduce_time(rows)
-                + self.decode_attention_time(nd, batch.decode_read_tokens, batch.decode_max_context, padded)
-                + self.prefill_attention_time(np_, batch.prefill_attn_pairs,
-                                              batch.prefill_context_tokens + batch.num_prefill_tokens,
-                                              batch.num_prefill_tokens))
+                + self.allreduce_time(rows) + self.attention_time(batch, nd, np_, padded))
         if padded:
             return self.overhead(seqs, True) + body + swap
         host = self.host_time(np_, nd)
         return self.overhead(seqs) + (body if body > host else host) + swap
 
+    def attention_time(self, batch: Batch, nd: int, np_: int, padded: int) -> float:
+        """Decode and prefill attention of a step; sliding-window layers (window_share of them) priced
+        on what they read (Batch.window_reads), the others on the whole context."""
+        decode = self.decode_attention_time(nd, batch.decode_read_tokens, batch.decode_max_context, padded)
+        prefill = self.prefill_attention_time(np_, batch.prefill_attn_pairs,
+                                              batch.prefill_context_tokens + batch.num_prefill_tokens,
+                                              batch.num_prefill_tokens)
+        share = self.window_share
+        if not share:
+            return decode + prefill
+        w = self.window
+        dec, pairs, kv = batch.window_reads(w)
+        longest = min(batch.decode_max_context, w)
+        windowed = (self.decode_attention_time(nd, dec, longest, padded)
+                    + self.prefill_attention_time(np_, pairs, kv, batch.num_prefill_tokens))
+        return (1.0 - share) * (decode + prefill) + share * windowed
+
+    def window_attention_lines(self, n: int, x0: int, growth: int, longest: int, rows: int) -> list[tuple]:
+        """decode_attention_lines for sliding-window layers: n sequences read x0 tokens (min(context,
+        window) each), `growth` more a step (those not yet past the window), the longest
+        min(longest, window), one more a step until it reaches the window. The same terms, their
+        slopes those of the windowed reads."""
+        c, m, w = self.decode_s_per_pair, self.kv_s_per_token, self.window
+        lines = [self.decode_floor_line, (c * x0, c * growth), (m * x0, m * growth)]
+        if self.decode_key_s:
+            s = self.decode_key_s / self.decode_splits(rows)
+            longest = min(longest, w)
+            if longest >= x0 / n:
+                first, g_first = longest, (1 if longest < w else 0)
+            else:
+                first, g_first = x0 / n, growth / n
+            lines.append((s * first, s * g_first))
+            if n > 1:
+                others, g_others = (x0 - first) / (n - 1), (growth - g_first) / (n - 1)
+                tail, g_tail = s * (first - others), s * (g_first - g_others)
+                cn, mn = c * n, m * n
+                lines += [(tail + cn * others, g_tail + cn * g_others), (tail + mn * others, g_tail + mn * g_others)]
+        return lines
+
+    def _blend(self, full: list, windowed: list) -> list:
+        """The lines of (1 - share) x max(full) + share x max(windowed): every pair's weighted sum, the
+        two floors' first (the eager step adds the host time to that one)."""
+        a, b = 1.0 - self.window_share, self.window_share
+        pairs = [(a * fa + b * wa, a * fb + b * wb) for i, (fa, fb) in enumerate(full)
+                 for j, (wa, wb) in enumerate(windowed) if i or j]
+        return [(a * full[0][0] + b * windowed[0][0], 0.0), *pairs]
+
     # ---- runs of pure-decode steps in closed form -----------------------------------------------
-    def _decode_lines(self, n: int, x0: int, longest: int = 0) -> tuple:
+    def _decode_lines(self, n: int, x0: int, longest: int = 0, window_x0: int = 0, window_growth: int = 0) -> tuple:
         """Decode step i of n sequences holding x0 + i*n context tokens, the longest longest + i (0: the
-        mean), as _envelope's lines in i: the step's constant part, and decode_attention_lines."""
+        mean), as _envelope's lines in i: the step's constant part, and decode_attention_lines (blended
+        with window_attention_lines for sliding-window layers, which read window_x0 + i*window_growth)."""
         last = self._last_lines
-        if n == last[0] and x0 == last[1] and longest == last[2]:  # a run is sized, then priced
+        if n == last[0] and x0 == last[1] and longest == last[2] and window_x0 == last[4]:  # sized, then priced
             return last[3]
         base = self._decode_base.get(n)
         if base is None:
             base = self._decode_base[n] = self._decode_constants(n)
         fixed, top, host, rows = base
         attention = self.decode_attention_lines(n, x0, longest, rows)
+        if self.window_share:
+            attention = self._blend(attention, self.window_attention_lines(n, window_x0, window_growth, longest, rows))
         if top is None:  # a graph: fixed + max(attention terms)
             lines = _envelope(fixed, attention)
         else:  # eager: fixed + max(host, rest + attention terms)
             floor, *terms = attention
             lines = _envelope(fixed, [(max(host, top + floor[0]), 0.0), *((top + a, b) for a, b in terms)])
-        self._last_lines = (n, x0, longest, lines)
+        self._last_lines = (n, x0, longest, lines, window_x0)
         return lines
 
     def _decode_constants(self, n: int) -> tuple:

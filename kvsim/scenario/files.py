@@ -178,11 +178,16 @@ def read_json_object(path: Path, what: str) -> dict:
 def write_text_atomic(path: Path, text: str, what: str) -> None:
     """`text` into `path` through a hidden temporary sibling renamed into place: a full disk, a
     read-only folder or a signal leaves the earlier file (or none), never half of one."""
+    write_bytes_atomic(path, text.encode("utf-8"), what)
+
+
+def write_bytes_atomic(path: Path, data: bytes, what: str) -> None:
+    """`data` into `path` as `write_text_atomic` writes text."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "x", encoding="utf-8", newline="") as f:
-            f.write(text)
+        with open(tmp, "xb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException as exc:
         try:

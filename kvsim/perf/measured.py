@@ -1,0 +1,414 @@
+"""Step time from measured vLLM kernels: a step priced as the sum, layer by layer, of the kernels vLLM runs.
+
+    GEMMs        qkv, o, gate_up, down at the step's token rows (a CUDA graph's padded size), per
+                 tensor-parallel rank; lm_head at one row per scheduled sequence (vLLM computes logits
+                 outside the graph, for the sampled rows only)
+    attention    decode attention at (decode sequences, mean keys each reads); prefill attention at
+                 (prompt chunks, their mean length) from the no-cache table, scaled to the chunks'
+                 query-key pairs when they attend to a cached prefix (AIConfigurator's own correction;
+                 the tables time no cached prefix, so this part is an estimate)
+    all-reduce   two per layer and one after the embedding (tp > 1) of rows x hidden bfloat16 elements:
+                 vLLM's all-reduce as timed inside a CUDA graph when the step replays one (a full graph for
+                 a decode batch, piecewise graphs for a mixed one), eager otherwise
+    elementwise  norms, RoPE, KV store, SiLU: not in the tables; AIConfigurator's memory-op estimate,
+                 bytes / (0.8 x HBM) + 3 us a kernel (`ServerTerms`)
+    sampler      the logits' bytes per sampled row over HBM (the roofline's estimate)
+    host         a fixed cost per step (CUDA-graph decode steps and the others apart) and per sequence
+
+Kernel times come from `kvsim.perf.kernels.ModelKernels` (the shipped AIConfigurator tables, or a file
+`kvsim calibrate` converted), server terms from `ServerTerms` (each with its public source). Decode
+attention is piecewise linear in the keys read, so a run of decode steps sums in closed form, segment
+by segment. Every part is memoised per shape; shapes priced past the tables (scaled by the roofline)
+are counted per kernel family (`extrapolated`). Pure Python and numpy: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from kvsim.errors import KvsimError
+from kvsim.perf.kernels import DATA_DIR, GPU_STEMS, ModelKernels, load_tables
+from kvsim.perf.roofline import activation_bytes_per_token
+
+_CAPTURE_LIMIT = 512  # vLLM's default ceiling on max_cudagraph_capture_size
+
+
+def vllm_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+    """vLLM's default cudagraph_capture_sizes (vllm/config/vllm.py `_set_cudagraph_sizes`, the rule
+    `CompilationConfig.max_cudagraph_capture_size` documents since v0.11): [1, 2, 4] + 8..248 by 8 +
+    256.. by 16 up to min(2 x max_num_seqs, 512), none above max_num_batched_tokens."""
+    top = min(2 * max_num_seqs, _CAPTURE_LIMIT, max_num_batched_tokens)
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, _CAPTURE_LIMIT + 1, 16)]
+    return tuple(s for s in sizes if s <= top) or (1,)
+
+
+@dataclass(slots=True, frozen=True)
+class ServerTerms:
+    """What a step costs beyond its kernels, and how the server around the engine adds to latency."""
+
+    graph_step_overhead_s: float = 1.2e-4  # a CUDA-graph (pure decode) step beyond its kernels
+    step_overhead_s: float = 1.2e-4  # a piecewise-graph or eager (prefill, mixed) step beyond its kernels
+    per_seq_overhead_s: float = 2.5e-6  # host work per scheduled sequence
+    elementwise_kernels_per_layer: float = 5.0  # add+RMSNorm x2, RoPE, KV store, SiLU-and-mul (+1: q/k norm)
+    elementwise_kernel_s: float = 3e-6  # AIConfigurator's mem_empirical_constant_latency
+    elementwise_bandwidth: float = 0.8  # AIConfigurator's mem_bw_empirical_scaling_factor
+    sampler_bytes_per_vocab: float = 12.0  # a sampled row: 16-bit logits written, read, fp32 copy written and read
+    api_server_s: float = 0.0  # per request, on TTFT and E2E: HTTP, tokenize, detokenize, stream (reported)
+    async_scheduling: bool = True  # the scheduler runs a step ahead of the GPU (reported)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+SERVER_TERMS = tuple(f.name for f in fields(ServerTerms))
+
+
+def load_server_terms(path: Path) -> tuple[ServerTerms, dict]:
+    """(terms, provenance) from a JSON file {"terms": {...}, "provenance": {...}}; one line per problem."""
+    from kvsim.scenario.files import read_json_object
+
+    data = read_json_object(path, "server terms")
+    terms, prov = data.get("terms"), data.get("provenance", {})
+    if not isinstance(terms, dict) or not isinstance(prov, dict):
+        raise KvsimError(f"{path}: terms: expected a JSON object of server terms with a provenance object")
+    values = {}
+    for key, value in terms.items():
+        if key not in SERVER_TERMS:
+            raise KvsimError(f"{path}: terms.{key}: unknown server term (known: {', '.join(SERVER_TERMS)})")
+        if key == "async_scheduling":
+            if not isinstance(value, bool):
+                raise KvsimError(f"{path}: terms.{key}: must be true or false")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+            raise KvsimError(f"{path}: terms.{key}: must be a non-negative number, got {str(value)[:40]}")
+        values[key] = value
+    return ServerTerms(**values), prov
+
+
+def shipped_terms(gpu_name: str) -> tuple[ServerTerms, dict]:
+    stem = GPU_STEMS.get(gpu_name)
+    path = DATA_DIR / f"{stem}-server.json"
+    if stem is None or not path.is_file():
+        return ServerTerms(), {k: "built-in default (no server terms shipped for this GPU)" for k in SERVER_TERMS}
+    return load_server_terms(path)
+
+
+class _Line:
+    """One layer's decode attention for a fixed batch: piecewise linear in the keys read (see
+    ModelKernels.decode_knots), and proportional to them past the last knot."""
+
+    __slots__ = ("knots", "a", "b", "flags", "tail")
+
+    def __init__(self, knots, values, flags):
+        self.knots = [float(x) for x in knots]
+        v = [float(y) for y in values]
+        self.a, self.b = [], []  # segment j (knots[j] <= s < knots[j+1]): a[j] + b[j] * s
+        for j in range(len(v) - 1):
+            slope = (v[j + 1] - v[j]) / (self.knots[j + 1] - self.knots[j])
+            self.b.append(slope)
+            self.a.append(v[j] - slope * self.knots[j])
+        self.tail = v[-1] / self.knots[-1]  # past the last knot: through the origin (the roofline's line)
+        self.a.append(0.0)
+        self.b.append(self.tail)
+        self.flags = [bool(f) for f in flags]
+
+    def segment(self, s: float) -> int:
+        return min(max(bisect_right(self.knots, s) - 1, 0), len(self.a) - 1)
+
+    def __call__(self, s: float) -> float:
+        j = self.segment(s)
+        return self.a[j] + self.b[j] * s
+
+    def segments(self, lo: float, hi: float):
+        """(segment, extrapolated) of each segment [lo, hi] touches: extrapolated when a knot of it
+        was, or past the last knot."""
+        last = len(self.knots) - 1
+        for j in range(self.segment(lo), self.segment(hi) + 1):
+            yield j, j >= last or self.flags[j] or self.flags[j + 1]
+
+    def run_sum(self, s0: float, k: int) -> float:
+        """sum over i < k of self(s0 + i), segment by segment."""
+        total, i, last = 0.0, 0, len(self.knots) - 1
+        while i < k:
+            j = self.segment(s0 + i)
+            end = k if j >= last else min(k, max(i + 1, math.ceil(self.knots[j + 1] - s0)))
+            n = end - i
+            total += self.a[j] * n + self.b[j] * (n * s0 + (i + end - 1) * n / 2)
+            i = end
+        return total
+
+
+class MeasuredStepModel:
+    """Step time of one replica (tp GPUs) from measured kernels: `step_time(batch)` for any Batch, and
+    closed forms for runs of pure-decode steps (the same interface as kvsim.perf.roofline.StepModel).
+    A pure-decode batch of at most `graph_sizes[-1]` sequences replays a full CUDA graph padded to the
+    next capture size; a mixed batch of at most that many tokens replays piecewise graphs (padded too);
+    larger steps run eagerly (no capture sizes: always eager, as --enforce-eager)."""
+
+    prices_longest_decode = False  # vLLM's FlashAttention splits long sequences: no serial term
+
+    def __init__(self, model, gpu, tp: int, kv_cache_dtype: str, tables_path, terms: ServerTerms,
+                 calibration, graph_sizes: tuple = (), swap_bytes_per_block: float = 0.0):
+        self.tables = load_tables(str(tables_path))
+        self.kernels = ModelKernels(self.tables, model, gpu, tp, kv_cache_dtype, calibration)
+        self.terms, self.tp, self.gpu = terms, tp, gpu
+        self.layers = model.num_hidden_layers
+        self.hidden = model.hidden_size
+        self.graph_sizes = tuple(sorted(graph_sizes))
+        self.graph_max = self.graph_sizes[-1] if self.graph_sizes else 0
+        self._pad = {}
+        bandwidth = gpu.hbm_bandwidth_gbps * 1e9
+        kernels_per_layer = terms.elementwise_kernels_per_layer + (1 if model.qk_norm else 0)
+        self.elementwise_fixed_s = self.layers * kernels_per_layer * terms.elementwise_kernel_s
+        self.elementwise_s_per_token = activation_bytes_per_token(model, kv_cache_dtype, tp) / (
+            bandwidth * terms.elementwise_bandwidth)
+        self.sampler_s_per_seq = terms.sampler_bytes_per_vocab * model.vocab_size / (
+            bandwidth * calibration.memory_efficiency)
+        self.swap_s_per_block = swap_bytes_per_block / (gpu.pcie_gbps * 1e9)
+        self._rows: dict = {}
+        self._seqs: dict = {}
+        self._lines: dict = {}
+        self._run_key: tuple = ()
+        self.priced: dict = {"gemm": set(), "lm_head": set(), "allreduce": set(), "decode_attention": set(),
+                             "prefill_attention": set()}
+        self.extrapolated: dict = {k: set() for k in self.priced}
+
+    # ---- the parts of a step, memoised per shape ------------------------------------------------
+    def _note(self, family: str, key, flag: bool) -> None:
+        self.priced[family].add(key)
+        if flag:
+            self.extrapolated[family].add(key)
+
+    def padded(self, tokens: int) -> int:
+        """The capture size a step of `tokens` rows replays, or 0 when it runs eagerly."""
+        if tokens > self.graph_max:
+            return 0
+        size = self._pad.get(tokens)
+        if size is None:
+            size = self._pad[tokens] = next(s for s in self.graph_sizes if s >= tokens)
+        return size
+
+    def rows_time(self, rows: int, graph: bool) -> float:
+        """Everything that scales with the step's token rows: every layer's GEMMs, elementwise kernels
+        and two all-reduces, and the embedding's all-reduce."""
+        key = (rows, graph)
+        t = self._rows.get(key)
+        if t is None:
+            k = self.kernels
+            gemm, flag = k.layer_gemms(rows)
+            self._note("gemm", rows, flag)
+            per_layer = gemm
+            ar = 0.0
+            if self.tp > 1:
+                ar, flag = k.allreduce_s(rows * self.hidden, graph)
+                self._note("allreduce", (rows, graph), flag)
+                per_layer += 2 * ar
+            t = self.layers * per_layer + ar + self.elementwise_fixed_s + rows * self.elementwise_s_per_token
+            self._rows[key] = t
+        return t
+
+    def seqs_time(self, seqs: int) -> float:
+        """What scales with the sampled rows: lm_head, the sampler and the host's work per sequence."""
+        t = self._seqs.get(seqs)
+        if t is None:
+            head, flag = self.kernels.lm_head_gemm(seqs)
+            self._note("lm_head", seqs, flag)
+            t = head + seqs * (self.sampler_s_per_seq + self.terms.per_seq_overhead_s)
+            self._seqs[seqs] = t
+        return t
+
+    def decode_line(self, num_seqs: int) -> _Line:
+        line = self._lines.get(num_seqs)
+        if line is None:
+            line = self._lines[num_seqs] = _Line(*self.kernels.decode_knots(num_seqs))
+        return line
+
+    def decode_attention_time(self, num_seqs: int, read_tokens: float) -> float:
+        """Every layer's decode attention for num_seqs sequences reading read_tokens keys in all."""
+        if not num_seqs:
+            return 0.0
+        line = self.decode_line(num_seqs)
+        s = read_tokens / num_seqs
+        for j, flag in line.segments(s, s):
+            self._note("decode_attention", (num_seqs, j), flag)
+        return self.layers * line(s)
+
+    def prefill_attention_time(self, num_prefill: int, new_tokens: int, cached_tokens: int, pairs: int) -> float:
+        """Every layer's prefill attention: the no-cache table at the chunks' mean full length, times the
+        share of that length's query-key pairs the chunks compute."""
+        if not num_prefill:
+            return 0.0
+        full = (new_tokens + cached_tokens) / num_prefill
+        t, flag = self.kernels.context_s(num_prefill, full)
+        self._note("prefill_attention", (num_prefill, round(math.log2(full), 1)), flag)
+        whole = num_prefill * full * (full + 1) / 2
+        return self.layers * t * min(1.0, pairs / whole)
+
+    # ---- a step -------------------------------------------------------------------------------
+    def step_time(self, batch) -> float:
+        """Seconds for one step of `batch` (a kvsim.batch.Batch; only its aggregate counts are read)."""
+        swapped = batch.swap_in_blocks + batch.swap_out_blocks
+        swap = swapped * self.swap_s_per_block
+        nd, np_ = batch.num_decode_seqs, batch.num_prefill_seqs
+        tokens = batch.num_prefill_tokens + nd
+        if not tokens:
+            return swap
+        padded = self.padded(tokens)
+        t = (self.rows_time(padded or tokens, padded > 0) + self.seqs_time(np_ + nd)
+             + self.decode_attention_time(nd, batch.decode_read_tokens))
+        if np_:
+            t += self.prefill_attention_time(np_, batch.num_prefill_tokens, batch.prefill_context_tokens,
+                                             batch.prefill_attn_pairs)
+        overhead = self.terms.graph_step_overhead_s if padded and not np_ else self.terms.step_overhead_s
+        return t + overhead + swap
+
+    # ---- runs of pure-decode steps in closed form ----------------------------------------------
+    def _run(self, num_seqs: int, read_tokens: int) -> tuple:
+        """(fixed seconds a step, the attention line, its first mean keys) of a cohort-only decode run."""
+        key = (num_seqs, read_tokens)
+        if self._run_key and self._run_key[0] == key:
+            return self._run_key[1]
+        padded = self.padded(num_seqs)
+        fixed = (self.rows_time(padded or num_seqs, padded > 0) + self.seqs_time(num_seqs)
+                 + (self.terms.graph_step_overhead_s if padded else self.terms.step_overhead_s))
+        out = (fixed, self.decode_line(num_seqs), read_tokens / num_seqs)
+        self._run_key = (key, out)
+        return out
+
+    def decode_run_time(self, num_seqs: int, read_tokens: int, k: int, longest: int = 0) -> float:
+        """Seconds for k pure-decode steps of num_seqs sequences, step i reading read_tokens + i*num_seqs
+        keys (`longest` is not read: see prices_longest_decode). Closed form, segment by segment."""
+        if k <= 0 or num_seqs <= 0:
+            return 0.0
+        fixed, line, s0 = self._run(num_seqs, read_tokens)
+        for j, flag in line.segments(s0, s0 + k - 1):
+            self._note("decode_attention", (num_seqs, j), flag)
+        return fixed * k + self.layers * line.run_sum(s0, k)
+
+    def decode_run(self, num_seqs: int, read_tokens: int, k: int, longest: int = 0) -> tuple[float, float]:
+        """(seconds for the k steps, seconds for the first) of a run as in decode_run_time."""
+        return self.decode_run_time(num_seqs, read_tokens, k), self.decode_run_time(num_seqs, read_tokens, 1)
+
+    def decode_run_within(self, num_seqs: int, read_tokens: int, max_steps: int, budget_s: float,
+                          longest: int = 0) -> tuple[int, float, float]:
+        """(k, seconds, seconds of the first step): k = max_steps if those all end before budget_s,
+        else the smallest k whose steps reach it."""
+        first = self.decode_run_time(num_seqs, read_tokens, 1)
+        if max_steps == 1:
+            return 1, first, first
+        total = self.decode_run_time(num_seqs, read_tokens, max_steps)
+        if total < budget_s:
+            return max_steps, total, first
+        k = self.decode_steps_within(num_seqs, read_tokens, budget_s)
+        return k, self.decode_run_time(num_seqs, read_tokens, k), first
+
+    def decode_steps_within(self, num_seqs: int, read_tokens: int, budget_s: float, longest: int = 0) -> int:
+        """The smallest k >= 1 whose first k steps take budget_s or more."""
+        if num_seqs <= 0 or not math.isfinite(budget_s):
+            raise ValueError(f"need num_seqs > 0 and a finite budget, got {num_seqs}, {budget_s}")
+        run = self.decode_run_time
+        fixed, line, s0 = self._run(num_seqs, read_tokens)
+        first = fixed + self.layers * line(s0)
+        if first >= budget_s:
+            return 1
+        # the step time grows along the line: solve the quadratic of the first step's segment, then walk
+        slope = self.layers * line.b[line.segment(s0)]
+        if slope > 0:
+            c = first - slope / 2
+            k = math.ceil((-c + math.sqrt(c * c + 2 * slope * budget_s)) / slope)
+        else:
+            k = math.ceil(budget_s / first)
+        k = max(k, 1)
+        if run(num_seqs, read_tokens, k) >= budget_s:  # the usual case: the quadratic was right
+            if k == 1 or run(num_seqs, read_tokens, k - 1) < budget_s:
+                return k
+            lo, hi = 0, k
+        else:
+            lo, hi = k, 2 * k
+            while run(num_seqs, read_tokens, hi) < budget_s:
+                lo, hi = hi, 2 * hi
+        while hi - lo > 1:  # the run crossed a knot of the line: bisection over the closed form
+            mid = (lo + hi) // 2
+            if run(num_seqs, read_tokens, mid) >= budget_s:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    # ---- what priced the run --------------------------------------------------------------------
+    def describe(self) -> dict:
+        meta = self.tables.meta
+        return {"source": "measured", "vllm_version": self.tables.vllm_version,
+                "tables": {"file": self.tables.path.name, "from": meta.get("source", {}),
+                           "kernels": {k: v.get("kernel_source") for k, v in meta.get("tables", {}).items()}},
+                "extrapolated": {k: f"{len(self.extrapolated[k])} of {len(v)} shapes" for k, v in self.priced.items()
+                                 if v},
+                "any_extrapolated": any(self.extrapolated.values()), "estimates": list(self.kernels.notes),
+                "server_terms": self.terms.to_dict()}
+
+
+SPEED_FIELDS = ("hbm_bandwidth_gbps", "bf16_tflops", "fp8_tflops", "fp32_tflops", "nvlink_gbps")
+
+
+def measured_step_model(scenario, policy, model, gpu, calibration) -> MeasuredStepModel | None:
+    """The measured pricer the scenario asks for (backend.pricing; "auto": measured when kernel tables
+    ship for the GPU preset, the vLLM calibration is in use and no datasheet figure is overridden), or
+    None for the roofline. A version, file or setting that cannot be honoured is one line."""
+    from kvsim.perf.kernels import shipped_path, shipped_versions, version_key
+    from kvsim.perf.memory import bytes_per_block
+    from kvsim.scenario.catalog import GPUS
+    from kvsim.scenario.defaults import engine_limits
+
+    b, src = scenario.backend, scenario.source
+    want = getattr(b, "pricing", "auto")
+    version = getattr(scenario.engine, "vllm_version", None)
+    own = getattr(b, "kernel_tables", None)
+    if want == "roofline":
+        if version is not None or own is not None:
+            key = "engine.vllm_version" if version is not None else "backend.kernel_tables"
+            raise KvsimError(f"{src}: {key}: needs measured pricing, but backend.pricing is roofline")
+        return None
+    overridden = [f for f in SPEED_FIELDS if gpu.name in GPUS and getattr(gpu, f) != getattr(GPUS[gpu.name], f)]
+    versions = shipped_versions(gpu.name)
+    if want == "auto" and own is None:
+        why = (f"hardware.{overridden[0]} overrides the {gpu.name} datasheet" if overridden else
+               f"backend.calibration = {b.calibration} prices with the roofline" if b.calibration not in (None, "vllm")
+               else f"no measured kernel tables ship for {gpu.name}" if not versions else None)
+        if why is not None:
+            if version is not None:
+                raise KvsimError(f"{src}: engine.vllm_version: needs measured kernel tables, but {why} "
+                                 f"(tables ship for {', '.join(_shipped_gpus())})")
+            return None
+    elif overridden:
+        raise KvsimError(f"{src}: hardware.{overridden[0]}: measured kernel tables cannot follow an overridden "
+                         f"datasheet figure; use backend.pricing = \"roofline\"")
+    if own is not None:
+        path = scenario.resolve(own)
+        if version is not None:
+            raise KvsimError(f"{src}: engine.vllm_version: give it or backend.kernel_tables, not both "
+                             f"(the file names its own release)")
+    else:
+        if not versions:
+            raise KvsimError(f"{src}: backend.pricing: no measured kernel tables ship for {gpu.name} "
+                             f"(they ship for {', '.join(_shipped_gpus())}; or give backend.kernel_tables)")
+        if version is None:
+            version = max(versions, key=version_key)
+        elif version not in versions:
+            raise KvsimError(f"{src}: engine.vllm_version: no kernel tables for vLLM {version} on {gpu.name} "
+                             f"(shipped: {', '.join(versions)})")
+        path = shipped_path(gpu.name, version)
+    terms, _ = shipped_terms(gpu.name)
+    tp = scenario.hardware.tensor_parallel_size
+    limits = engine_limits(scenario, policy, model, gpu)
+    graphs = () if b.enforce_eager else vllm_capture_sizes(limits.max_num_seqs, limits.max_num_batched_tokens)
+    swap_block = bytes_per_block(model, policy.kv_cache_dtype, scenario.engine.block_size, tp,
+                                 policy.kv_cache_scales == "per_token")
+    return MeasuredStepModel(model, gpu, tp, policy.kv_cache_dtype, path, terms, calibration, graphs, swap_block)
+
+
+def _shipped_gpus() -> list[str]:
+    from kvsim.perf.kernels import shipped_versions
+
+    return [g for g in GPU_STEMS if shipped_versions(g)]

@@ -1,4 +1,5 @@
-"""The analytic backend: exact block accounting (in the scheduler) priced by a roofline step model.
+"""The analytic backend: exact block accounting (in the scheduler) priced by measured vLLM kernels
+(kvsim/perf/measured.py) where tables ship for the GPU, else by the roofline step model.
 
 No GPU, no torch. Runs of identical decode steps are priced in closed form, so the simulator can
 advance them as one event.
@@ -11,6 +12,7 @@ from dataclasses import asdict
 
 from kvsim.batch import Batch
 from kvsim.perf.calibration import resolve_calibration
+from kvsim.perf.measured import measured_step_model
 from kvsim.perf.memory import max_model_len
 from kvsim.perf.roofline import VLLM_GRAPH_SIZES, StepModel
 
@@ -21,14 +23,19 @@ class AnalyticBackend:
 
     def __init__(self, scenario, policy, model, gpu, capacity):
         calibration, self.calibration_source = resolve_calibration(scenario, gpu.name)
-        graphs = () if scenario.backend.enforce_eager else VLLM_GRAPH_SIZES
-        self.step_model = StepModel(model, gpu, scenario.hardware.tensor_parallel_size, policy.kv_cache_dtype,
-                                    calibration, scenario.engine.block_size, graphs, max_model_len(scenario, model),
-                                    per_token_scales=policy.kv_cache_scales == "per_token")
+        self.step_model = measured_step_model(scenario, policy, model, gpu, calibration)
+        if self.step_model is None:
+            graphs = () if scenario.backend.enforce_eager else VLLM_GRAPH_SIZES
+            self.step_model = StepModel(model, gpu, scenario.hardware.tensor_parallel_size, policy.kv_cache_dtype,
+                                        calibration, scenario.engine.block_size, graphs,
+                                        max_model_len(scenario, model),
+                                        per_token_scales=policy.kv_cache_scales == "per_token")
+            # whether a step's price reads the longest decode (Batch.decode_max_context), which the scheduler keeps
+            self.prices_longest_decode = calibration.decode_key_s > 0
+        else:
+            self.prices_longest_decode = self.step_model.prices_longest_decode
         self.num_blocks = capacity.num_blocks
         self.calibration = calibration
-        # whether a step's price reads the longest decode (Batch.decode_max_context), which the scheduler then keeps
-        self.prices_longest_decode = calibration.decode_key_s > 0
 
     def execute(self, batch: Batch) -> float:
         return self.step_model.step_time(batch)
@@ -53,5 +60,9 @@ class AnalyticBackend:
         pass
 
     def describe(self) -> dict:
-        return {"backend": self.name, "calibration": asdict(self.calibration),
-                "calibration_source": self.calibration_source}
+        out = {"backend": self.name, "calibration": asdict(self.calibration),
+               "calibration_source": self.calibration_source}
+        describe = getattr(self.step_model, "describe", None)  # the roofline's runs keep their summary as it was
+        if describe is not None:
+            out["pricing"] = describe()
+        return out

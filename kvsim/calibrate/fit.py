@@ -93,7 +93,7 @@ class Pricer:
 
 
 def simulate_with(scenario_path: str, policy: str, calibration: Calibration) -> dict:
-    """The analytic summary of one policy of a scenario under `calibration`."""
+    """The analytic summary of one policy of a scenario priced by the roofline under `calibration`."""
     from kvsim.perf.calibration import write_calibration
     from kvsim.pipeline import run_scenario
     from kvsim.scenario.config import load_scenario
@@ -103,8 +103,11 @@ def simulate_with(scenario_path: str, policy: str, calibration: Calibration) -> 
     try:
         write_calibration(path, calibration)
         sc = load_scenario(scenario_path)
-        backend = sc.backend.model_copy(update={"name": "analytic", "calibration": path})
-        sc = sc.model_copy(update={"backend": backend})
+        # the coefficients fitted are the roofline's: price with it whatever the scenario asks
+        backend = sc.backend.model_copy(update={"name": "analytic", "calibration": path, "pricing": "roofline",
+                                                "kernel_tables": None})
+        engine = sc.engine.model_copy(update={"vllm_version": None})
+        sc = sc.model_copy(update={"backend": backend, "engine": engine})
         return run_scenario(sc, None, [policy], write=False).summaries[policy]
     finally:
         os.unlink(path)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import zipfile
+from bisect import bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -135,18 +136,15 @@ def load_tables(path) -> KernelTables:
 
 
 # ---- interpolation -----------------------------------------------------------------------------
-def bracket(values: np.ndarray, x: float) -> tuple[int, int, float]:
-    """(i, j, w): x between values[i] and values[j] at weight w of the way (i == j on a point);
-    x outside the range gives its nearest end with w = 0 (the caller extrapolates)."""
+def bracket(values: np.ndarray, x: float) -> tuple[int, int]:
+    """(i, j): the grid points either side of x (i == j on a point; x outside: its nearest end twice)."""
     n = len(values)
     j = int(np.searchsorted(values, x))
     if j < n and values[j] == x:
-        return j, j, 0.0
-    if j == 0:
-        return 0, 0, 0.0
-    if j == n:
-        return n - 1, n - 1, 0.0
-    return j - 1, j, 0.0  # weight set by the caller's coordinates
+        return j, j
+    if j == 0 or j == n:
+        return min(j, n - 1), min(j, n - 1)
+    return j - 1, j
 
 
 def interp1(xs: np.ndarray, ys: np.ndarray, x: float, logx: bool, logy: bool) -> float:
@@ -164,7 +162,7 @@ def interp1(xs: np.ndarray, ys: np.ndarray, x: float, logx: bool, logy: bool) ->
 def interp_axis(values: np.ndarray, grid: np.ndarray, x: float, axis: int, logx: bool, logy: bool) -> np.ndarray:
     """`grid` cut at x along `axis`: the two neighbouring slices blended (a NaN in either stays NaN);
     NaN slices when x is outside the axis."""
-    i, j, _ = bracket(values, x)
+    i, j = bracket(values, x)
     if values[i] == x:
         return np.take(grid, i, axis=axis)
     if not values[0] < x < values[-1]:
@@ -318,6 +316,9 @@ class ModelKernels:
         self.lm_head = self._gemm_curve(tables.gemm[weight], *self.lm_head_shape)
         self._kvb = 1.0 if kv_table == "fp8" else 2.0
         self.context = self._attention(tables.context[kv_table], "context")
+        c = self.context
+        self._ctx = (c["batch"].tolist(), c["length"].tolist(), np.log(c["length"]).tolist(),
+                     np.log(c["ms"]).tolist(), c["flags"].tolist())
         self.generation = self._attention(tables.generation[kv_table], "generation")
         self.allreduce = {mode: self._allreduce_curve(g) for mode, g in tables.allreduce.items()} if tp > 1 else {}
 
@@ -414,22 +415,26 @@ class ModelKernels:
                   lambda x, a: self.roof.allreduce(x, self.tp) / self.roof.allreduce(a, self.tp))
 
     def context_s(self, batch: float, isl: float) -> tuple[float, bool]:
-        """One layer's prefill attention of `batch` prompts of `isl` new tokens, no cache."""
-        g = self.context
-        b, s = g["batch"], g["length"]
-        roof = self.roof.prefill
-
-        def ratio(bq, sq, ba, sa):
-            return roof(bq, sq, self.heads, self.kv, self.head_dim, self._kvb) / \
-                roof(ba, sa, self.heads, self.kv, self.head_dim, self._kvb)
-
-        bq = min(max(batch, b[0]), b[-1])
-        sq = min(max(isl, s[0]), s[-1])
-        t, flag = _bilinear(g, bq, sq, False, True)
-        if (bq, sq) != (batch, isl):
-            t *= ratio(batch, isl, bq, sq)
+        """One layer's prefill attention of `batch` prompts of `isl` new tokens, no cache: log-log along
+        the prompt, linear along the batch (pure Python: this runs once per prefill step)."""
+        b, s, log_s, log_ms, flags = self._ctx
+        bq = b[0] if batch < b[0] else b[-1] if batch > b[-1] else batch
+        sq = s[0] if isl < s[0] else s[-1] if isl > s[-1] else isl
+        p = min(bisect_right(s, sq), len(s) - 1)
+        p, q = (p - 1, p) if p else (0, 1)
+        wl = (math.log(sq) - log_s[p]) / (log_s[q] - log_s[p])
+        i = min(bisect_right(b, bq), len(b) - 1)
+        i, j = (i - 1, i) if i else (0, 1)
+        wb = (bq - b[i]) / (b[j] - b[i])
+        ri, rj = log_ms[i], log_ms[j]
+        t = (1 - wb) * math.exp(ri[p] + wl * (ri[q] - ri[p])) + wb * math.exp(rj[p] + wl * (rj[q] - rj[p]))
+        flag = flags[i][p] or flags[i][q] or flags[j][p] or flags[j][q]
+        if bq != batch or sq != isl:
+            roof = self.roof.prefill
+            t *= float(roof(batch, isl, self.heads, self.kv, self.head_dim, self._kvb)
+                       / roof(bq, sq, self.heads, self.kv, self.head_dim, self._kvb))
             flag = True
-        return t, flag
+        return t, bool(flag)
 
     def decode_knots(self, batch: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One layer's decode attention for `batch` sequences as a piecewise-linear function of the
@@ -438,7 +443,7 @@ class ModelKernels:
         g = self.generation
         b = g["batch"]
         bq = min(max(batch, b[0]), b[-1])
-        i, j, _ = bracket(b, bq)
+        i, j = bracket(b, bq)
         w = 0.0 if i == j else (bq - b[i]) / (b[j] - b[i])
         ms = (1 - w) * g["ms"][i] + w * g["ms"][j]
         flags = g["flags"][i] | g["flags"][j]
@@ -449,25 +454,3 @@ class ModelKernels:
             flags = np.ones_like(flags)
         return g["length"], ms * self.decode_scale, flags
 
-
-def _bilinear(g: dict, batch: float, length: float, log_batch: bool, log_length: bool) -> tuple[float, bool]:
-    """A filled [batch, length] grid at a point inside it: along length first, then batch."""
-    b, s, ms, flags = g["batch"], g["length"], g["ms"], g["flags"]
-    i, j, _ = bracket(b, batch)
-    p, q, _ = bracket(s, length)
-
-    def weight(x, x0, x1, log):
-        if x0 == x1:
-            return 0.0
-        return math.log(x / x0) / math.log(x1 / x0) if log else (x - x0) / (x1 - x0)
-
-    wl = weight(length, s[p], s[q], log_length)
-
-    def along(row):
-        y0, y1 = ms[row, p], ms[row, q]
-        return math.exp((1 - wl) * math.log(y0) + wl * math.log(y1)) if log_length else (1 - wl) * y0 + wl * y1
-
-    wb = weight(batch, b[i], b[j], log_batch)
-    y0, y1 = along(i), along(j)
-    y = math.exp((1 - wb) * math.log(y0) + wb * math.log(y1)) if log_batch else (1 - wb) * y0 + wb * y1
-    return float(y), bool(flags[i, p] or flags[i, q] or flags[j, p] or flags[j, q])

@@ -97,45 +97,46 @@ def shipped_terms(gpu_name: str) -> tuple[ServerTerms, dict]:
 
 class _Line:
     """One layer's decode attention for a fixed batch: piecewise linear in the keys read (see
-    ModelKernels.decode_knots), and proportional to them past the last knot."""
+    ModelKernels.decode_knots), and proportional to them past the last knot (segment `last`)."""
 
-    __slots__ = ("knots", "a", "b", "flags", "tail")
+    __slots__ = ("knots", "a", "b", "extrapolated", "last", "used")
 
     def __init__(self, knots, values, flags):
         self.knots = [float(x) for x in knots]
         v = [float(y) for y in values]
+        f = [bool(x) for x in flags]
         self.a, self.b = [], []  # segment j (knots[j] <= s < knots[j+1]): a[j] + b[j] * s
         for j in range(len(v) - 1):
             slope = (v[j + 1] - v[j]) / (self.knots[j + 1] - self.knots[j])
             self.b.append(slope)
             self.a.append(v[j] - slope * self.knots[j])
-        self.tail = v[-1] / self.knots[-1]  # past the last knot: through the origin (the roofline's line)
-        self.a.append(0.0)
-        self.b.append(self.tail)
-        self.flags = [bool(f) for f in flags]
+        self.a.append(0.0)  # past the last knot: through the origin (the roofline's memory line)
+        self.b.append(v[-1] / self.knots[-1])
+        self.last = len(v) - 1
+        self.extrapolated = [f[j] or f[j + 1] for j in range(self.last)] + [True]
+        self.used: set = set()  # segments a priced step fell on
 
     def segment(self, s: float) -> int:
-        return min(max(bisect_right(self.knots, s) - 1, 0), len(self.a) - 1)
+        j = bisect_right(self.knots, s) - 1
+        return 0 if j < 0 else j
 
     def __call__(self, s: float) -> float:
         j = self.segment(s)
         return self.a[j] + self.b[j] * s
 
-    def segments(self, lo: float, hi: float):
-        """(segment, extrapolated) of each segment [lo, hi] touches: extrapolated when a knot of it
-        was, or past the last knot."""
-        last = len(self.knots) - 1
-        for j in range(self.segment(lo), self.segment(hi) + 1):
-            yield j, j >= last or self.flags[j] or self.flags[j + 1]
+    def steps_in(self, j: int, s0: float) -> float:
+        """How many steps of a run starting at s0 (one key more a step) stay in segment j: inf for the last."""
+        return math.inf if j >= self.last else math.ceil(self.knots[j + 1] - s0)
 
     def run_sum(self, s0: float, k: int) -> float:
         """sum over i < k of self(s0 + i), segment by segment."""
-        total, i, last = 0.0, 0, len(self.knots) - 1
+        total, i = 0.0, 0
         while i < k:
             j = self.segment(s0 + i)
-            end = k if j >= last else min(k, max(i + 1, math.ceil(self.knots[j + 1] - s0)))
+            end = min(k, max(i + 1, self.steps_in(j, s0)))
             n = end - i
             total += self.a[j] * n + self.b[j] * (n * s0 + (i + end - 1) * n / 2)
+            self.used.add(j)
             i = end
         return total
 
@@ -167,12 +168,12 @@ class MeasuredStepModel:
         self.sampler_s_per_seq = terms.sampler_bytes_per_vocab * model.vocab_size / (
             bandwidth * calibration.memory_efficiency)
         self.swap_s_per_block = swap_bytes_per_block / (gpu.pcie_gbps * 1e9)
-        self._rows: dict = {}
+        self._rows: dict = {True: {}, False: {}}  # graph or eager -> rows -> seconds
         self._seqs: dict = {}
         self._lines: dict = {}
-        self._run_key: tuple = ()
-        self.priced: dict = {"gemm": set(), "lm_head": set(), "allreduce": set(), "decode_attention": set(),
-                             "prefill_attention": set()}
+        self._run_key: tuple = (0, 0, None)  # (num_seqs, read_tokens, _run's answer) of the last run
+        # distinct shapes priced and those extrapolated, per kernel family (decode attention: on the lines)
+        self.priced: dict = {"gemm": set(), "lm_head": set(), "allreduce": set(), "prefill_attention": set()}
         self.extrapolated: dict = {k: set() for k in self.priced}
 
     # ---- the parts of a step, memoised per shape ------------------------------------------------
@@ -193,8 +194,7 @@ class MeasuredStepModel:
     def rows_time(self, rows: int, graph: bool) -> float:
         """Everything that scales with the step's token rows: every layer's GEMMs, elementwise kernels
         and two all-reduces, and the embedding's all-reduce."""
-        key = (rows, graph)
-        t = self._rows.get(key)
+        t = self._rows[graph].get(rows)
         if t is None:
             k = self.kernels
             gemm, flag = k.layer_gemms(rows)
@@ -206,7 +206,7 @@ class MeasuredStepModel:
                 self._note("allreduce", (rows, graph), flag)
                 per_layer += 2 * ar
             t = self.layers * per_layer + ar + self.elementwise_fixed_s + rows * self.elementwise_s_per_token
-            self._rows[key] = t
+            self._rows[graph][rows] = t
         return t
 
     def seqs_time(self, seqs: int) -> float:
@@ -229,11 +229,11 @@ class MeasuredStepModel:
         """Every layer's decode attention for num_seqs sequences reading read_tokens keys in all."""
         if not num_seqs:
             return 0.0
-        line = self.decode_line(num_seqs)
+        line = self._lines.get(num_seqs) or self.decode_line(num_seqs)
         s = read_tokens / num_seqs
-        for j, flag in line.segments(s, s):
-            self._note("decode_attention", (num_seqs, j), flag)
-        return self.layers * line(s)
+        j = line.segment(s)
+        line.used.add(j)
+        return self.layers * (line.a[j] + line.b[j] * s)
 
     def prefill_attention_time(self, num_prefill: int, new_tokens: int, cached_tokens: int, pairs: int) -> float:
         """Every layer's prefill attention: the no-cache table at the chunks' mean full length, times the
@@ -256,8 +256,13 @@ class MeasuredStepModel:
         if not tokens:
             return swap
         padded = self.padded(tokens)
-        t = (self.rows_time(padded or tokens, padded > 0) + self.seqs_time(np_ + nd)
-             + self.decode_attention_time(nd, batch.decode_read_tokens))
+        t = self._rows[padded > 0].get(padded or tokens)
+        if t is None:
+            t = self.rows_time(padded or tokens, padded > 0)
+        seq = self._seqs.get(np_ + nd)
+        t += self.seqs_time(np_ + nd) if seq is None else seq
+        if nd:
+            t += self.decode_attention_time(nd, batch.decode_read_tokens)
         if np_:
             t += self.prefill_attention_time(np_, batch.num_prefill_tokens, batch.prefill_context_tokens,
                                              batch.prefill_attn_pairs)
@@ -266,15 +271,21 @@ class MeasuredStepModel:
 
     # ---- runs of pure-decode steps in closed form ----------------------------------------------
     def _run(self, num_seqs: int, read_tokens: int) -> tuple:
-        """(fixed seconds a step, the attention line, its first mean keys) of a cohort-only decode run."""
-        key = (num_seqs, read_tokens)
-        if self._run_key and self._run_key[0] == key:
-            return self._run_key[1]
+        """A cohort-only decode run's (fixed seconds a step, attention line, first mean keys, steps on
+        its first segment of the line, that segment's a and b x layers): the last run's, else anew."""
+        last = self._run_key
+        if last[0] == num_seqs and last[1] == read_tokens:
+            return last[2]
         padded = self.padded(num_seqs)
-        fixed = (self.rows_time(padded or num_seqs, padded > 0) + self.seqs_time(num_seqs)
+        t = self._rows[padded > 0].get(padded or num_seqs)
+        fixed = ((self.rows_time(padded or num_seqs, padded > 0) if t is None else t) + self.seqs_time(num_seqs)
                  + (self.terms.graph_step_overhead_s if padded else self.terms.step_overhead_s))
-        out = (fixed, self.decode_line(num_seqs), read_tokens / num_seqs)
-        self._run_key = (key, out)
+        line = self._lines.get(num_seqs) or self.decode_line(num_seqs)
+        s0 = read_tokens / num_seqs
+        j = line.segment(s0)
+        line.used.add(j)
+        out = (fixed, line, s0, line.steps_in(j, s0), self.layers * line.a[j], self.layers * line.b[j])
+        self._run_key = (num_seqs, read_tokens, out)
         return out
 
     def decode_run_time(self, num_seqs: int, read_tokens: int, k: int, longest: int = 0) -> float:
@@ -282,9 +293,11 @@ class MeasuredStepModel:
         keys (`longest` is not read: see prices_longest_decode). Closed form, segment by segment."""
         if k <= 0 or num_seqs <= 0:
             return 0.0
-        fixed, line, s0 = self._run(num_seqs, read_tokens)
-        for j, flag in line.segments(s0, s0 + k - 1):
-            self._note("decode_attention", (num_seqs, j), flag)
+        last = self._run_key
+        fixed, line, s0, inside, a, b = last[2] if last[0] == num_seqs and last[1] == read_tokens else \
+            self._run(num_seqs, read_tokens)
+        if k <= inside:  # the usual case: the whole run on one segment of the line
+            return (fixed + a + b * s0) * k + b * (k * (k - 1) / 2)
         return fixed * k + self.layers * line.run_sum(s0, k)
 
     def decode_run(self, num_seqs: int, read_tokens: int, k: int, longest: int = 0) -> tuple[float, float]:
@@ -295,7 +308,8 @@ class MeasuredStepModel:
                           longest: int = 0) -> tuple[int, float, float]:
         """(k, seconds, seconds of the first step): k = max_steps if those all end before budget_s,
         else the smallest k whose steps reach it."""
-        first = self.decode_run_time(num_seqs, read_tokens, 1)
+        fixed, line, s0, inside, a, b = self._run(num_seqs, read_tokens)
+        first = fixed + a + b * s0
         if max_steps == 1:
             return 1, first, first
         total = self.decode_run_time(num_seqs, read_tokens, max_steps)
@@ -308,20 +322,23 @@ class MeasuredStepModel:
         """The smallest k >= 1 whose first k steps take budget_s or more."""
         if num_seqs <= 0 or not math.isfinite(budget_s):
             raise ValueError(f"need num_seqs > 0 and a finite budget, got {num_seqs}, {budget_s}")
-        run = self.decode_run_time
-        fixed, line, s0 = self._run(num_seqs, read_tokens)
-        first = fixed + self.layers * line(s0)
+        fixed, line, s0, inside, a, slope = self._run(num_seqs, read_tokens)
+        first = fixed + a + slope * s0
         if first >= budget_s:
             return 1
-        # the step time grows along the line: solve the quadratic of the first step's segment, then walk
-        slope = self.layers * line.b[line.segment(s0)]
+        # the step time grows along the line: solve the quadratic of the first step's segment, then check
         if slope > 0:
             c = first - slope / 2
             k = math.ceil((-c + math.sqrt(c * c + 2 * slope * budget_s)) / slope)
         else:
             k = math.ceil(budget_s / first)
         k = max(k, 1)
-        if run(num_seqs, read_tokens, k) >= budget_s:  # the usual case: the quadratic was right
+        if k <= inside:  # on the first segment: the quadratic's answer, checked against rounding
+            below = first * (k - 1) + slope * ((k - 1) * (k - 2) / 2)
+            if first * k + slope * (k * (k - 1) / 2) >= budget_s and (k == 1 or below < budget_s):
+                return k
+        run = self.decode_run_time
+        if run(num_seqs, read_tokens, k) >= budget_s:
             if k == 1 or run(num_seqs, read_tokens, k - 1) < budget_s:
                 return k
             lo, hi = 0, k
@@ -339,13 +356,18 @@ class MeasuredStepModel:
 
     # ---- what priced the run --------------------------------------------------------------------
     def describe(self) -> dict:
+        """Which tables priced the run, and how many of the shapes it priced lay past them."""
         meta = self.tables.meta
+        priced = {k: len(v) for k, v in self.priced.items()}
+        extrapolated = {k: len(v) for k, v in self.extrapolated.items()}
+        priced["decode_attention"] = sum(len(line.used) for line in self._lines.values())
+        extrapolated["decode_attention"] = sum(line.extrapolated[j] for line in self._lines.values()
+                                               for j in line.used)
         return {"source": "measured", "vllm_version": self.tables.vllm_version,
                 "tables": {"file": self.tables.path.name, "from": meta.get("source", {}),
                            "kernels": {k: v.get("kernel_source") for k, v in meta.get("tables", {}).items()}},
-                "extrapolated": {k: f"{len(self.extrapolated[k])} of {len(v)} shapes" for k, v in self.priced.items()
-                                 if v},
-                "any_extrapolated": any(self.extrapolated.values()), "estimates": list(self.kernels.notes),
+                "extrapolated": {k: f"{extrapolated[k]} of {n} shapes" for k, n in priced.items() if n},
+                "any_extrapolated": any(extrapolated.values()), "estimates": list(self.kernels.notes),
                 "server_terms": self.terms.to_dict()}
 
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from kvsim.batch import Batch
 from kvsim.errors import KvsimError
 from kvsim.perf.calibration import load_calibration, shipped_path as calibration_path
-from kvsim.perf.kernels import KernelTables, ModelKernels, load_tables, shipped_path, shipped_versions
+from kvsim.perf.kernel_curves import ModelKernels
+from kvsim.perf.kernels import KernelTables, load_tables, shipped_path, shipped_versions
 from kvsim.perf.measured import MeasuredStepModel, ServerTerms, _Line, vllm_capture_sizes
 from kvsim.scenario.catalog import GPUS, MODELS
 
@@ -93,8 +94,8 @@ def test_interpolation_never_leaves_its_two_measured_points(m, b, s):
     assert sum(a for a, _ in bounds) * (1 - 1e-12) <= t <= sum(c for _, c in bounds) * (1 + 1e-12)
     # prefill attention: inside the four cells around (b, s)
     g = k.context
-    ib, is_ = int(np.searchsorted(g["batch"], b)), int(np.searchsorted(g["length"], s))
-    cells = g["ms"][max(ib - 1, 0):ib + 1, max(is_ - 1, 0):is_ + 1]
+    ib, is_ = int(np.searchsorted(g.batch, b)), int(np.searchsorted(g.length, s))
+    cells = g.s[max(ib - 1, 0):ib + 1, max(is_ - 1, 0):is_ + 1]
     t, _ = k.context_s(b, s)
     assert cells.min() * (1 - 1e-9) <= t <= cells.max() * (1 + 1e-9)
 

@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from kvsim.errors import KvsimError
-from kvsim.perf.kernels import DATA_DIR, GPU_STEMS, ModelKernels, load_tables
+from kvsim.perf.kernel_curves import ModelKernels
+from kvsim.perf.kernels import DATA_DIR, GPU_STEMS, load_tables
 from kvsim.perf.roofline import activation_bytes_per_token
 
 _CAPTURE_LIMIT = 512  # vLLM's default ceiling on max_cudagraph_capture_size

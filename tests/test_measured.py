@@ -287,3 +287,81 @@ def test_provenance_names_the_source_of_every_server_term():
         assert set(prov) == set(SERVER_TERMS) and all(len(v) > 20 for v in prov.values())
     doc = json.loads((DATA_DIR / "h100_sxm-server.json").read_text())
     assert "6.44 ms" in doc["provenance"]["graph_step_overhead_s"]
+
+
+# ---- converting AIConfigurator's tables ---------------------------------------------------------------
+def write_aic(root, version="0.30.0", drop_column=None):
+    """A tiny AIConfigurator data folder for one GPU (the published column names)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    gpu = root / "h100_sxm"
+
+    def table(folder, name, rows):
+        path = gpu / folder / "vllm" / version
+        path.mkdir(parents=True, exist_ok=True)
+        cols = {k: [r[k] for r in rows] for k in rows[0] if k != drop_column}
+        pq.write_table(pa.table(cols), path / name)
+
+    gemm = [{"kernel_source": "torch", "gemm_dtype": "bfloat16", "m": m, "n": n, "k": k, "latency": 0.01 * m + n / 1e4}
+            for m in (1, 8, 64) for n in (1024, 4096) for k in (1024, 4096)]
+    gemm.append({**gemm[0], "latency": 0.03})  # a repeated shape: the median of its rows is kept
+    gemm.append({**gemm[0], "kernel_source": "other", "latency": 9.0})  # fewer rows: not the default kernel
+    table("gemm", "gemm_perf.parquet", gemm)
+    attn = dict(kernel_source="fa3", kv_cache_dtype="bfloat16", head_dim=128, window_size=0)
+    table("attention", "context_attention_perf.parquet",
+          [{**attn, "num_heads": h, "num_key_value_heads": kv, "isl": s, "batch_size": b, "latency": 0.001 * b * s}
+           for h, kv in ((8, 8), (8, 2), (16, 2)) for s in (16, 256) for b in (1, 4)])
+    table("attention", "generation_attention_perf.parquet",
+          [{**attn, "num_heads": h, "num_key_value_heads": 2, "batch_size": b, "step": s, "isl": 1,
+            "latency": 0.01 + 1e-5 * b * s} for h in (8, 16) for s in (3, 1023) for b in (1, 8)])
+    table("comm", "custom_allreduce_perf.parquet",
+          [{"backend": f"vllm_{mode}", "allreduce_dtype": "bfloat16", "num_gpus": g, "message_size": z,
+            "latency": 0.004 * g + z / 1e9} for mode in ("graph", "eager") for g in (2, 4) for z in (128, 65536)])
+    later = gpu / "gemm" / "vllm" / "0.31.0"
+    later.mkdir(parents=True)
+    (later / "reuse.yaml").write_text(f"schema_version: 1\nreuse:\n- table: gemm_perf\n  from_version: {version}\n")
+    return gpu
+
+
+def test_aiconfigurator_tables_convert_as_published(tmp_path):
+    from kvsim.calibrate.aiconfigurator import convert, versions
+
+    gpu = write_aic(tmp_path)
+    assert versions(tmp_path, "h100_sxm") == ["0.30.0"]  # 0.31.0 reuses gemm only: no attention or comm of its own
+    arrays, meta = convert(tmp_path, "H100-SXM", "0.30.0")
+    ms = arrays["gemm/bfloat16/ms"]
+    assert ms[0, 0, 0] == pytest.approx(np.median([0.01 + 0.1024, 0.03]))  # median of the repeats, other kernel out
+    assert meta["tables"]["gemm/bfloat16"]["kernel_source"] == "torch"
+    assert list(arrays["context/bfloat16/kv"]) == [0, 2]  # MHA (kv == heads) is AIConfigurator's kv 0
+    assert list(arrays["generation/bfloat16/step"]) == [3, 1023]  # keys attended, the new token's own included
+    assert arrays["generation/bfloat16/ms"][0, 0, 0, 1, 1] == pytest.approx(0.01 + 1e-5 * 8 * 1023)
+    assert list(arrays["allreduce/size"]) == [128, 65536] and arrays["allreduce/graph_ms"].shape == (2, 2)
+    assert meta["tables"]["gemm/bfloat16"]["file"].endswith("h100_sxm/gemm/vllm/0.30.0/gemm_perf.parquet")
+    assert gpu.is_dir()
+
+
+def test_kvsim_calibrate_converts_a_folder_and_a_scenario_prices_with_it(tmp_path):
+    import subprocess
+    import sys
+
+    gpu = write_aic(tmp_path)
+    out = tmp_path / "mine.npz"
+    run = subprocess.run([sys.executable, "-m", "kvsim", "calibrate", str(gpu), "-o", str(out)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert KernelTables(out).vllm_version == "0.30.0" and "held out" in run.stdout
+    b = backend(scenario(tmp_path, '[backend]\nkernel_tables = "mine.npz"\n'))
+    d = b.describe()["pricing"]
+    assert d["tables"]["file"] == "mine.npz" and d["vllm_version"] == "0.30.0"
+    assert b.execute(Batch(num_decode_seqs=4, decode_context_tokens=400)) > 0
+    again = subprocess.run([sys.executable, "-m", "kvsim", "calibrate", str(gpu), "-o", str(out)],
+                           capture_output=True, text=True)
+    assert again.returncode == 2 and "already exists" in again.stderr  # never overwritten
+    bad = tmp_path / "bad"
+    write_aic(bad, drop_column="latency")
+    run = subprocess.run([sys.executable, "-m", "kvsim", "calibrate", str(bad / "h100_sxm"), "-o",
+                          str(tmp_path / "x.npz")], capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().endswith("gemm_perf.parquet: missing column latency")
+    assert not (tmp_path / "x.npz").exists()

@@ -2,6 +2,7 @@
 
     python benchmarks/sim_speed.py            # Azure trace (sim + whole CLI), Mooncake CLI, 1,000,000 requests
     python benchmarks/sim_speed.py --requests 100000 --skip-mooncake
+    python benchmarks/sim_speed.py --pricing measured,roofline   # each run priced both ways, interleaved
 
 Prints a markdown table: wall seconds (median of --repeat runs where cheap), peak RSS of the CLI
 process, engine events and the engine steps they stand for. Targets (issue 2): Azure simulation
@@ -57,23 +58,30 @@ def run_cli(args: list[str]) -> tuple[float, float]:
     return wall, rss
 
 
-def azure(repeat: int) -> list[tuple]:
+def azure(repeat: int, pricings: list[str]) -> list[tuple]:
+    """The Azure trace under each pricing, runs interleaved (this machine's speed drifts)."""
     from kvsim.pipeline import run_scenario
     from kvsim.scenario.config import load_scenario
 
-    sc = load_scenario(ROOT / "scenarios/azure_conv.toml")
-    sims, events = [], (0, 0)
-    for _ in range(repeat):
-        r = run_scenario(sc, policies=["paged"], write=False)
-        sims.append(r.runs[0].wall_s)
-        extra = r.summaries["paged"]
-        events = (extra["engine_events"], extra["engine_steps"])
+    base = load_scenario(ROOT / "scenarios/azure_conv.toml")
+    sims, clis, events, n = {p: [] for p in pricings}, {p: [] for p in pricings}, {}, 0
     with tempfile.TemporaryDirectory() as tmp:
-        clis = [run_cli(["scenarios/azure_conv.toml", "--policy", "paged", "--quiet", "--out", tmp])[0]
-                for _ in range(repeat)]
-    n = r.summaries["paged"]["requests"]["received"]
-    return [("azure_conv, paged: simulation", n, statistics.median(sims), "", *events, "<= 1.0 s"),
-            ("azure_conv, paged: whole CLI run", n, statistics.median(clis), "", *events, "<= 3 s")]
+        for _ in range(repeat):
+            for p in pricings:
+                sc = base.model_copy(update={"backend": base.backend.model_copy(update={"pricing": p})})
+                r = run_scenario(sc, policies=["paged"], write=False)
+                sims[p].append(r.runs[0].wall_s)
+                extra = r.summaries["paged"]
+                events[p] = (extra["engine_events"], extra["engine_steps"])
+                n = extra["requests"]["received"]
+                clis[p].append(run_cli(["scenarios/azure_conv.toml", "--policy", "paged", "--quiet", "--out", tmp,
+                                        "--set", f"backend.pricing={p}"])[0])
+    rows = []
+    for p in pricings:
+        rows.append((f"azure_conv, paged, {p}: simulation", n, statistics.median(sims[p]), "", *events[p], "<= 1.0 s"))
+        rows.append((f"azure_conv, paged, {p}: whole CLI run", n, statistics.median(clis[p]), "", *events[p],
+                     "<= 1.6 s (issue 17)"))
+    return rows
 
 
 def mooncake() -> list[tuple]:
@@ -87,15 +95,15 @@ def mooncake() -> list[tuple]:
              "<= 5 s, <= 500 MiB")]
 
 
-def synthetic(n: int) -> list[tuple]:
+def synthetic(n: int, pricing: str) -> list[tuple]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "million.toml"
         path.write_text(SYNTHETIC.format(n=n))
-        wall, rss = run_cli([str(path), "--quiet", "--out", str(Path(tmp) / "out")])
+        wall, rss = run_cli([str(path), "--quiet", "--out", str(Path(tmp) / "out"), "--set", f"backend.pricing={pricing}"])
         import json
         s = json.loads((Path(tmp) / "out" / "summary.json").read_text())["policies"]["paged"]
-    return [(f"{n:,} synthetic requests: whole CLI run", n, wall, f"{rss:,.0f}", s["engine_events"], s["engine_steps"],
-             "<= 60 s, <= 1024 MiB")]
+    return [(f"{n:,} synthetic requests, {pricing}: whole CLI run", n, wall, f"{rss:,.0f}", s["engine_events"],
+             s["engine_steps"], "<= 60 s, <= 1024 MiB")]
 
 
 def main() -> None:
@@ -104,10 +112,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-azure", action="store_true")
     ap.add_argument("--skip-mooncake", action="store_true")
+    ap.add_argument("--pricing", default="measured,roofline",
+                    help="comma-separated backend.pricing values to time (Azure and synthetic runs)")
     args = ap.parse_args()
-    rows = [] if args.skip_azure else azure(args.repeat)
+    pricings = [p.strip() for p in args.pricing.split(",") if p.strip()]
+    rows = [] if args.skip_azure else azure(args.repeat, pricings)
     rows += [] if args.skip_mooncake else mooncake()
-    rows += synthetic(args.requests)
+    for p in pricings:
+        rows += synthetic(args.requests, p)
     print(f"cpu: {os.cpu_count()} cores, python {sys.version.split()[0]}")
     print("| run | requests | wall s (median) | peak RSS MiB | engine events | engine steps | target |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

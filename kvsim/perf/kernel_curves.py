@@ -111,6 +111,12 @@ class Curve:
     x: np.ndarray
     ms: np.ndarray
     extrapolated: np.ndarray
+    _lists: tuple = ()  # (x, ms, extrapolated) as Python lists, made on the first query (queries are per step)
+
+    def lists(self) -> tuple:
+        if not self._lists:
+            self._lists = (self.x.tolist(), self.ms.tolist(), self.extrapolated.tolist())
+        return self._lists
 
 
 def fill_along(x: np.ndarray, ms: np.ndarray, logx: bool, logy: bool, ratio) -> Curve:
@@ -135,21 +141,21 @@ def fill_along(x: np.ndarray, ms: np.ndarray, logx: bool, logy: bool, ratio) -> 
 
 
 def at(curve: Curve, x: float, logx: bool, logy: bool, ratio) -> tuple[float, bool]:
-    """(ms, extrapolated) of a filled curve at x; past its ends, the end x roofline ratio."""
-    xs = curve.x
+    """(time, extrapolated) of a filled curve at x; past its ends, the end x roofline ratio."""
+    xs, ms, flags = curve.lists()
     if x <= xs[0] or x >= xs[-1]:
         a = 0 if x <= xs[0] else len(xs) - 1
         if x == xs[a]:
-            return float(curve.ms[a]), bool(curve.extrapolated[a])
-        return float(curve.ms[a]) * ratio(x, float(xs[a])), True
-    j = int(np.searchsorted(xs, x))
-    if xs[j] == x:
-        return float(curve.ms[j]), bool(curve.extrapolated[j])
+            return ms[a], flags[a]
+        return ms[a] * float(ratio(x, xs[a])), True
+    j = bisect_right(xs, x)
+    if xs[j - 1] == x:
+        return ms[j - 1], flags[j - 1]
     i = j - 1
-    x0, x1, y0, y1 = float(xs[i]), float(xs[j]), float(curve.ms[i]), float(curve.ms[j])
+    x0, x1, y0, y1 = xs[i], xs[j], ms[i], ms[j]
     w = math.log(x / x0) / math.log(x1 / x0) if logx else (x - x0) / (x1 - x0)
     y = math.exp((1 - w) * math.log(y0) + w * math.log(y1)) if logy else (1 - w) * y0 + w * y1
-    return y, bool(curve.extrapolated[i] or curve.extrapolated[j])
+    return y, flags[i] or flags[j]
 
 
 def cut(values: np.ndarray, grid: np.ndarray, x: float, axis: int, logx: bool, logy: bool,
@@ -307,9 +313,12 @@ class ModelKernels:
         self.lm_head = gemm_curve(tables.gemm[weight], *self.lm_head_shape, self.roof)
         self.context = AttentionGrid.build(tables.context[kv_table], "context", self.heads, self.kv, self.head_dim,
                                            kvb, self.roof)
-        c = self.context
-        self._ctx = (c.batch.tolist(), c.length.tolist(), np.log(c.length).tolist(), np.log(c.s).tolist(),
-                     c.flags.tolist())
+        c = self.context  # per batch row and length segment: log t = a + b log(length), and its flag
+        log_s, log_t = np.log(c.length), np.log(c.s)
+        slope = np.diff(log_t, axis=1) / np.diff(log_s)
+        flag = c.flags[:, :-1] | c.flags[:, 1:]
+        self._ctx = (c.batch.tolist(), c.length.tolist(), (log_t[:, :-1] - slope * log_s[:-1]).tolist(),
+                     slope.tolist(), flag.tolist())
         self.generation = AttentionGrid.build(tables.generation[kv_table], "generation", self.heads, self.kv,
                                               self.head_dim, kvb, self.roof)
         self.allreduce = {mode: allreduce_curve(g, tp, self.roof) for mode, g in tables.allreduce.items()} \
@@ -337,22 +346,24 @@ class ModelKernels:
     def context_s(self, batch: float, isl: float) -> tuple[float, bool]:
         """One layer's prefill attention of `batch` prompts of `isl` new tokens, no cache: log-log along
         the prompt, linear along the batch (pure Python: this runs once per prefill step)."""
-        b, s, log_s, log_ms, flags = self._ctx
+        b, s, a, slope, flags = self._ctx
         bq = b[0] if batch < b[0] else b[-1] if batch > b[-1] else batch
         sq = s[0] if isl < s[0] else s[-1] if isl > s[-1] else isl
-        p = min(bisect_right(s, sq), len(s) - 1)
-        p, q = (p - 1, p) if p else (0, 1)
-        wl = (math.log(sq) - log_s[p]) / (log_s[q] - log_s[p])
-        i = min(bisect_right(b, bq), len(b) - 1)
-        i, j = (i - 1, i) if i else (0, 1)
-        wb = (bq - b[i]) / (b[j] - b[i])
-        ri, rj = log_ms[i], log_ms[j]
-        t = (1 - wb) * math.exp(ri[p] + wl * (ri[q] - ri[p])) + wb * math.exp(rj[p] + wl * (rj[q] - rj[p]))
-        flag = flags[i][p] or flags[i][q] or flags[j][p] or flags[j][q]
+        p = bisect_right(s, sq) - 1
+        p = 0 if p < 0 else len(s) - 2 if p > len(s) - 2 else p
+        i = bisect_right(b, bq) - 1
+        i = 0 if i < 0 else len(b) - 1 if i > len(b) - 1 else i
+        ls = math.log(sq)
+        t = math.exp(a[i][p] + slope[i][p] * ls)
+        flag = flags[i][p]
+        if bq != b[i]:  # between two batch rows: linear in the batch
+            wb = (bq - b[i]) / (b[i + 1] - b[i])
+            t = (1 - wb) * t + wb * math.exp(a[i + 1][p] + slope[i + 1][p] * ls)
+            flag = flag or flags[i + 1][p]
         if bq != batch or sq != isl:
             t *= self.context.ratio(batch, isl, bq, sq)
             flag = True
-        return t, bool(flag)
+        return t, flag
 
     def decode_knots(self, batch: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One layer's decode attention for `batch` sequences as a piecewise-linear function of the

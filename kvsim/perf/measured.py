@@ -171,6 +171,7 @@ class MeasuredStepModel:
         self.swap_s_per_block = swap_bytes_per_block / (gpu.pcie_gbps * 1e9)
         self._rows: dict = {True: {}, False: {}}  # graph or eager -> rows -> seconds
         self._seqs: dict = {}
+        self._fixed: dict = {}  # num_seqs -> a pure-decode step's seconds besides attention
         self._lines: dict = {}
         self._run_key: tuple = (0, 0, None)  # (num_seqs, read_tokens, _run's answer) of the last run
         # distinct shapes priced and those extrapolated, per kernel family (decode attention: on the lines)
@@ -243,9 +244,12 @@ class MeasuredStepModel:
             return 0.0
         full = (new_tokens + cached_tokens) / num_prefill
         t, flag = self.kernels.context_s(num_prefill, full)
-        self._note("prefill_attention", (num_prefill, round(math.log2(full), 1)), flag)
+        key = (num_prefill, int(full).bit_length())  # shapes counted per power of two of the length
+        self.priced["prefill_attention"].add(key)
+        if flag:
+            self.extrapolated["prefill_attention"].add(key)
         whole = num_prefill * full * (full + 1) / 2
-        return self.layers * t * min(1.0, pairs / whole)
+        return self.layers * t * (pairs / whole if pairs < whole else 1.0)
 
     # ---- a step -------------------------------------------------------------------------------
     def step_time(self, batch) -> float:
@@ -277,10 +281,12 @@ class MeasuredStepModel:
         last = self._run_key
         if last[0] == num_seqs and last[1] == read_tokens:
             return last[2]
-        padded = self.padded(num_seqs)
-        t = self._rows[padded > 0].get(padded or num_seqs)
-        fixed = ((self.rows_time(padded or num_seqs, padded > 0) if t is None else t) + self.seqs_time(num_seqs)
-                 + (self.terms.graph_step_overhead_s if padded else self.terms.step_overhead_s))
+        fixed = self._fixed.get(num_seqs)
+        if fixed is None:  # what a pure-decode step of num_seqs costs besides its attention
+            padded = self.padded(num_seqs)
+            fixed = self._fixed[num_seqs] = (self.rows_time(padded or num_seqs, padded > 0) + self.seqs_time(num_seqs)
+                                             + (self.terms.graph_step_overhead_s if padded
+                                                else self.terms.step_overhead_s))
         line = self._lines.get(num_seqs) or self.decode_line(num_seqs)
         s0 = read_tokens / num_seqs
         j = line.segment(s0)

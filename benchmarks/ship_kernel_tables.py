@@ -27,6 +27,7 @@ from kvsim.perf.kernels import DATA_DIR, shipped_path  # noqa: E402
 # vLLM blog "The State of FP8 KV-Cache and Attention Quantization in vLLM" (2026-04-22, vLLM v0.19.1):
 # Llama-3.1-8B on one H100, concurrency 1, 128 output tokens: ITL = 6.44 ms + 4.37e-5 ms x input_len (bf16).
 BLOG_ITL_INTERCEPT_S = 6.44e-3
+API_SERVER_S = (8.4e-3 + 12.0e-3) / 2  # vLLM PR #54628, client minus server TTFT, completions endpoint
 BLOG = ("the vLLM blog 'The State of FP8 KV-Cache and Attention Quantization in vLLM' (2026-04-22, v0.19.1, one "
         "H100): Llama-3.1-8B's conc-1 ITL is 6.44 ms + 4.37e-5 ms per input token")
 AIC_YAML = "AIConfigurator's system file (aic-core/src/aiconfigurator_core/systems/{gpu}.yaml, commit 095f58a)"
@@ -42,9 +43,13 @@ PROVENANCE = {
     "elementwise_bandwidth": "mem_bw_empirical_scaling_factor = 0.8, " + AIC_YAML,
     "sampler_bytes_per_vocab": "the roofline's estimate (kvsim/perf/roofline.py LOGITS_BYTES_PER_VOCAB): 16-bit "
                                "logits written and read, an fp32 copy written and read, per sampled row",
-    "api_server_s": "0: not added. The one public figure found is vLLM PR #54628 (vllm bench serve's client TTFT "
-                    "minus the server's vllm:time_to_first_token_seconds, 8.4-12.2 ms on an RTX 4070 laptop under "
-                    "WSL2, vLLM 0.28.1rc1), a laptop's HTTP and client stack, not a server's",
+    "api_server_s": "10.2 ms: vLLM PR #54628 (vLLM 0.28.1rc1) measured vllm bench serve's client TTFT against "
+                    "the server's own vllm:time_to_first_token_seconds, the gap being what the engine's clock "
+                    "leaves out (the HTTP request and response, the API server's work around the engine, the "
+                    "stream to the client): +8.4 and +12.0 ms with the "
+                    "completions endpoint (vllm bench serve's default backend), 10.2 ms their mean (+10.5 to "
+                    "+12.2 ms with chat and responses). Measured on an RTX 4070 laptop under WSL2, the one "
+                    "public figure found: a server's host may be quicker",
     "async_scheduling": "on by default in the releases these tables cover (vllm-project/vllm#27614 made it the "
                         "default, tracked in #27679; #31998, 2026-01, extends the default to speculative decoding): "
                         "the scheduler prepares step n+1 while the GPU runs step n, so a request arriving during "
@@ -96,7 +101,7 @@ def write_terms(gpu: str, stem: str, overhead: float, note: str) -> None:
 
     from kvsim.perf.measured import ServerTerms
 
-    terms = ServerTerms(graph_step_overhead_s=overhead, step_overhead_s=overhead)
+    terms = ServerTerms(graph_step_overhead_s=overhead, step_overhead_s=overhead, api_server_s=API_SERVER_S)
     prov = {k: v.format(gpu=stem) for k, v in PROVENANCE.items()}
     own = "" if gpu == "H100-SXM" else "H100-SXM's (no public vLLM ITL of this GPU found; the host is the same " \
                                         "software): "

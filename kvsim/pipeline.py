@@ -15,6 +15,7 @@ from typing import Callable, Optional
 from backends import load_backend
 from kvsim.errors import KvsimError
 from kvsim.engine.simulator import Replica, Simulation, make_allocator, make_scheduler
+from kvsim.perf.measured import request_overhead_s
 from kvsim.perf.memory import check_fits, kv_capacity
 from kvsim.results.metrics import Metrics
 from kvsim.results.verdict import judge
@@ -141,10 +142,11 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     writer = ResultsWriter(out_dir, force=force, inputs=input_paths(scenario)) if write else None
     result = ScenarioResult(out_dir if write else None, {}, meta={**run_meta(scenario, model, gpu),
                                                                   "timeseries_interval_s": interval})
+    overhead = request_overhead_s(scenario, gpu)  # the API server, on TTFT and E2E (measured pricing)
     try:
         for policy in chosen:
-            metrics = Metrics(policy.name, scenario.slo, interval,
-                              writer.requests_file if writer else None)
+            metrics = Metrics(policy.name, scenario.slo, interval, writer.requests_file if writer else None,
+                              request_overhead_s=overhead)
             tick = progress(policy.name, total) if progress else None
             t0 = time.perf_counter()
             summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick)

@@ -365,3 +365,24 @@ def test_kvsim_calibrate_converts_a_folder_and_a_scenario_prices_with_it(tmp_pat
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert run.stderr.strip().endswith("gemm_perf.parquet: missing column latency")
     assert not (tmp_path / "x.npz").exists()
+
+
+def test_the_api_server_adds_to_ttft_and_e2e_of_measured_runs_only(tmp_path):
+    import csv
+
+    from kvsim.perf.measured import request_overhead_s, shipped_terms
+    from kvsim.pipeline import run_scenario
+    from kvsim.scenario.catalog import gpu_spec
+
+    api = shipped_terms("H100-SXM")[0].api_server_s
+    assert api == pytest.approx(0.0102)
+    measured, roofline = scenario(tmp_path), scenario(tmp_path, '[backend]\npricing = "roofline"\n')
+    assert request_overhead_s(measured, gpu_spec(measured)) == api
+    assert request_overhead_s(roofline, gpu_spec(roofline)) == 0.0
+    run_scenario(measured, tmp_path / "out")
+    with open(tmp_path / "out" / "requests.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 20
+    for r in rows:  # the engine's clock in the time columns, the client's in TTFT and E2E
+        assert float(r["ttft_s"]) == pytest.approx(float(r["first_token_s"]) - float(r["arrival_s"]) + api, abs=1e-9)
+        assert float(r["e2e_s"]) == pytest.approx(float(r["finish_s"]) - float(r["arrival_s"]) + api, abs=1e-9)

@@ -381,19 +381,15 @@ class MeasuredStepModel:
 SPEED_FIELDS = ("hbm_bandwidth_gbps", "bf16_tflops", "fp8_tflops", "fp32_tflops", "nvlink_gbps")
 
 
-def measured_step_model(scenario, policy, model, gpu, calibration) -> MeasuredStepModel | None:
-    """The measured pricer the scenario asks for (backend.pricing; "auto": measured when kernel tables
-    ship for the GPU preset, the vLLM calibration is in use and no datasheet figure is overridden), or
-    None for the roofline. A version, file or setting that cannot be honoured is one line."""
+def measured_tables(scenario, gpu):
+    """The kernel-table file the scenario's steps are priced with (backend.pricing; "auto": measured when
+    tables ship for the GPU preset, the vLLM calibration is in use and no datasheet figure is overridden),
+    or None for the roofline. A version, file or setting that cannot be honoured is one line."""
     from kvsim.perf.kernels import shipped_path, shipped_versions, version_key
-    from kvsim.perf.memory import bytes_per_block
     from kvsim.scenario.catalog import GPUS
-    from kvsim.scenario.defaults import engine_limits
 
     b, src = scenario.backend, scenario.source
-    want = getattr(b, "pricing", "auto")
-    version = getattr(scenario.engine, "vllm_version", None)
-    own = getattr(b, "kernel_tables", None)
+    want, version, own = b.pricing, scenario.engine.vllm_version, b.kernel_tables
     if want == "roofline":
         if version is not None or own is not None:
             key = "engine.vllm_version" if version is not None else "backend.kernel_tables"
@@ -414,27 +410,45 @@ def measured_step_model(scenario, policy, model, gpu, calibration) -> MeasuredSt
         raise KvsimError(f"{src}: hardware.{overridden[0]}: measured kernel tables cannot follow an overridden "
                          f"datasheet figure; use backend.pricing = \"roofline\"")
     if own is not None:
-        path = scenario.resolve(own)
         if version is not None:
             raise KvsimError(f"{src}: engine.vllm_version: give it or backend.kernel_tables, not both "
                              f"(the file names its own release)")
-    else:
-        if not versions:
-            raise KvsimError(f"{src}: backend.pricing: no measured kernel tables ship for {gpu.name} "
-                             f"(they ship for {', '.join(_shipped_gpus())}; or give backend.kernel_tables)")
-        if version is None:
-            version = max(versions, key=version_key)
-        elif version not in versions:
-            raise KvsimError(f"{src}: engine.vllm_version: no kernel tables for vLLM {version} on {gpu.name} "
-                             f"(shipped: {', '.join(versions)})")
-        path = shipped_path(gpu.name, version)
+        return scenario.resolve(own)
+    if not versions:
+        raise KvsimError(f"{src}: backend.pricing: no measured kernel tables ship for {gpu.name} "
+                         f"(they ship for {', '.join(_shipped_gpus())}; or give backend.kernel_tables)")
+    if version is None:
+        version = max(versions, key=version_key)
+    elif version not in versions:
+        raise KvsimError(f"{src}: engine.vllm_version: no kernel tables for vLLM {version} on {gpu.name} "
+                         f"(shipped: {', '.join(versions)})")
+    return shipped_path(gpu.name, version)
+
+
+def measured_step_model(scenario, policy, model, gpu, calibration) -> MeasuredStepModel | None:
+    """The measured pricer of the scenario's policy (None: the roofline prices it; see measured_tables)."""
+    from kvsim.perf.memory import bytes_per_block
+    from kvsim.scenario.defaults import engine_limits
+
+    path = measured_tables(scenario, gpu)
+    if path is None:
+        return None
     terms, _ = shipped_terms(gpu.name)
     tp = scenario.hardware.tensor_parallel_size
     limits = engine_limits(scenario, policy, model, gpu)
-    graphs = () if b.enforce_eager else vllm_capture_sizes(limits.max_num_seqs, limits.max_num_batched_tokens)
+    graphs = () if scenario.backend.enforce_eager else vllm_capture_sizes(limits.max_num_seqs,
+                                                                          limits.max_num_batched_tokens)
     swap_block = bytes_per_block(model, policy.kv_cache_dtype, scenario.engine.block_size, tp,
                                  policy.kv_cache_scales == "per_token")
     return MeasuredStepModel(model, gpu, tp, policy.kv_cache_dtype, path, terms, calibration, graphs, swap_block)
+
+
+def request_overhead_s(scenario, gpu) -> float:
+    """Seconds the API server adds to each request's TTFT and E2E (ServerTerms.api_server_s) when measured
+    kernels price the run (runs the roofline prices stay as they were)."""
+    if scenario.backend.name != "analytic" or measured_tables(scenario, gpu) is None:
+        return 0.0
+    return shipped_terms(gpu.name)[0].api_server_s
 
 
 def _shipped_gpus() -> list[str]:

@@ -81,7 +81,8 @@ def solve_graph_overhead() -> tuple[float, str]:
 
     from kvsim.batch import Batch
     from kvsim.perf.calibration import load_calibration, shipped_path as calibration_path
-    from kvsim.perf.measured import MeasuredStepModel, ServerTerms, vllm_capture_sizes
+    from kvsim.perf.measured import MeasuredStepModel
+    from kvsim.perf.server import ServerTerms, vllm_capture_sizes
     from kvsim.scenario.catalog import GPUS, MODELS
 
     terms = replace(ServerTerms(), graph_step_overhead_s=0.0, step_overhead_s=0.0)
@@ -99,7 +100,7 @@ def solve_graph_overhead() -> tuple[float, str]:
 def write_terms(gpu: str, stem: str, overhead: float, note: str) -> None:
     import json
 
-    from kvsim.perf.measured import ServerTerms
+    from kvsim.perf.server import ServerTerms
 
     terms = ServerTerms(graph_step_overhead_s=overhead, step_overhead_s=overhead, api_server_s=API_SERVER_S)
     prov = {k: v.format(gpu=stem) for k, v in PROVENANCE.items()}

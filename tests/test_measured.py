@@ -15,7 +15,8 @@ from kvsim.errors import KvsimError
 from kvsim.perf.calibration import load_calibration, shipped_path as calibration_path
 from kvsim.perf.kernel_curves import ModelKernels
 from kvsim.perf.kernels import KernelTables, load_tables, shipped_path, shipped_versions
-from kvsim.perf.measured import MeasuredStepModel, ServerTerms, _Line, vllm_capture_sizes
+from kvsim.perf.measured import MeasuredStepModel, _Line
+from kvsim.perf.server import ServerTerms, vllm_capture_sizes
 from kvsim.scenario.catalog import GPUS, MODELS
 
 LLAMA8, LLAMA70, QWEN06 = MODELS["Llama-3.1-8B"], MODELS["Llama-3.1-70B"], MODELS["Qwen3-0.6B"]
@@ -280,7 +281,7 @@ def test_the_cli_refuses_a_bad_kernel_table_file_with_exit_2(tmp_path):
 
 def test_provenance_names_the_source_of_every_server_term():
     from kvsim.perf.kernels import DATA_DIR
-    from kvsim.perf.measured import SERVER_TERMS, shipped_terms
+    from kvsim.perf.server import SERVER_TERMS, shipped_terms
 
     for gpu in ("H100-SXM", "H200", "A100-80GB", "B200"):
         terms, prov = shipped_terms(gpu)
@@ -370,7 +371,8 @@ def test_kvsim_calibrate_converts_a_folder_and_a_scenario_prices_with_it(tmp_pat
 def test_the_api_server_adds_to_ttft_and_e2e_of_measured_runs_only(tmp_path):
     import csv
 
-    from kvsim.perf.measured import request_overhead_s, shipped_terms
+    from kvsim.perf.measured import request_overhead_s
+    from kvsim.perf.server import shipped_terms
     from kvsim.pipeline import run_scenario
     from kvsim.scenario.catalog import gpu_spec
 

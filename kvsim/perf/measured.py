@@ -31,7 +31,7 @@ from kvsim.errors import KvsimError
 from kvsim.perf.kernel_curves import ModelKernels
 from kvsim.perf.kernels import GPU_STEMS, load_tables
 from kvsim.perf.roofline import activation_bytes_per_token
-from kvsim.perf.server import ServerTerms, shipped_terms, vllm_capture_sizes  # noqa: F401  (re-exported)
+from kvsim.perf.server import ServerTerms, shipped_terms, vllm_capture_sizes
 
 
 class _Line:

@@ -158,6 +158,21 @@ def at(curve: Curve, x: float, logx: bool, logy: bool, ratio) -> tuple[float, bo
     return y, flags[i] or flags[j]
 
 
+def at_many(curve: Curve, xs: np.ndarray, ratio) -> tuple[np.ndarray, np.ndarray]:
+    """`at` for many points at once (log-log), as (times, extrapolated): the pricer fills its per-row
+    tables with it when it starts, instead of one point at a time as steps come."""
+    x, t, fl = curve.x, curve.ms, curve.extrapolated
+    q = np.clip(xs, x[0], x[-1])
+    out = np.exp(np.interp(np.log(q), np.log(x), np.log(t)))
+    j = np.clip(np.searchsorted(x, q), 1, len(x) - 1)
+    flags = np.where(x[j - 1] == q, fl[j - 1], np.where(x[j] == q, fl[j], fl[j - 1] | fl[j]))
+    past = q != xs
+    if past.any():
+        out[past] *= ratio(xs[past], q[past])
+        flags = flags | past
+    return out, flags
+
+
 def cut(values: np.ndarray, grid: np.ndarray, x: float, axis: int, logx: bool, logy: bool,
         ratio) -> tuple[np.ndarray, bool]:
     """`grid` at x along `axis` (interpolated between its neighbours), or, off the axis or where nothing
@@ -333,6 +348,21 @@ class ModelKernels:
             total += t
             flag |= f
         return total, flag
+
+    def layer_gemms_many(self, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """layer_gemms at many token counts at once."""
+        total, flags = np.zeros(len(m)), np.zeros(len(m), dtype=bool)
+        for (n, k), curve in zip(self.gemm_shapes, self.layer_gemms_curves):
+            t, f = at_many(curve, m, lambda x, a, n=n, k=k: self.roof.gemm(x, n, k) / self.roof.gemm(a, n, k))
+            total += t
+            flags |= f
+        return total, flags
+
+    def allreduce_many(self, elements: np.ndarray, graph: bool) -> tuple[np.ndarray, np.ndarray]:
+        curve = self.allreduce["graph" if graph else "eager"]
+        roof = self.roof.allreduce
+        return at_many(curve, elements, lambda x, a: np.array([roof(u, self.tp) / roof(v, self.tp)
+                                                               for u, v in zip(x, a)]))
 
     def lm_head_gemm(self, m: float) -> tuple[float, bool]:
         n, k = self.lm_head_shape

@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 
+import numpy as np
+
 from kvsim.errors import KvsimError
 from kvsim.perf.kernel_curves import ModelKernels
 from kvsim.perf.kernels import GPU_STEMS, load_tables
@@ -90,7 +92,7 @@ class MeasuredStepModel:
     prices_longest_decode = False  # vLLM's FlashAttention splits long sequences: no serial term
 
     def __init__(self, model, gpu, tp: int, kv_cache_dtype: str, tables_path, terms: ServerTerms,
-                 calibration, graph_sizes: tuple = (), swap_bytes_per_block: float = 0.0):
+                 calibration, graph_sizes: tuple = (), swap_bytes_per_block: float = 0.0, max_rows: int = 8192):
         self.tables = load_tables(str(tables_path))
         self.kernels = ModelKernels(self.tables, model, gpu, tp, kv_cache_dtype, calibration)
         self.terms, self.tp, self.gpu = terms, tp, gpu
@@ -107,7 +109,8 @@ class MeasuredStepModel:
         self.sampler_s_per_seq = terms.sampler_bytes_per_vocab * model.vocab_size / (
             bandwidth * calibration.memory_efficiency)
         self.swap_s_per_block = swap_bytes_per_block / (gpu.pcie_gbps * 1e9)
-        self._rows: dict = {True: {}, False: {}}  # graph or eager -> rows -> seconds
+        self._rows: dict = {True: {}, False: {}}  # graph or eager -> rows -> seconds (the rows priced so far)
+        self._rows_pre = self._rows_table(max_rows)
         self._seqs: dict = {}
         self._fixed: dict = {}  # num_seqs -> a pure-decode step's seconds besides attention
         self._lines: dict = {}
@@ -131,21 +134,37 @@ class MeasuredStepModel:
             size = self._pad[tokens] = next(s for s in self.graph_sizes if s >= tokens)
         return size
 
+    def _rows_table(self, top: int) -> dict:
+        """rows_time's parts for every row count up to `top`, graph and eager, computed at once:
+        {graph: (seconds, GEMM extrapolated, all-reduce extrapolated) lists indexed by rows}."""
+        m = np.arange(1, top + 1, dtype=float)
+        gemm, gflag = self.kernels.layer_gemms_many(m)
+        out = {}
+        for graph in (True, False):
+            t = self.layers * gemm + self.elementwise_fixed_s + m * self.elementwise_s_per_token
+            aflag = np.zeros(top, dtype=bool)
+            if self.tp > 1:
+                ar, aflag = self.kernels.allreduce_many(m * self.hidden, graph)
+                t = t + (2 * self.layers + 1) * ar
+            out[graph] = ([0.0, *t.tolist()], [False, *gflag.tolist()], [False, *aflag.tolist()])
+        return out
+
     def rows_time(self, rows: int, graph: bool) -> float:
         """Everything that scales with the step's token rows: every layer's GEMMs, elementwise kernels
         and two all-reduces, and the embedding's all-reduce."""
         t = self._rows[graph].get(rows)
         if t is None:
-            k = self.kernels
-            gemm, flag = k.layer_gemms(rows)
-            self._note("gemm", rows, flag)
-            per_layer = gemm
-            ar = 0.0
+            if rows < len(self._rows_pre[graph][0]):
+                t, gflag, aflag = (part[rows] for part in self._rows_pre[graph])
+            else:  # past the rows computed at the start
+                k = self.kernels
+                gemm, gflag = k.layer_gemms(rows)
+                ar, aflag = k.allreduce_s(rows * self.hidden, graph) if self.tp > 1 else (0.0, False)
+                t = (self.layers * (gemm + 2 * ar) + ar + self.elementwise_fixed_s
+                     + rows * self.elementwise_s_per_token)
+            self._note("gemm", rows, gflag)
             if self.tp > 1:
-                ar, flag = k.allreduce_s(rows * self.hidden, graph)
-                self._note("allreduce", (rows, graph), flag)
-                per_layer += 2 * ar
-            t = self.layers * per_layer + ar + self.elementwise_fixed_s + rows * self.elementwise_s_per_token
+                self._note("allreduce", (rows, graph), aflag)
             self._rows[graph][rows] = t
         return t
 
@@ -378,7 +397,8 @@ def measured_step_model(scenario, policy, model, gpu, calibration) -> MeasuredSt
                                                                           limits.max_num_batched_tokens)
     swap_block = bytes_per_block(model, policy.kv_cache_dtype, scenario.engine.block_size, tp,
                                  policy.kv_cache_scales == "per_token")
-    return MeasuredStepModel(model, gpu, tp, policy.kv_cache_dtype, path, terms, calibration, graphs, swap_block)
+    return MeasuredStepModel(model, gpu, tp, policy.kv_cache_dtype, path, terms, calibration, graphs, swap_block,
+                             min(limits.step_budget, 32768))
 
 
 def request_overhead_s(scenario, gpu) -> float:

@@ -43,7 +43,7 @@ def copy_bandwidth(torch, nbytes: int = 1 << 31) -> float:
 
 
 def make_runner(spec):
-    from backends.triton_engine.runner import ModelRunner, RunnerConfig
+    from kvsim.backends.triton_engine.runner import ModelRunner, RunnerConfig
 
     cfg = RunnerConfig(block_size=16, max_num_seqs=BATCH, max_num_batched_tokens=8192, max_model_len=4096,
                        kv_cache_dtype="auto", gpu_memory_utilization=0.9, device="cuda:0")
@@ -117,7 +117,7 @@ def graph_agreement(runner, seqs) -> float:
 
 def floor_seconds(runner, spec, seqs, bandwidth: float) -> float:
     """Weights read by a decode step (all but the embedding gather) plus the KV of every context token."""
-    from backends.triton_engine.runner import bytes_of
+    from kvsim.backends.triton_engine.runner import bytes_of
 
     embed = runner.model.embed_tokens
     weights = runner.model.weight_bytes - (0 if spec.tie_word_embeddings else embed.numel() * embed.element_size())

@@ -27,11 +27,11 @@ import torch  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
-from backends.triton_engine import decode_attention, prefill_attention  # noqa: E402
-from backends.triton_engine.dense_attention import dense_decode_sdpa  # noqa: E402
-from backends.triton_engine.kv_quant import (KV_DTYPES, allocate_kv_cache, dequantize_reference,  # noqa: E402
+from kvsim.backends.triton_engine import decode_attention, prefill_attention  # noqa: E402
+from kvsim.backends.triton_engine.dense_attention import dense_decode_sdpa  # noqa: E402
+from kvsim.backends.triton_engine.kv_quant import (KV_DTYPES, allocate_kv_cache, dequantize_reference,  # noqa: E402
                                              kv_bytes_per_token)
-from backends.triton_engine.store_kvcache import store_kvcache  # noqa: E402
+from kvsim.backends.triton_engine.store_kvcache import store_kvcache  # noqa: E402
 
 HQ, HKV, D, BS = 32, 8, 128, 16  # Llama-3.1-8B attention, block_size 16
 SCALE = D ** -0.5

@@ -39,7 +39,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from backends.triton_engine.runner import ModelRunner, RunnerConfig
+    from kvsim.backends.triton_engine.runner import ModelRunner, RunnerConfig
     from kvsim.calibrate.profile import build_step, time_step
     from kvsim.scenario.catalog import MODELS
 

@@ -38,7 +38,7 @@ def busy_python(ms: float) -> None:
 def probe(spec_name: str, steps: int, between_ms: float) -> list[tuple]:
     import torch
 
-    from backends.triton_engine.runner import ModelRunner, RunnerConfig
+    from kvsim.backends.triton_engine.runner import ModelRunner, RunnerConfig
     from kvsim.calibrate.shapes import Shape, build_step
     from kvsim.scenario.catalog import MODELS
 

@@ -1,9 +1,11 @@
 """kvsim: replay LLM request arrivals against KV-cache policies and report latency, throughput and memory.
 
 Read a request's path in this order: scenario.config (scenario TOML) -> scenario.workload/traces
-(requests) -> engine.simulator (SimPy arrival + engine processes) -> engine.scheduler (vLLM V1
-semantics) -> engine.block_manager / engine.contiguous (allocators) -> backends.analytic (with
-perf.roofline) or backends.triton_engine (step time) -> results.metrics -> results.writer/report.
+(requests) -> engine.simulator (arrivals, one engine loop per replica; engine.router) -> engine.replica
+(a step: engine.scheduler, vLLM V1 semantics; engine.block_manager / engine.contiguous, allocators) ->
+kvsim.backends.analytic (perf.pricing, perf.roofline) or kvsim.backends.triton_engine (step time) ->
+results.metrics (the engine's observer) -> results.writer/report. engine.interfaces names the
+Protocols where these parts meet (docs/architecture.md).
 
 The library API below is what the command line and the dashboard call; each function imports its
 machinery when first called, so `import kvsim` stays cheap.
@@ -23,11 +25,19 @@ def load_scenario(path, overrides=()):
 
 def run(scenario, *, out_dir=None, policies=None, progress=None, force=False):
     """Simulate the scenario's policies (or the named ones); a `ScenarioResult` whose `summaries`
-    hold each policy's summary.json figures. Writes a results folder only when `out_dir` is given
+    hold each policy's summary.json figures and whose `.to_frame()` is a row per policy (the
+    verdict and headline figures). Writes a results folder only when `out_dir` is given
     (replacing only an earlier results folder, unless `force`)."""
     from kvsim.pipeline import run_scenario
 
+    _check_progress(progress)
     return run_scenario(_scenario(scenario), out_dir, policies, progress, write=out_dir is not None, force=force)
+
+
+def _check_progress(progress) -> None:
+    from kvsim.errors import check_callable
+
+    check_callable(progress, "progress")
 
 
 def _scenario(scenario, overrides=()):
@@ -35,49 +45,58 @@ def _scenario(scenario, overrides=()):
 
 
 def plan(scenario, *, policies=None, seeds=3, resolution=0.02, num_requests=None, workers=None, ray=None,
-         progress=None):
-    """Each policy's maximum sustainable arrival rate under the scenario's SLO (`kvsim plan`).
+         progress=None, tune=False):
+    """Each policy's safe arrival rate under the scenario's SLO (`kvsim plan`).
 
     `scenario`: a `Scenario` or a TOML path. A rate is sustainable when the SLO is met at its
     percentile and the engine keeps up (kvsim.results.verdict); per policy and seed the rate is
     bracketed and bisected to ±`resolution`, with `num_requests` requests a point (default: the
     scenario's, at most 3000), on `workers` local processes (default: every core) or a Ray cluster
-    (`ray="auto"` or an address; "local": the Ray this process started). `progress(done, total)`
-    is called after every simulated point.
+    (`ray="auto"` or an address; "local": the Ray this process started). The *safe rate* is the
+    highest rate at which every seed and a run four times longer were simulated and found
+    sustainable. `progress(done, total)` is called after every simulated point. `tune`: also search
+    each policy's max_num_seqs and max_num_batched_tokens (`.tuning`).
 
     Returns a `kvsim.planning.capacity.PlanResult`: `.policies` holds a `PolicyCapacity` per policy
-    (`policy`, `max_rate`, `ci_low`, `ci_high` (95%), `seed_max_rates`, `censored`,
-    `scenario_rate`, `headroom`, `sustainable_at_scenario_rate`, `binding`, `binding_detail`,
-    `at_max_rate`: the point figures at max_rate averaged over seeds); `.points` every simulated
-    point (policy, seed, rate, phase and the figures of kvsim.planning.points.FIGURES: SLO figures at the
-    percentile, goodput, throughput, KV peak, binding...); `.to_frame()` and `.points_frame()` give
-    pandas DataFrames, `.to_dict()` the plan.json document.
+    (`policy`, `safe_rate`, `mean_rate` (the seeds' knees' mean), `ci_low`, `ci_high` (95%),
+    `seed_max_rates`, `censored`, `scenario_rate`, `headroom` (safe_rate against the scenario's
+    rate), `sustainable_at_scenario_rate`, `binding`, `binding_detail`, `at_safe_rate`: the point
+    figures at safe_rate averaged over seeds, and `worst_*` over the seeds and the long run);
+    `kvsim.planning.capacity.ties(result.policies)` groups those whose intervals overlap; `.points`
+    every simulated point (policy, seed, rate, phase and the figures of kvsim.results.verdict.FIGURES);
+    `.to_frame()` and `.points_frame()` give pandas DataFrames, `.to_dict()` the plan.json document.
     """
     from kvsim.planning.capacity import plan as run_plan
 
+    _check_progress(progress)
     return run_plan(_scenario(scenario), policies=policies, seeds=seeds, resolution=resolution,
-                    num_requests=num_requests, workers=workers, ray=ray, progress=progress)
+                    num_requests=num_requests, workers=workers, ray=ray, progress=progress, tune=tune)
 
 
 def deploy(scenario, target_rate, *, gpus=None, tensor_parallel=(1, 2, 4, 8), policy=None, seeds=3,
-           resolution=0.02, num_requests=None, top=3, max_replicas=64, workers=None, ray=None, progress=None):
-    """The cheapest deployments (GPU, tensor parallelism, replicas) that meet the SLO at
-    `target_rate` req/s (`kvsim plan --target-rate`), for one policy (default: the scenario's first).
+           resolution=0.02, num_requests=None, top=3, max_replicas=64, workers=None, ray=None, progress=None,
+           headroom=True):
+    """The cheapest deployments (GPU, tensor parallelism, replicas, KV policy) that meet the SLO at
+    `target_rate` req/s (`kvsim plan --target-rate`): every seed and a run four times longer
+    sustain it. `policy`: a name or a list of candidates (default: every policy; each GPU and TP
+    degree keeps the one whose replica sustains the most).
 
     Candidates: `gpus` (default: every preset) × `tensor_parallel` degrees; prices from the
     scenario's [cost] section, else kvsim.scenario.catalog.GPU_PRICES. Returns a
-    `kvsim.planning.deploy.DeployResult`: `.deployments` (passing ones first, cheapest first), each a
-    `Deployment` (`gpu`, `tensor_parallel_size`, `num_replicas`, `num_gpus`, `policy`,
-    `meets_target`, `replica_max_rate`, `max_rate`/`ci_low`/`ci_high`/`headroom` (searched for
-    the `top` cheapest, else None), `usd_per_hour`, `usd_per_m_input`, `usd_per_m_output`,
-    `price_source`, `binding`, `binding_detail`, `at_target`: figures at the target rate);
+    `kvsim.planning.deploy.DeployResult`: `.deployments` (cheapest first, at most `top` and every
+    one meets the target; no layout left out is cheaper than one listed), each a `Deployment`
+    (`gpu`, `tensor_parallel_size`, `num_replicas`, `num_gpus`, `policy`, `replica_rate`,
+    `safe_rate`/`mean_rate`/`ci_low`/`ci_high`/`headroom` (searched unless `headroom=False`),
+    `usd_per_hour`, `usd_per_m_input`, `usd_per_m_output`, `price_source`, `binding`,
+    `binding_detail`, `at_target`: figures at the target rate; `.answer()`: the line to act on);
     `.skipped` layouts with the reason; `.points`; `.to_frame()`, `.points_frame()`, `.to_dict()`.
     """
     from kvsim.planning.deploy import deploy as run_deploy
 
+    _check_progress(progress)
     return run_deploy(_scenario(scenario), target_rate, gpus=gpus, tensor_parallel=tensor_parallel,
                       policy=policy, seeds=seeds, resolution=resolution, num_requests=num_requests, top=top,
-                      max_replicas=max_replicas, workers=workers, ray=ray, progress=progress)
+                      max_replicas=max_replicas, workers=workers, ray=ray, progress=progress, headroom=headroom)
 
 
 def sweep(scenario, points, *, workers=None, ray=None, progress=None):
@@ -85,11 +104,12 @@ def sweep(scenario, points, *, workers=None, ray=None, progress=None):
     points (each a list of 'dotted.key=value' overrides), as `kvsim sweep`.
 
     Returns a `kvsim.planning.sweep.SweepResult`: `.rows`, a row per point × policy (`point`, each
-    swept key's value, `policy` and the figures of kvsim.planning.points.FIGURES), `.to_frame()` a
+    swept key's value, `policy` and the figures of kvsim.results.verdict.FIGURES), `.to_frame()` a
     pandas DataFrame with `.columns` in order. The same rows whatever `workers` or `ray`.
     """
     from kvsim.planning.sweep import sweep as run_sweep
 
+    _check_progress(progress)
     return run_sweep(_scenario(scenario), points, workers=workers, ray=ray, progress=progress)
 
 
@@ -106,7 +126,7 @@ def memory(scenario, *, kv_dtypes=None, seq_lens=None):
     if not hasattr(scenario, "policies"):
         scenario = load_scenario(scenario)
     model, gpu = model_spec(scenario), gpu_spec(scenario)
-    check_fits(scenario, model, gpu, scenario.policies)  # the same rules as `run` and `kvsim memory`
+    check_fits(scenario, model, gpu, scenario.policies, simulate=False)  # the same rules as `kvsim memory`
     return memory_records(scenario, model, gpu, kv_dtypes, seq_lens)
 
 

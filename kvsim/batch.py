@@ -1,14 +1,29 @@
 """What one engine step computes: the scheduler's output and the backend's input.
 
 Besides the scheduled sequences, a `Batch` carries the aggregate counts a step-time model needs,
-so the analytic backend never walks the sequences.
+so the analytic backend never walks the sequences. `DecodeShape` is what a step price reads of a
+cohort-only decode batch, the unit in which runs of decode steps are priced.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kvsim.sequence import Sequence
+
+
+class DecodeShape(NamedTuple):
+    """A pure-decode step of `num_seqs` sequences whose attention reads `read_tokens` context tokens,
+    the longest sequence `longest` of them (0: not known, the mean). In a run of such steps every
+    context grows by one a step: step i reads read_tokens + i * num_seqs, the longest longest + i."""
+
+    num_seqs: int
+    read_tokens: int
+    longest: int = 0
+
+
+_new = tuple.__new__  # builds a named tuple without its Python-level __new__ (once per fused decode run)
 
 
 @dataclass(slots=True)
@@ -30,6 +45,7 @@ class Batch:
     preempted: list[Sequence] | tuple = ()  # a list once the step preempts (rare: no list per step)
     min_output_left: int = 1 << 62  # cohort batches: fewest tokens any member has left to generate
     cohort_size: int = 0  # decoders scheduled as the scheduler's decode cohort (counted, not listed)
+    cohort_step_blocks: int = 0  # blocks reserved for the cohort's new tokens this step
     dissolved: list[Sequence] | tuple = ()  # cohort members released into `seqs` this step
 
     @property
@@ -43,6 +59,10 @@ class Batch:
         if not self.decode_shared_tokens:
             return self.decode_context_tokens
         return max(self.decode_context_tokens - self.decode_shared_tokens, self.decode_max_context)
+
+    def decode_shape(self) -> DecodeShape:
+        """The step as a decode-run price reads it (a cohort-only batch: every sequence decodes)."""
+        return _new(DecodeShape, (self.num_decode_seqs, self.decode_read_tokens, self.decode_max_context))
 
     @property
     def is_pure_decode(self) -> bool:

@@ -8,21 +8,22 @@ line on stderr naming the file, key or line, and exit code 2.
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import signal
 import sys
-import threading
 import time
 from importlib import import_module
 from pathlib import Path
 
-from rich.console import Console
-
+from kvsim import guard
 from kvsim.errors import KvsimError
-from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
+from kvsim.guard import one_line as _one_line
+from kvsim.scenario.args import add_scenario_arguments, scenario_from_args
 
 # Packages above `run` that add commands of their own: each has `add_commands(subparsers)`.
 COMMAND_MODULES = ("kvsim.planning.cli", "kvsim.calibrate.cli")
+PIPE_WIDTH = 1000  # the console's width when stdout is not a terminal
+CHECK_FAILED = 1  # `kvsim run --check`: some policy is not sustainable (as diff and grep: 1 = a difference, 2 = trouble)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -38,6 +39,20 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _address(text: str) -> str:
+    """A host name or IP address to listen on (Streamlit's --server.address)."""
+    import ipaddress
+    import re
+
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        if re.fullmatch(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
+                        r"[A-Za-z0-9])?)*", text):
+            return text
+    raise argparse.ArgumentTypeError(f"not an IP address or host name: {text!r}")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="kvsim", description="Replay LLM request arrivals against KV-cache policies.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -48,9 +63,13 @@ def _parser() -> argparse.ArgumentParser:
                      help="replace the results folder even if kvsim did not write it (its contents are deleted)")
     run.add_argument("--policy", action="append", help="run only this policy (repeatable)")
     run.add_argument("--quiet", action="store_true", help="no table, no progress bar")
+    run.add_argument("--check", action="store_true",
+                     help=f"exit with code {CHECK_FAILED} when a policy misses its SLO or falls behind the arrivals "
+                          "(for CI gates on capacity plans; bad input stays code 2)")
     run.set_defaults(handler=cmd_run)
     mem = sub.add_parser("memory", help="print the KV capacity breakdown and KV memory growth table")
     add_scenario_arguments(mem)
+    mem.add_argument("--json", action="store_true", help="print the figures as JSON (kvsim.memory's records)")
     mem.set_defaults(handler=cmd_memory)
     schema = sub.add_parser("schema", help="print the scenario JSON schema")
     schema.add_argument("--markdown", action="store_true",
@@ -61,16 +80,33 @@ def _parser() -> argparse.ArgumentParser:
                       help="port to serve on (Streamlit's default: 8501)")
     dash.add_argument("--server.headless", dest="headless", choices=("true", "false"),
                       help="true: do not open a browser window")
+    dash.add_argument("--server.address", dest="address", default="127.0.0.1", type=_address, metavar="ADDRESS",
+                      help="interface to listen on (default 127.0.0.1: this machine only; 0.0.0.0 opens it to the "
+                           "network, without authentication: see the README before sharing it)")
     dash.set_defaults(handler=cmd_dashboard)
     for name in COMMAND_MODULES:
         import_module(name).add_commands(sub)
+    p.commands = sub.choices  # command name -> subparser (main inserts `run` before a bare scenario)
     return p
+
+
+class LazyConsole:
+    """The terminal's console (`_safe_console`), built (and rich imported) when a command first prints: a
+    quiet run needs neither."""
+
+    def __init__(self, **options):
+        self._options, self._console = options, None
+
+    def __getattr__(self, name: str):
+        if self._console is None:
+            self._console = _safe_console(**self._options)
+        return getattr(self._console, name)
 
 
 class Progress:
     """A progress bar that appears only once a run has taken more than a second."""
 
-    def __init__(self, console: Console, enabled: bool):
+    def __init__(self, console, enabled: bool):
         self.console, self.enabled, self.bar = console, enabled, None
 
     def __call__(self, label: str, total):
@@ -96,9 +132,8 @@ class Progress:
             self.bar.stop()
 
 
-def cmd_run(args, console: Console) -> int:
+def cmd_run(args, console) -> int:
     from kvsim.pipeline import run_scenario
-    from kvsim.results.report import comparison_table, verdict_lines
 
     scenario = scenario_from_args(args)
     progress = Progress(console, not args.quiet and console.is_terminal)
@@ -107,29 +142,50 @@ def cmd_run(args, console: Console) -> int:
     finally:
         progress.close()
     if not args.quiet:
+        from kvsim.results.report import comparison_table, verdict_lines
+
         for line in verdict_lines(result.summaries, result.meta):
             console.print(line, markup=False, highlight=False)
         console.print(comparison_table(result.summaries, transpose=console.width < 150))
         for run in result.runs:
             console.print(f"[dim]{run.name}: simulated in {run.wall_s:.2f} s wall ({run.events} engine events)[/dim]")
         console.print(f"results: {result.out_dir}")
+    if args.check:
+        return check_verdicts(result.summaries)
     return 0
 
 
-def cmd_memory(args, console: Console) -> int:
+def check_verdicts(summaries: dict) -> int:
+    """`--check`: 0 when every policy meets its SLO and keeps up with the arrivals, else one line
+    naming the others on stderr and CHECK_FAILED."""
+    from kvsim.results.verdict import judge
+
+    failed = {name: judge(s) for name, s in summaries.items()}
+    failed = {name: v for name, v in failed.items() if not v.sustainable}
+    if not failed:
+        return 0
+    print("kvsim: check failed: " + "; ".join(f"{name}: {v.summary_text()}" for name, v in failed.items()),
+          file=sys.stderr)
+    return CHECK_FAILED
+
+
+def cmd_memory(args, console) -> int:
     from kvsim.perf.memory import check_fits
-    from kvsim.results.memory_report import render_memory
+    from kvsim.results.memory_report import memory_records, render_memory
     from kvsim.scenario.catalog import gpu_spec, model_spec
 
     scenario = scenario_from_args(args)
     model, gpu = model_spec(scenario), gpu_spec(scenario)
-    check_fits(scenario, model, gpu, scenario.policies)  # the same rules as `run`
+    check_fits(scenario, model, gpu, scenario.policies, simulate=False)  # `run`'s rules, less what it cannot simulate
+    if args.json:
+        print(json.dumps(memory_records(scenario, model, gpu), indent=2))
+        return 0
     for renderable in render_memory(scenario, model, gpu):
         console.print(renderable)
     return 0
 
 
-def cmd_schema(args, console: Console) -> int:
+def cmd_schema(args, console) -> int:
     if args.markdown:
         from kvsim.scenario.reference import schema_markdown
         print(schema_markdown(), end="")
@@ -142,10 +198,8 @@ def cmd_schema(args, console: Console) -> int:
 DASHBOARD_APP = Path(__file__).resolve().parent.parent / "app" / "Home.py"
 
 
-def cmd_dashboard(args, console: Console) -> int:
+def cmd_dashboard(args, console) -> int:
     """Become `streamlit run app/Home.py` (exec: Ctrl-C and kill reach the server itself)."""
-    import os
-
     if not DASHBOARD_APP.is_file():
         raise KvsimError(f"{DASHBOARD_APP}: dashboard not found (app/ ships with the source tree: "
                          "install kvsim from a clone with pip install -e .)")
@@ -154,60 +208,50 @@ def cmd_dashboard(args, console: Console) -> int:
         cmd += ["--server.port", str(args.port)]
     if args.headless is not None:
         cmd += ["--server.headless", args.headless]
+    cmd += ["--server.address", args.address]
     sys.stdout.flush()
     os.execv(sys.executable, cmd)
     return 0  # not reached
 
 
-class Terminated(BaseException):
-    """SIGTERM or SIGHUP: unwinds like Ctrl-C, so the results writer removes its temporary folder."""
+def _safe_console(**options):
+    """rich's Console with control and bidirectional-override characters in anything printed (policy
+    names...) escaped."""
+    from rich.console import Console
 
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
+    class SafeConsole(Console):
+        def _render_buffer(self, buffer):
+            return super()._render_buffer(s if s.control else s._replace(text=guard.escape_terminal(s.text))
+                                          for s in buffer)
 
-
-def _on_signal(signum, frame):
-    for sig in _SIGNALS:  # a second signal must not interrupt the clean-up of the first
-        signal.signal(sig, signal.SIG_IGN)
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise Terminated(signum)
-
-
-_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+        def on_broken_pipe(self):  # rich's own exits 1; the guard's ends quietly with 141
+            raise BrokenPipeError(32, "Broken pipe")
+    return SafeConsole(**options)
 
 
-def _one_line(text: str, limit: int = 2000) -> str:
-    """A message as one printable line (names from files may hold newlines or escapes)."""
-    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+def _console() -> LazyConsole:
+    """The terminal's console; pipes and logs: wide, no truncated table."""
+    return LazyConsole() if sys.stdout.isatty() else LazyConsole(width=PIPE_WIDTH)
 
 
-def main(argv=None) -> int:
+def _check_output(args) -> None:
+    if guard.stdout_closed() and not getattr(args, "quiet", False):
+        raise KvsimError("standard output is closed: pass --quiet (run, plan, sweep) or redirect it (> FILE)")
+
+
+def dispatch(argv=None) -> int:
+    """Parse the command line and run its command (`main` without the guard: kvsim.__main__.main, the console
+    script and `python -m kvsim`, sets the guard up before importing this module)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    commands = parser.commands
     if argv and argv[0] not in commands and not argv[0].startswith("-"):
         argv.insert(0, "run")
     args = parser.parse_args(argv)
-    console = Console() if sys.stdout.isatty() else Console(width=160)  # pipes and logs: no truncated table
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, _on_signal) for sig in _SIGNALS} if in_main else {}
-    try:
-        return args.handler(args, console)
-    except KvsimError as exc:
-        print(f"kvsim: error: {_one_line(str(exc))}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("kvsim: interrupted", file=sys.stderr)
-        return 130
-    except Terminated as exc:
-        print(f"kvsim: terminated ({signal.Signals(exc.signum).name})", file=sys.stderr)
-        return 128 + exc.signum
-    except BrokenPipeError:  # `kvsim schema | head`: the reader left; say nothing more
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    _check_output(args)
+    return args.handler(args, _console())
+
+
+def main(argv=None) -> int:
+    """The `kvsim` command: `dispatch` under kvsim.guard (one line and an exit code, whatever happens)."""
+    return guard.run(lambda: dispatch(argv))

@@ -15,3 +15,9 @@ def check_int(value, name: str, low: int, high: int) -> None:
     """One line unless `value` is an integer (not a bool) in [low, high]."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise KvsimError(f"{name} must be an integer in [{low:,}, {high:,}], got {value!r}")
+
+
+def check_callable(value, name: str) -> None:
+    """One line unless `value` is None or callable (a progress callback)."""
+    if value is not None and not callable(value):
+        raise KvsimError(f"{name} must be a function (or None), got {value!r}")

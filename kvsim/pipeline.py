@@ -12,11 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from backends import load_backend
+from kvsim.backends import load_backend
 from kvsim.errors import KvsimError
-from kvsim.engine.simulator import Replica, Simulation, make_allocator, make_scheduler
+from kvsim.engine.arrivals import RequestStream
+from kvsim.engine.replica import make_replica
+from kvsim.engine.router import make_router
+from kvsim.engine.settings import EngineSettings, engine_settings
+from kvsim.engine.simulator import Simulation
 from kvsim.perf.measured import request_overhead_s
-from kvsim.perf.memory import check_fits, kv_capacity
+from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
 from kvsim.results.metrics import Metrics
 from kvsim.results.verdict import judge
 from kvsim.results.writer import ResultsWriter
@@ -24,9 +28,8 @@ from kvsim.scenario.catalog import gpu_spec, model_spec
 from kvsim.scenario.config import results_dir
 from kvsim.scenario.defaults import engine_limits
 from kvsim.scenario.files import user_path
+from kvsim.scenario.traces import one_read_per_call
 from kvsim.scenario.workload import expected_count, generate_requests, timeseries_interval
-
-GIB = 1 << 30
 
 
 def input_paths(scenario) -> list[Path]:
@@ -55,6 +58,12 @@ class ScenarioResult:
     capacity: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)  # summary.json's "meta": model, GPU, layout, arrivals, SLO
 
+    def to_frame(self):
+        """A pandas DataFrame, a row per policy: the verdict and headline figures (kvsim.results.verdict.FIGURES)."""
+        from kvsim.results.verdict import summary_frame
+
+        return summary_frame(self.summaries)
+
 
 def run_meta(scenario, model, gpu) -> dict:
     """What ran, for summary.json and the report's opening lines."""
@@ -65,50 +74,50 @@ def run_meta(scenario, model, gpu) -> dict:
             "slo": scenario.slo.model_dump(), "policy_order": [p.name for p in scenario.policies]}
 
 
+def resolve_policy(scenario, policy, model, gpu) -> tuple[KvCapacity, EngineSettings]:
+    """The policy's KV capacity and engine settings, its engine limits resolved once."""
+    limits = engine_limits(scenario, policy, model, gpu)
+    capacity = kv_capacity(scenario, policy, model, gpu, limits)
+    return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block)
+
+
 def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
                     on_progress: Optional[Callable[[int], None]] = None) -> tuple[dict, Simulation]:
     """Simulate one policy; returns its summary and the finished simulation."""
-    capacity = kv_capacity(scenario, policy, model, gpu)
-    limits = engine_limits(scenario, policy, model, gpu)
-    mml = limits.max_model_len
+    capacity, settings = resolve_policy(scenario, policy, model, gpu)
     backend_cls = load_backend(scenario.backend.name, scenario.source)
-    host_blocks = int(scenario.engine.swap_space * GIB // capacity.bytes_per_block)
-    replicas = []
-    for i in range(scenario.hardware.num_replicas):
-        backend = backend_cls(scenario, policy, model, gpu, capacity)
-        allocator = make_allocator(scenario, policy, backend.num_blocks, mml)
-        scheduler = make_scheduler(scenario, limits, allocator, host_blocks,
-                                   use_cohort=getattr(backend, "fuses_decode_runs", False),
-                                   track_longest=getattr(backend, "prices_longest_decode", True))
-        replicas.append(Replica(i, scheduler, backend))
-    sim = Simulation(replicas, metrics, scenario.hardware.router, on_progress)
+    replicas = [make_replica(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings),
+                             metrics.interval) for i in range(settings.num_replicas)]
+    sim = Simulation(replicas, metrics, make_router(settings, replicas, replicas[0].backend.num_blocks), on_progress)
     try:
-        end = sim.run(generate_requests(scenario, mml))
+        end = sim.run(RequestStream(generate_requests(scenario, settings.max_model_len)))
         described = replicas[0].backend.describe()
     finally:
         for rep in replicas:  # a GPU backend holds most of the device: let the next policy have it
-            close = getattr(rep.backend, "close", None)
-            if close is not None:
-                close()
-    extra = {
-        "engine_events": sim.num_steps,
-        "engine_steps": sim.num_decode_steps,
-        "preemptions": sum(r.scheduler.num_preemptions for r in replicas),
-        "backend": described,
-        "kv_cache_dtype": policy.kv_cache_dtype,
-        "max_num_seqs": limits.max_num_seqs,  # per replica
-        "max_num_batched_tokens": limits.max_num_batched_tokens,
-        "allocator": policy.allocator,
-        "enable_chunked_prefill": policy.enable_chunked_prefill,
-        "enable_prefix_caching": scenario.prefix_caching(policy),
-        "max_model_len": mml,
-        "num_replicas": scenario.hardware.num_replicas,
-    }
+            rep.backend.close()
     summary = metrics.summary(duration_s=end, num_blocks=replicas[0].backend.num_blocks * len(replicas),
-                              block_size=scenario.engine.block_size, bytes_per_block=capacity.bytes_per_block,
-                              extra=extra, num_replicas=len(replicas))
+                              block_size=settings.block_size, bytes_per_block=capacity.bytes_per_block,
+                              extra=_run_figures(sim, settings, policy, described), num_replicas=len(replicas))
     summary["verdict"] = judge(summary).as_dict()
     return summary, sim
+
+
+def _run_figures(sim: Simulation, settings: EngineSettings, policy, described: dict) -> dict:
+    """summary.json's figures of the engine that ran (beside the metrics')."""
+    return {
+        "engine_events": sim.num_steps,
+        "engine_steps": sim.num_decode_steps,
+        "preemptions": sum(rep.scheduler.num_preemptions for rep in sim.replicas),
+        "backend": described,
+        "kv_cache_dtype": policy.kv_cache_dtype,
+        "max_num_seqs": settings.max_num_seqs,  # per replica
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "allocator": settings.allocator,
+        "enable_chunked_prefill": settings.enable_chunked_prefill,
+        "enable_prefix_caching": settings.enable_prefix_caching,
+        "max_model_len": settings.max_model_len,
+        "num_replicas": settings.num_replicas,
+    }
 
 
 def chosen_policies(scenario, names=None) -> list:
@@ -116,7 +125,7 @@ def chosen_policies(scenario, names=None) -> list:
     is one line."""
     if names is None:
         return list(scenario.policies)
-    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
         raise KvsimError(f"--policy: expected a list of policy names, got {names!r}")
     unknown = set(names) - {p.name for p in scenario.policies}
     if unknown:
@@ -124,6 +133,7 @@ def chosen_policies(scenario, names=None) -> list:
     return [p for p in scenario.policies if p.name in names]
 
 
+@one_read_per_call  # a trace is read once per run, shared by every policy
 def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[list[str]] = None,
                  progress: Optional[Callable[[str, Optional[int]], Callable[[int], None]]] = None,
                  write: bool = True, force: bool = False) -> ScenarioResult:
@@ -136,13 +146,13 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     check_fits(scenario, model, gpu, chosen)  # a model that does not fit fails before any output
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
     interval = timeseries_interval(scenario)
+    overhead = request_overhead_s(scenario, gpu)  # the API server, on TTFT and E2E (measured pricing)
     if out_dir is None:
         out_dir = results_dir(scenario)
     out_dir = user_path(out_dir, "out_dir")
     writer = ResultsWriter(out_dir, force=force, inputs=input_paths(scenario)) if write else None
     result = ScenarioResult(out_dir if write else None, {}, meta={**run_meta(scenario, model, gpu),
                                                                   "timeseries_interval_s": interval})
-    overhead = request_overhead_s(scenario, gpu)  # the API server, on TTFT and E2E (measured pricing)
     try:
         for policy in chosen:
             metrics = Metrics(policy.name, scenario.slo, interval, writer.requests_file if writer else None,

@@ -98,6 +98,8 @@ class Sequence:
     block_hashes: Optional[Seq[int]]  # chained identities of the shareable full blocks, set by the allocator
     num_cached_tokens: int  # prompt tokens served by prefix-cache hits, over all admissions
     num_preemptions: int
+    preempted_at: float  # when it was last preempted, -1.0 while it is not
+    preempted_s: float  # time spent preempted, from each preemption to its next scheduling
     first_scheduled_time: float  # -1.0 until it happens, as the other times
     first_token_time: float
     last_token_time: float
@@ -114,6 +116,7 @@ class Sequence:
         self.block_table = array("i")
         self.block_hashes = None
         self.first_scheduled_time = self.first_token_time = self.last_token_time = self.finish_time = -1.0
+        self.preempted_at, self.preempted_s = -1.0, 0.0
         self.reject_reason = ""
         self.run_order = 0
         self.cohort_clock = -1

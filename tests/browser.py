@@ -101,13 +101,17 @@ class Browser:
         self.ws = self._stack.enter_context(connect(pages[0]["webSocketDebuggerUrl"], max_size=None,
                                                     open_timeout=timeout))
         self.next_id = 0
+        self.urls: list[str] = []  # every request the page made (Network.requestWillBeSent), in order
         self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+        self.call("Network.enable")
 
     def call(self, method: str, **params):
         self.next_id += 1
         self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
         while True:
             msg = json.loads(self.ws.recv(timeout=60))
+            if msg.get("method") == "Network.requestWillBeSent":
+                self.urls.append(msg["params"]["request"]["url"])
             if msg.get("id") == self.next_id:
                 if "error" in msg:
                     raise RuntimeError(f"{method}: {msg['error']}")
@@ -129,7 +133,10 @@ class Browser:
         return time.perf_counter() - t0
 
     def open(self, url: str, until: str, timeout: float = 30.0) -> float:
-        """Navigate to `url`; seconds from the navigation until `until` holds."""
+        """Navigate to `url`; seconds from the navigation until `until` holds. The tab goes to a blank
+        page first, so `until` is never true of the page it leaves."""
+        self.call("Page.navigate", url="about:blank")
+        self.wait_for("document.URL === 'about:blank' && document.readyState === 'complete'", timeout)
         t0 = time.perf_counter()
         self.call("Page.navigate", url=url)
         self.wait_for(until, timeout)
@@ -176,6 +183,10 @@ DRAWN = """(() => {
     && document.querySelector('[data-stale="true"]') === null;
 })()"""  # heading and every figure drawn, nothing left over from the previous script run
 HEADINGS = "Array.from(document.querySelectorAll('h1')).map(h => h.innerText.trim())"
+ANSWERED = """(() => document.querySelector('h1') !== null
+  && document.querySelector('[data-testid="stAlertContentSuccess"]') !== null
+  && document.querySelector('[data-testid="stStatusWidget"]') === null
+  && document.querySelector('[data-stale="true"]') === null)()"""  # the Answer page: cards and the target line
 
 
 def count(testid: str) -> str:

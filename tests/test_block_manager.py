@@ -1,7 +1,6 @@
 """The paged BlockManager: hand-computed block counts, prefix caching, misuse, and invariants."""
 
 from array import array
-from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -10,6 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from kvsim.engine import block_manager as bm_mod
 from kvsim.engine.block_manager import AllocationError, BlockManager
+from kvsim.engine.reference_pool import ReferencePool
 from kvsim.sequence import Request, Sequence
 
 
@@ -243,7 +243,7 @@ def test_prefix_caching_off_caches_nothing():
 
 
 def test_keyed_tokens_share_blocks_by_key_and_expand_to_the_same_tokens():
-    from kvsim.scenario.traces import block_token_ids
+    from kvsim.scenario.trace_rows import block_token_ids
     from kvsim.sequence import KeyedTokens
 
     def keyed(keys, length):
@@ -261,7 +261,7 @@ def test_keyed_tokens_share_blocks_by_key_and_expand_to_the_same_tokens():
 
 def test_remembered_keyed_chains_equal_fresh_ones_and_tell_dtypes_apart():
     from kvsim.engine import prefix_cache
-    from kvsim.scenario.traces import block_token_ids
+    from kvsim.scenario.trace_rows import block_token_ids
     from kvsim.sequence import KeyedTokens
 
     keys = np.array([5, 7, 9], dtype=np.int64)
@@ -277,112 +277,56 @@ def test_remembered_keyed_chains_equal_fresh_ones_and_tell_dtypes_apart():
     assert len(a) == 2 and len(b) == 1 and a[0] == b[0]
 
 
-# ---- against a reference: vLLM v0.11.0's BlockPool, block by block ------------------------
-
-class RefPool:
-    """vLLM's BlockPool semantics written plainly: a hash per full block (the chained content of
-    the whole prefix), a hash -> blocks map (first registered first), an LRU OrderedDict."""
-
-    def __init__(self, num_blocks, bs):
-        self.bs = bs
-        self.free = OrderedDict.fromkeys(range(num_blocks))
-        self.ref = [0] * num_blocks
-        self.hash = [None] * num_blocks
-        self.cached = {}  # key -> {block: None}, in registration order
-        self.tables, self.registered = {}, {}
-
-    def keys(self, seq):
-        """The chained key of each full block of the sequence's tokens (prompt and generated)."""
-        ids = seq.request.token_ids
-        shared = 0 if ids is None else len(ids)
-        out, key = [], None
-        for j in range(seq.num_tokens // self.bs):
-            content = tuple(("t", int(ids[p])) if p < shared // self.bs * self.bs else ("u", seq.seq_id, p)
-                            for p in range(j * self.bs, (j + 1) * self.bs))
-            key = (key, content)
-            out.append(key)
-        return out
-
-    def lookup(self, seq):
-        hits = []
-        for key in self.keys(seq)[:(seq.num_tokens - 1) // self.bs]:
-            if key not in self.cached:
-                break
-            hits.append(next(iter(self.cached[key])))
-        return hits
-
-    def holds(self, block, key):
-        return self.hash[block] == key and block in self.cached.get(key, ())
-
-    def can_allocate(self, seq, need, hits):
-        return need + sum(self.ref[b] == 0 for b in hits) <= len(self.free)
-
-    def allocate(self, seq, num_new, hits=()):
-        table = self.tables.setdefault(seq.seq_id, [])
-        for b in hits:
-            if self.ref[b] == 0:
-                del self.free[b]
-            self.ref[b] += 1
-            table.append(b)
-        self.registered.setdefault(seq.seq_id, len(hits))
-        computed = len(hits) * self.bs if hits else seq.num_computed_tokens
-        while len(table) * self.bs < computed + num_new:
-            b, _ = self.free.popitem(last=False)
-            if self.hash[b] is not None:
-                del self.cached[self.hash[b]][b]
-                if not self.cached[self.hash[b]]:
-                    del self.cached[self.hash[b]]
-                self.hash[b] = None
-            self.ref[b] = 1
-            table.append(b)
-        keys = self.keys(seq)
-        upto = min((computed + num_new) // self.bs, len(keys))
-        for j in range(self.registered[seq.seq_id], upto):
-            self.hash[table[j]] = keys[j]
-            self.cached.setdefault(keys[j], {})[table[j]] = None
-        self.registered[seq.seq_id] = max(upto, self.registered[seq.seq_id])
-
-    def deallocate(self, seq):
-        for b in reversed(self.tables.pop(seq.seq_id)):
-            self.ref[b] -= 1
-            if self.ref[b] == 0:
-                self.free[b] = None
-        del self.registered[seq.seq_id]
-
+# ---- against the specification: kvsim.engine.reference_pool (vLLM v0.11.0's block pool) ------
 
 PREFIXES = [list(range(k * 100, k * 100 + 24)) for k in range(3)]
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
-    """Random admissions, prefill chunks, decodes, preemptions and finishes against a tiny cache,
-    checked step by step against RefPool: the same hits, the same free queue, block for block."""
+    """Random admissions, prefill chunks, decodes, cohort reservations and claims, preemptions and
+    finishes against a tiny cache, driven the same on BlockManager and on its specification
+    ReferencePool (each with its own twin of every sequence): the same hits, the same tables, the
+    same free queue, block for block, and the same figures. The one licensed difference: where
+    concurrent prefills cached the same content twice, BlockManager may hit another copy than the
+    first registered one (see kvsim.engine.reference_pool)."""
 
     def __init__(self):
         super().__init__()
         self.bm = BlockManager(24, 4, enable_prefix_caching=True)
-        self.ref = RefPool(24, 4)
-        self.live: list[Sequence] = []
-        self.preempted: list[Sequence] = []
+        self.ref = ReferencePool(24, 4)
+        self.live: list[tuple[Sequence, Sequence]] = []
+        self.preempted: list[tuple[Sequence, Sequence]] = []
         self.next_id = 0
 
-    def _admit(self, s, chunk):
-        hits = self.bm.get_computed_blocks(s)
-        want = self.ref.lookup(s)
-        assert len(hits) == len(want), (list(hits), want, s.seq_id, s.num_tokens, s.request.token_ids)  # the same longest hit ...
-        keys = self.ref.keys(s)
-        assert all(self.ref.holds(b, keys[j]) for j, b in enumerate(hits))  # ... of blocks holding that content
-        need = min(chunk, s.num_tokens - len(hits) * 4)
-        blocks = -(-(len(hits) * 4 + need) // 4) - len(hits)
-        fits = self.ref.can_allocate(s, blocks, list(hits))
-        assert self.bm.can_allocate(s, need, hits) == fits
-        if not fits:
-            with pytest.raises(AllocationError):
-                self.bm.allocate(s, need, hits)
+    def _both(self, pair, call):
+        """`call(allocator, seq)` on each allocator with its twin; both raise or neither does."""
+        out = []
+        for alloc, seq in zip((self.bm, self.ref), pair):
+            try:
+                out.append(call(alloc, seq))
+            except AllocationError:
+                out.append(AllocationError)
+        assert out[0] == out[1] or (out[0] is not AllocationError and out[1] is not AllocationError
+                                    and list(out[0]) == list(out[1])), out
+        return out[0]
+
+    def _admit(self, pair, chunk):
+        hits = [a.get_computed_blocks(s) for a, s in zip((self.bm, self.ref), pair)]
+        assert len(hits[0]) == len(hits[1]), (list(hits[0]), hits[1], pair[0].seq_id)  # the same longest hit ...
+        if list(hits[0]) != hits[1]:  # ... where two copies of the content are cached, maybe another copy:
+            keys = self.ref.keys(pair[1], len(hits[1]))  # then it must hold the same content, and the spec
+            assert [self.ref.key[b] for b in hits[0]] == keys  # follows BlockManager's choice from there
+            hits[1] = list(hits[0])
+        s = pair[0]
+        need = min(chunk, s.num_tokens - len(hits[0]) * 4)
+        fits = [a.can_allocate(t, need, h) for a, t, h in zip((self.bm, self.ref), pair, hits)]
+        assert fits[0] == fits[1]
+        if not fits[0]:
             return False
-        self.ref.allocate(s, need, list(hits))
-        self.bm.allocate(s, need, hits)
-        self._computed(s, need)
-        self.live.append(s)
+        for a, t, h in zip((self.bm, self.ref), pair, hits):
+            a.allocate(t, need, h)
+            self._computed(t, need)
+        self.live.append(pair)
         return True
 
     @staticmethod
@@ -397,63 +341,88 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def admit(self, group, shared, extra, chunk):
         tokens = None if group is None else PREFIXES[group][:shared]
         prompt = (shared if group is not None else 1) + extra
-        s = seq_of(self.next_id, prompt, tokens, output_len=1000)
+        pair = (seq_of(self.next_id, prompt, tokens, output_len=1000), seq_of(self.next_id, prompt, tokens, output_len=1000))
         self.next_id += 1
-        self.last = s
-        self._admit(s, chunk)
+        self._admit(pair, chunk)
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 100), n=st.integers(1, 9))
     def step(self, i, n):
         """A prefill chunk of up to n tokens, or n decode steps (each computes the newest token)."""
-        s = self.live[i % len(self.live)]
+        pair = self.live[i % len(self.live)]
         for _ in range(n):
+            s = pair[0]
             chunk = min(n, s.num_tokens - s.num_computed_tokens)
-            if not self.bm.can_append(s, chunk):
+            if not self._both(pair, lambda a, t: a.can_append(t, chunk)):
                 return
-            self.ref.allocate(s, chunk)
-            self.bm.append(s, chunk)
-            self._computed(s, chunk)
+            for a, t in zip((self.bm, self.ref), pair):
+                a.append(t, chunk)
+                self._computed(t, chunk)
             if chunk > 1:
                 return
 
     @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 100), n=st.integers(1, 9))
+    def cohort_run(self, i, n):
+        """n decode steps as the decode cohort takes them: the blocks reserved at once, written
+        (note_written), then claimed by the member when it leaves."""
+        pair = self.live[i % len(self.live)]
+        s = pair[0]
+        if s.num_computed_tokens != s.num_tokens - 1 or not s.num_output_tokens:
+            return  # not decoding (the cohort takes sequences past their prompt)
+        need = -(-(s.num_computed_tokens + n) // 4) - len(s.block_table)
+        if need > self.bm.num_free_blocks:
+            return
+        for a, t in zip((self.bm, self.ref), pair):
+            a.reserve(max(0, need))
+            a.note_written(n)
+            t.num_computed_tokens += n
+            t.num_output_tokens += n
+            t.num_tokens += n
+            a.claim(t)
+
+    def _free(self, i):
+        pair = self.live.pop(i % len(self.live))
+        for a, t in zip((self.bm, self.ref), pair):
+            a.deallocate(t)
+        return pair
+
+    @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 100))
     def preempt(self, i):
-        s = self.live.pop(i % len(self.live))
-        self.ref.deallocate(s)
-        self.bm.deallocate(s)
-        self.preempted.append(s)
+        self.preempted.append(self._free(i))
 
     @precondition(lambda self: self.preempted)
     @rule(i=st.integers(0, 100))
     def readmit(self, i):
-        s = self.preempted[i % len(self.preempted)]
-        if self._admit(s, 1000):
-            self.preempted.remove(s)
+        pair = self.preempted[i % len(self.preempted)]
+        if self._admit(pair, 1000):
+            self.preempted.remove(pair)
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 100))
     def finish(self, i):
-        s = self.live.pop(i % len(self.live))
-        s.num_output_tokens = s.request.output_len
-        self.ref.deallocate(s)
-        self.bm.deallocate(s)
+        for t in self.live[i % len(self.live)]:
+            t.num_output_tokens = t.request.output_len
+        self._free(i)
 
     @invariant()
-    def same_blocks_as_the_reference(self):
+    def same_blocks_as_the_specification(self):
         bm, ref = self.bm, self.ref
-        assert bm.free_block_ids() == list(ref.free)
-        assert bm.num_free_blocks == len(ref.free) and bm.num_used_blocks == 24 - len(ref.free)
-        assert bm.num_cached_blocks == sum(ref.hash[b] is not None for b in ref.free)
-        for s in self.live:
-            assert list(s.block_table) == ref.tables[s.seq_id]
+        assert bm.free_block_ids() == ref.free_block_ids()
+        assert bm.block_counts() == ref.block_counts()
+        assert bm.num_shared_refs == ref.num_shared_refs
+        assert bm.reserved_unused_tokens == ref.reserved_unused_tokens
+        counts = list(range(0, bm.num_free_blocks + 1, 3))
+        assert bm.evictions_ahead(counts) == ref.evictions_ahead(counts)
+        for a, b in self.live:
+            assert list(a.block_table) == list(b.block_table)
 
     @invariant()
     def refcounts_match_tables(self):
         """Shareable positions are reference counted; every other block has exactly one table."""
         counts, private = [0] * 24, []
-        for s in self.live:
+        for s, _ in self.live:
             k = min(len(s.block_table), self.bm.num_shareable(s))
             for b in s.block_table[:k]:
                 counts[b] += 1
@@ -465,9 +434,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     @invariant()
     def tables_cover_tokens(self):
-        for s in self.live:
+        for s, _ in self.live:
             assert len(s.block_table) == -(-s.num_computed_tokens // 4)
-        assert self.bm.reserved_unused_tokens == sum(len(s.block_table) * 4 - s.num_computed_tokens for s in self.live)
+        assert self.bm.reserved_unused_tokens == sum(len(s.block_table) * 4 - s.num_computed_tokens
+                                                     for s, _ in self.live)
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase

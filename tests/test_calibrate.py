@@ -3,6 +3,7 @@ coefficients from tables made with them, refusing a poor fit) and command line."
 
 import csv
 import json
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -20,6 +21,7 @@ from kvsim.perf.calibration import Calibration
 from kvsim.perf.roofline import VLLM_GRAPH_SIZES
 from kvsim.scenario.catalog import MODELS
 
+DEVICE = os.environ.get("KVSIM_TEST_DEVICE", "cpu")  # the GPU suite: KVSIM_TEST_DEVICE=cuda TRITON_INTERPRET=0
 TRUE = Calibration(compute_efficiency=0.62, attention_efficiency=0.4, memory_efficiency=0.7,
                    graph_step_overhead_s=8e-4, step_overhead_s=3e-3, eager_layer_s=2e-4, per_seq_overhead_s=3e-6)
 FREE = ["compute_efficiency", "attention_efficiency", "memory_efficiency", "graph_step_overhead_s", "step_overhead_s",
@@ -379,28 +381,30 @@ def test_profile_without_a_gpu_is_one_line(tmp_path, capsys):
 
 
 def test_profile_runner_on_the_cpu(tmp_path):
-    """The timing loop and the CSV row it writes, on a two-layer model through Triton's interpreter."""
+    """The timing loop and the CSV row it writes, on a two-layer model through Triton's interpreter (on a GPU:
+    KVSIM_TEST_DEVICE=cuda TRITON_INTERPRET=0)."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    from backends.triton_engine.runner import ModelRunner, RunnerConfig
+    from kvsim.backends.triton_engine.runner import ModelRunner, RunnerConfig
     from kvsim.calibrate.profile import profile_runner
     from kvsim.scenario.catalog import ModelSpec
 
     spec = ModelSpec(name="tiny", num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                      head_dim=32, intermediate_size=128, vocab_size=128, max_position_embeddings=256, dtype="float32")
     runner = ModelRunner(spec, RunnerConfig(block_size=8, max_num_seqs=8, max_model_len=128, kv_cache_dtype="float16",
-                                            num_blocks=64, device="cpu"))
+                                            num_blocks=64, device=DEVICE))
     path = tmp_path / "p.csv"
     with open(path, "w", newline="") as f:
         out = csv.DictWriter(f, fieldnames=COLUMNS)
         out.writeheader()
         shapes = [Shape("mixed", 2, 17, 1, 5, 3), Shape.ragged((20, 7, 13))]
-        assert profile_runner(runner, "tiny", "float16", shapes, "H100-SXM", "cpu", out, repeats=1, target_s=0,
+        assert profile_runner(runner, "tiny", "float16", shapes, "H100-SXM", DEVICE, out, repeats=1, target_s=0,
                               passes=1) == 2
     rows = list(csv.DictReader(open(path)))
     assert [r["phase"] for r in rows] == ["mixed", "decode"]
     assert (rows[0]["num_decode_seqs"], rows[0]["decode_context_tokens"], rows[0]["prefill_attn_pairs"]) == \
         ("2", "34", str(5 * 3 + 15))
-    assert float(rows[1]["step_s"]) > 0 and rows[1]["cuda_graph"] == "0" and rows[1]["repeats"] == "1"
+    graphs = "1" if DEVICE == "cuda" else "0"  # the runner captures CUDA graphs for decode on a GPU only
+    assert float(rows[1]["step_s"]) > 0 and rows[1]["cuda_graph"] == graphs and rows[1]["repeats"] == "1"
     assert (rows[1]["decode_context"], rows[1]["decode_context_tokens"], rows[1]["decode_max_context"],
             rows[1]["max_model_len"]) == ("20", "40", "20", "128")

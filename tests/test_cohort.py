@@ -9,6 +9,8 @@ from kvsim.sequence import Request, Sequence
 
 
 class _Alloc:
+    grows = True
+
     def __init__(self, bs):
         self.block_size = bs
 

@@ -15,7 +15,8 @@ from streamlit.testing.v1 import AppTest
 
 import kvsim
 from kvsim.cli import main
-from kvsim.results.report import bar_figures, table_figures
+from kvsim.results.figures import bar_figures
+from kvsim.results.headline import table_figures
 from kvsim.scenario.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,14 +28,17 @@ from kvdash import fields  # noqa: E402
 from kvdash.runs import PREVIEW_REQUESTS  # noqa: E402
 
 
-def open_app() -> AppTest:
-    return AppTest.from_file(str(APP), default_timeout=60).run()
+def open_app(page: str = "views/whatif.py") -> AppTest:
+    """The app opened on `page` (not the Answer page, which plans the default scenario on opening)."""
+    return AppTest.from_file(str(APP), default_timeout=120).switch_page(page).run()
 
 
 def widget(at: AppTest, kind: str, key: str):
-    """The sidebar widget that sets scenario `key` (widget keys are `<scenario digest>:<key>`)."""
-    found = [w for w in getattr(at.sidebar, kind) if w.key and w.key.split(":", 1)[-1] == key]
-    assert len(found) == 1, f"{kind} for {key}: {[w.key for w in getattr(at.sidebar, kind)]}"
+    """The settings widget (the question in the main area, or under Advanced in the sidebar) that sets
+    scenario `key` (widget keys are `<scenario digest>:<key>`)."""
+    every = list(getattr(at.main, kind)) + list(getattr(at.sidebar, kind))
+    found = [w for w in every if w.key and w.key.split(":", 1)[-1] == key]
+    assert len(found) == 1, f"{kind} for {key}: {[w.key for w in every]}"
     return found[0]
 
 
@@ -83,21 +87,20 @@ def cli(tmp_path: Path, toml: str, *args: str, command: str = "run") -> subproce
 def assert_shows(at: AppTest, summaries: dict) -> None:
     """The comparison table and the report's bar figures hold exactly these policies' figures."""
     table = at.dataframe[0].value
-    names = list(table["policy"])  # the scenario's order (summary.json sorts its keys)
+    names = list(table.columns[1:])  # a column per policy, in the scenario's order (summary.json sorts its keys)
     assert sorted(names) == sorted(summaries)
-    for _, row in table.iterrows():
-        s = summaries[row["policy"]]
-        assert row["finished"] == s["requests"]["finished"] and row["rejected"] == s["requests"]["rejected"]
+    rows = {row["figure"]: row for _, row in table.iterrows()}
+    for name in names:
+        s = summaries[name]
+        assert rows["finished / rejected"][name] == f"{s['requests']['finished']:,} / {s['requests']['rejected']:,}"
         for f in table_figures(summaries):
-            expected = f.value(s)
-            if expected is None:
-                assert row[f.label] != row[f.label]  # NaN
-            else:
-                assert row[f.label] == pytest.approx(expected, rel=1e-12)
-    bars = figures(at)[0]["data"]
-    assert [t["x"] for t in bars] == [names] * len(bar_figures(summaries))
-    for f, trace in zip(bar_figures(summaries), bars):
-        assert trace["y"] == pytest.approx([f.value(summaries[p]) for p in names], rel=1e-12)
+            assert rows[f.label][name] == f.text(s)  # the terminal table's text
+    bars = [t for t in figures(at)[0]["data"] if t["type"] == "bar"]  # a bar per policy and panel
+    panels = bar_figures(summaries)
+    assert [t["x"] for t in bars] == [[p] for p in names] * len(panels)
+    for i, f in enumerate(panels):
+        shown = bars[i * len(names):(i + 1) * len(names)]
+        assert [t["y"][0] for t in shown] == pytest.approx([f.value(summaries[p]) for p in names], rel=1e-12)
     ttft_cdf = figures(at)[1]["data"][0]  # read back from requests.csv, which keeps 12 significant digits
     assert max(values(ttft_cdf["x"])) == pytest.approx(summaries[ttft_cdf["name"]]["ttft_s"]["max"], rel=1e-11)
 
@@ -145,7 +148,7 @@ def test_whatif_preview_and_full_run_are_the_clis(tmp_path):
 
 def test_memory_page_is_kvsim_memory(tmp_path):
     at = open_app()
-    widget(at, "number_input", "hardware.tensor_parallel_size").set_value(2)
+    widget(at, "selectbox", "hardware.tensor_parallel_size").set_value(2)
     widget(at, "selectbox", "policies.3.kv_cache_dtype").set_value("int4")
     widget(at, "checkbox", "workload.prefix").set_value(True)
     at.run()
@@ -275,6 +278,9 @@ def test_help_is_the_fields_description_default_and_bounds(monkeypatch):
     for kind in ("number_input", "selectbox", "checkbox", "multiselect", "file_uploader", "radio"):
         for w in getattr(at.sidebar, kind):
             assert w.help or w.key == "kvsim.source", w.key
+        for w in getattr(at.main, kind):  # the question: its help names the key
+            if w.key and ":" in w.key:
+                assert "Scenario key" in w.help or w.key.endswith("model.name"), w.key
 
 
 def test_dashboard_command(monkeypatch, capsys, tmp_path):
@@ -282,7 +288,9 @@ def test_dashboard_command(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr("os.execv", lambda exe, argv: calls.append(argv))
     assert main(["dashboard", "--server.port", "8765", "--server.headless", "true"]) == 0
     assert calls == [[sys.executable, "-m", "streamlit", "run", str(APP), "--server.port", "8765",
-                      "--server.headless", "true"]]
+                      "--server.headless", "true", "--server.address", "127.0.0.1"]]  # this machine only
+    assert main(["dashboard", "--server.address", "0.0.0.0"]) == 0  # the network, when asked for
+    assert calls[-1][-2:] == ["--server.address", "0.0.0.0"]
     monkeypatch.setattr("kvsim.cli.DASHBOARD_APP", tmp_path / "app" / "Home.py")
     assert main(["dashboard"]) == 2
     err = capsys.readouterr().err

@@ -70,30 +70,34 @@ def test_capacity_page_is_kvsim_plan(tmp_path, downloads):
     assert list(ps) == ["paged", "paged-fp8"]
 
     bars, ttft, tpot = figures(at)
-    bar = bars["data"][0]
-    assert bar["x"] == list(ps)
-    assert bar["y"] == [ps[p]["max_rate"] for p in ps]
-    assert bar["error_y"]["array"] == pytest.approx([ps[p]["ci_high"] - ps[p]["max_rate"] for p in ps], rel=1e-12)
-    assert bar["error_y"]["arrayminus"] == pytest.approx([ps[p]["max_rate"] - ps[p]["ci_low"] for p in ps], rel=1e-12)
-    assert bars["layout"]["shapes"][0]["y0"] == plan["meta"]["scenario_rate"] == 14.0
+    bar, knee, line = bars["data"]
+    assert bar["x"] == knee["x"] == list(ps)
+    assert bar["y"] == [ps[p]["safe_rate"] for p in ps]  # the headline: the safe rate
+    assert knee["y"] == [ps[p]["mean_rate"] for p in ps]  # beside it, the knee's mean and interval
+    assert knee["error_y"]["array"] == pytest.approx([ps[p]["ci_high"] - ps[p]["mean_rate"] for p in ps], rel=1e-12)
+    assert knee["error_y"]["arrayminus"] == pytest.approx([ps[p]["mean_rate"] - ps[p]["ci_low"] for p in ps], rel=1e-12)
+    assert line["y"] == [plan["meta"]["scenario_rate"]] * 2 == [14.0, 14.0]
+    points = list(csv.DictReader(io.StringIO((tmp_path / "out/points.csv").read_text())))
     for fig, column, bound in ((ttft, "ttft_ms_at_pct", 2000), (tpot, "tpot_ms_at_pct", 60)):
-        points = list(csv.DictReader(io.StringIO((tmp_path / "out/points.csv").read_text())))
         for trace in fig["data"][:2]:
-            mine = [p for p in points if p["policy"] == trace["name"] and p["phase"] in ("search", "at_max_rate")]
+            mine = [p for p in points if p["policy"] == trace["name"] and p["phase"] in ("search", "safe_check")]
             assert trace["x"] == sorted({float(p["rate"]) for p in mine})
-            knee = trace["marker"]["symbol"].index("star")  # the rate reported, at its mean SLO figure
-            assert trace["x"][knee] == ps[trace["name"]]["max_rate"]
-            assert trace["y"][knee] == pytest.approx(ps[trace["name"]]["at_max_rate"][column], rel=1e-12)
-            assert trace["line"]["color"] == {"paged": "#636EFA", "paged-fp8": "#EF553B"}[trace["name"]]
+            star = trace["marker"]["symbol"].index("star")  # the safe rate, at its mean SLO figure
+            assert trace["x"][star] == ps[trace["name"]]["safe_rate"]
+            assert trace["y"][star] == pytest.approx(ps[trace["name"]]["at_safe_rate"][column], rel=1e-12)
+            assert trace["line"]["color"] == {"paged": "#636EFA", "paged-fp8": "#AB63FA"}[trace["name"]]
         assert fig["data"][2]["y"] == [bound, bound]  # the SLO bound as a line
     table = at.dataframe[0].value
     rows = list(csv.DictReader(io.StringIO((tmp_path / "out/plan.csv").read_text())))
     assert list(table["policy"]) == [r["policy"] for r in rows]
     for (_, shown), row in zip(table.iterrows(), rows):
-        assert shown["max req/s"] == float(row["max_rate"]) and shown["CI low"] == float(row["ci_low"])
+        assert shown["safe req/s"] == float(row["safe_rate"])
+        assert shown["knee (95% CI)"] == f"{float(row['mean_rate']):.3g} ({float(row['ci_low']):.3g}–{float(row['ci_high']):.3g})"
         assert shown["headroom"] == pytest.approx(float(row["headroom"]) * 100, rel=1e-12)
-        assert shown["binds at the knee"] == row["binding"] and shown["why"] == row["binding_detail"]
-        assert shown["TTFT p99 ms at max"] == pytest.approx(float(row["at_max_ttft_ms_at_pct"]), rel=1e-12)
+        assert shown["binds"] == row["binding"]
+        assert shown["TTFT p99 ms"] == pytest.approx(float(row["at_safe_worst_ttft_ms_at_pct"]), rel=1e-12)
+        assert shown["TTFT p99 ms"] <= 2000 and shown["TPOT p99 ms"] <= 60
+        assert shown["at 14/s"] == ("✓" if row["sustainable_at_scenario_rate"] == "True" else "✗")
 
     # a settings change does not search: the page says so, and going back shows the cached plan again
     widget(at, "number_input", "engine.max_num_seqs").set_value(64).run()
@@ -101,15 +105,31 @@ def test_capacity_page_is_kvsim_plan(tmp_path, downloads):
     assert not figures(at)
     widget(at, "number_input", "engine.max_num_seqs").set_value(128).run()
     assert figures(at)[0] == bars
-    at.button(key="kvsim.capacity.cli_settings").click().run()  # kvsim plan's defaults, for its exact numbers
-    assert [at.session_state[k] for k in FAST] == [3, 0.02, 3000]  # chat.toml's 3000 requests
-    assert figures(at)[0] == bars
-    assert any("(these are the last settings searched)" in c.value for c in at.caption)
+
+
+def keyed(at, kind: str, prefix: str):
+    """The one widget whose key starts with `prefix` (keys tied to the scenario end in its digest)."""
+    [found] = [w for w in getattr(at, kind) if w.key and w.key.startswith(prefix)]
+    return found
+
+
+def test_the_capacity_page_opens_on_kvsim_plans_own_settings(tmp_path, downloads):
+    at = open_app()
+    widget(at, "multiselect", "policies").set_value(["paged"])
+    widget(at, "number_input", "workload.num_requests").set_value(300)
+    at.switch_page("views/capacity.py").run()  # no search settings given: kvsim plan's defaults
+    assert not at.exception and not at.error
+    shown = next(c.value for c in at.caption if c.value.startswith("Same numbers"))
+    assert shown.split("`")[1] == ("python -m kvsim plan scenarios/chat.toml --set workload.num_requests=300 "
+                                   "--policy paged --out DIR")
+    cli(tmp_path, downloaded_toml_from_state(at), "--quiet", "--out", "out", command="plan")
+    assert offered(at, downloads, "plan.json") == (tmp_path / "out/plan.json").read_bytes()
+    assert keyed(at, "number_input", "kvsim.capacity.target_rate").value == 14.0  # the scenario's own rate
 
 
 def test_deployment_search_is_kvsim_plan_target_rate(tmp_path, downloads):
     at = capacity_page()
-    at.number_input(key="kvsim.capacity.target_rate").set_value(20.0)
+    keyed(at, "number_input", "kvsim.capacity.target_rate").set_value(20.0)
     at.selectbox(key="kvsim.capacity.policy").set_value("paged-fp8")
     at.multiselect(key="kvsim.capacity.gpus").set_value(["H100-SXM", "A100-80GB"])
     at.multiselect(key="kvsim.capacity.tps").set_value([2, 1])
@@ -125,16 +145,16 @@ def test_deployment_search_is_kvsim_plan_target_rate(tmp_path, downloads):
     plan_json = (tmp_path / "out/plan.json").read_bytes()
     assert offered(at, downloads, "plan.json", index=1) == plan_json
     deployments = json.loads(plan_json)["deployments"]
-    table = at.dataframe[-1].value
+    table = next(d.value for d in at.dataframe if "$/hour" in d.value.columns)
     assert list(table["GPU"]) == [d["gpu"] for d in deployments]
     assert list(table["TP × replicas"]) == [f"{d['tensor_parallel_size']} × {d['num_replicas']}" for d in deployments]
     assert list(table["$/hour"]) == [d["usd_per_hour"] for d in deployments]
     assert list(table["$/M output"]) == [d["usd_per_m_output"] for d in deployments]
     assert list(table["$/M input"]) == [d["usd_per_m_input"] for d in deployments]
-    assert list(table["max req/s"]) == [f"{d['max_rate']:.3g}" if d["max_rate"] is not None else
-                                        f"{'≥' if d['meets_target'] else '<'}20" for d in deployments]
-    passing = [d for d in deployments if d["meets_target"]]
-    assert passing and figures(at)[-1]["data"][0]["x"] == [d["usd_per_m_output"] for d in passing]
+    assert list(table["policy"]) == [d["policy"] for d in deployments] == ["paged-fp8"] * len(deployments)
+    assert list(table["safe req/s"]) == [f"{d['safe_rate']:.3g}" for d in deployments]
+    assert all(d["meets_target"] and d["safe_rate"] >= 20 for d in deployments)
+    assert figures(at)[-1]["data"][0]["x"] == [d["usd_per_m_output"] for d in deployments]
 
 
 def test_a_model_that_does_not_fit_is_one_line_and_the_deployment_search_still_offered():

@@ -188,7 +188,7 @@ CASES = {
     "permission denied": Case(lambda b: [b.scenario()], ("cannot write results to", "Permission denied"),
                               lambda mp: mp.setattr(ResultsWriter, "_fresh_dir", _oserror(errno.EACCES))),
     "read-only file system": Case(lambda b: [b.scenario()], ("cannot write results to", "Read-only file system"),
-                                  lambda mp: mp.setattr("kvsim.results.writer.os.rename", _oserror(errno.EROFS))),
+                                  lambda mp: mp.setattr("kvsim.results.writer.rename_exchange", _oserror(errno.EROFS))),
     # 3. finite and bounded numbers
     "rate inf": Case(lambda b: [b.scenario(arrival='arrival = { process = "poisson", rate = inf }')],
                      (S, "workload.arrival.rate: must be a finite number")),
@@ -442,7 +442,7 @@ def test_every_schema_field_is_described():
     sections = [c for c in vars(config).values()
                 if isinstance(c, type) and issubclass(c, config._Section) and c is not config._Section]
     fields = [(c.__name__, name, f.description) for c in sections for name, f in c.model_fields.items()]
-    assert len(sections) == 14 and len(fields) > 60  # 14: [cost]
+    assert len(sections) == 15 and len(fields) > 60  # 14: [cost]; 15: [workload.trace.columns]
     assert [(c, n) for c, n, d in fields if not d or len(d) < 15] == []
     schema = json.loads(subprocess.run([sys.executable, "-m", "kvsim", "schema"], cwd=ROOT, capture_output=True,
                                        text=True, check=True).stdout)
@@ -463,8 +463,9 @@ def test_bad_value_errors_name_key_and_bound():
 
 
 def test_trace_row_cap(box, monkeypatch):
+    import kvsim.scenario.trace_rows as trace_rows
     import kvsim.scenario.traces as traces
-    monkeypatch.setattr(traces, "MAX_REQUESTS", 3)
+    monkeypatch.setattr(trace_rows, "MAX_REQUESTS", 3)
     path = box.file("t.csv", CSV_HEADER + "1,10,5\n2,10,5\n3,10,5\n")
     with pytest.raises(KvsimError, match=r"t\.csv:5: trace has more than 3 requests$"):
         traces.load_csv(path)

@@ -37,10 +37,20 @@ CASES = {
                                        (S, "cost.gpu_hour_usd.H100: unknown GPU 'H100' (presets:")),
     "block_size = true": (lambda b: [b.scenario(engine="block_size = true")],
                           (S, "engine.block_size: must be 1, 8, 16, 32, 64 or 128")),
-    "hf_config mixture of experts": (lambda b: [b.hf({"num_local_experts": 8, "num_experts_per_tok": 2})],
-                                     ("config.json: num_local_experts: mixture-of-experts models are not supported",)),
-    "hf_config latent attention": (lambda b: [b.hf({"kv_lora_rank": 512})],
-                                   ("config.json: kv_lora_rank: multi-head latent attention (MLA)",)),
+    # Mixture-of-experts and latent attention are read now: a malformed one is refused, naming the key
+    "hf_config mixture of experts, top-k above the experts": (
+        lambda b: [b.hf({"num_local_experts": 8, "num_experts_per_tok": 9})],
+        ("config.json: num_experts_per_tok: 9 is more than the 8 experts (num_local_experts)",)),
+    "hf_config latent attention without its rope size": (lambda b: [b.hf({"kv_lora_rank": 512})],
+                                                         ("config.json: missing key 'qk_rope_head_dim'",)),
+    "hf_config linear attention (Qwen3-Next)": (
+        lambda b: [b.hf({"linear_num_value_heads": 32, "full_attention_interval": 4})],
+        ("config.json: linear_num_value_heads: linear-attention layers (Qwen3-Next's Gated DeltaNet) are not "
+         "supported",)),
+    "hf_config sliding window, not yet simulated": (
+        lambda b: [b.hf({"sliding_window": 1024})],  # the scenario's max_model_len is 4096
+        ("has sliding-window layers (window 1024 tokens) that vLLM keeps in 1 KV cache group(s): simulating them "
+         "needs the hybrid KV cache allocator",)),
     "sweep grid of 10,100 points": (lambda b: ["sweep", b.scenario(), *GRID],
                                     ("--set: the grid has more than 10,000 points (10,100)",)),
     "sweep points file of 10,001 rows": (lambda b: ["sweep", b.scenario(), "--from",
@@ -74,7 +84,7 @@ CASES = {
         ("b.json: median_ttft_ms: must be a non-negative number, got -5",)),
     "validate --out on a full disk": (lambda b: ["validate", b.scenario(), "--measured", b.earlier, "--out", "e.json"],
                                       ("cannot write the error table to e.json: No space left on device",),
-                                      lambda mp: mp.setattr("kvsim.scenario.files.os.replace", _oserror(errno.ENOSPC))),
+                                      lambda mp: mp.setattr("kvsim.scenario.files.rename_noreplace", _oserror(errno.ENOSPC))),
 }
 
 
@@ -94,15 +104,19 @@ def test_hostile_input_more(box, capsys, monkeypatch, name):
 
 
 def test_single_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
-    """A calibration or error table: a failed write leaves the earlier file as it was and no temporary."""
+    """A calibration or error table: a failed write leaves the earlier file as it was and no temporary; a
+    file kvsim may not replace is never replaced."""
     target = tmp_path / "cal.json"
     target.write_text("earlier")
-    monkeypatch.setattr("kvsim.scenario.files.os.replace", _oserror(errno.EROFS))
+    monkeypatch.setattr("kvsim.scenario.files.rename_exchange", _oserror(errno.EROFS))
     with pytest.raises(KvsimError, match=r"^cannot write calibration to .*cal\.json: Read-only file system$"):
-        write_text_atomic(target, "new", "calibration")
+        write_text_atomic(target, "new", "calibration", may_replace=lambda p: True)
     monkeypatch.undo()
     assert [p.name for p in tmp_path.iterdir()] == ["cal.json"] and target.read_text() == "earlier"
-    write_text_atomic(target, "new", "calibration")
+    with pytest.raises(KvsimError, match=r"cal\.json: already exists; kvsim does not overwrite a file it did not"):
+        write_text_atomic(target, "new", "calibration")
+    assert [p.name for p in tmp_path.iterdir()] == ["cal.json"] and target.read_text() == "earlier"
+    write_text_atomic(target, "new", "calibration", may_replace=lambda p: True)
     assert [p.name for p in tmp_path.iterdir()] == ["cal.json"] and target.read_text() == "new"
 
 

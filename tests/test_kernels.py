@@ -1,8 +1,11 @@
 """Triton KV-cache kernels on the CPU interpreter against float64 references (tests/kernel_reference.py).
 
 TRITON_INTERPRET must be set before triton.jit decorates the kernels, so it is set here before any
-import; no test module collected before this one may import backends.triton_engine's kernel modules
+import; no test module collected before this one may import kvsim.backends.triton_engine's kernel modules
 (CI also sets TRITON_INTERPRET=1). Shapes are tiny: the interpreter runs each program in numpy.
+On a GPU: KVSIM_TEST_DEVICE=cuda TRITON_INTERPRET=0; every tensor of these tests (and of the float64
+references) is then made on that device (`torch.set_default_device` for the module, and the caches
+allocated there), as the compiled kernels need.
 Every output is poisoned with NaN first, block tables are random permutations, contexts are ragged,
 and unused cache slots hold NaN (or NaN scales), so reading or skipping the wrong slot shows.
 """
@@ -14,13 +17,14 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from backends.triton_engine import decode_attention, prefill_attention  # noqa: E402
-from backends.triton_engine.kv_quant import (KV_DTYPES, QMAX, allocate_kv_cache, dequantize_reference,  # noqa: E402
+from kvsim.backends.triton_engine import decode_attention, prefill_attention  # noqa: E402
+from kvsim.backends.triton_engine.kv_quant import (KV_DTYPES, QMAX, allocate_kv_cache, dequantize_reference,  # noqa: E402
                                              kv_bytes_per_token)
-from backends.triton_engine.store_kvcache import store_kvcache  # noqa: E402
+from kvsim.backends.triton_engine.store_kvcache import store_kvcache  # noqa: E402
 from kvsim.errors import KvsimError  # noqa: E402
 from tests.kernel_reference import attention_reference, rel_err  # noqa: E402
 
+DEVICE = torch.device(os.environ.get("KVSIM_TEST_DEVICE", "cpu"))
 NUM_BLOCKS, NUM_KV_HEADS = 32, 2
 # Against attention over the dequantized cache every dtype only sees the bf16 output rounding.
 TOL_DEQUANT = 1e-2
@@ -29,6 +33,15 @@ TOL_DEQUANT = 1e-2
 TOL_END_TO_END = {"bfloat16": 1e-2, "float16": 1e-2, "fp8": 6e-2, "int8": 1.5e-2, "int4": 0.21}
 # ||dequantized - x|| / ||x|| after store_kvcache, Gaussian x: measured 0.025, 0.006 and 0.11 (exact for bf16/fp16).
 TOL_ROUND_TRIP = {"bfloat16": 0.0, "float16": 0.0, "fp8": 0.035, "int8": 0.009, "int4": 0.14}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def on_test_device():
+    """Every tensor these tests make (randn, zeros, tensor, arange...) is made on DEVICE."""
+    previous = torch.get_default_device()
+    torch.set_default_device(DEVICE)
+    yield
+    torch.set_default_device(previous)
 
 
 def _seed() -> int:
@@ -56,7 +69,7 @@ def _context_slots(block_tables: torch.Tensor, context_lens: list[int], block_si
 
 def _random_cache(kv_dtype: str, block_size: int, head_dim: int, live_slots: torch.Tensor, model_dtype=torch.bfloat16):
     """A cache of random valid values in live slots and NaN (or NaN scales) everywhere else."""
-    cache = allocate_kv_cache(1, NUM_BLOCKS, block_size, NUM_KV_HEADS, head_dim, kv_dtype, "cpu", model_dtype)[0]
+    cache = allocate_kv_cache(1, NUM_BLOCKS, block_size, NUM_KV_HEADS, head_dim, kv_dtype, DEVICE, model_dtype)[0]
     dead = torch.ones(NUM_BLOCKS * block_size, dtype=torch.bool)
     dead[live_slots] = False
     for t, s in ((cache.k, cache.k_scale), (cache.v, cache.v_scale)):
@@ -91,7 +104,7 @@ def test_store_kvcache_round_trip(kv_dtype):
     seed = _seed()
     block_size, head_dim, num_tokens = 8, 64, 20
     dtype = torch.float16 if kv_dtype == "float16" else torch.bfloat16
-    cache = allocate_kv_cache(1, NUM_BLOCKS, block_size, NUM_KV_HEADS, head_dim, kv_dtype, "cpu", dtype)[0]
+    cache = allocate_kv_cache(1, NUM_BLOCKS, block_size, NUM_KV_HEADS, head_dim, kv_dtype, DEVICE, dtype)[0]
     for t in (cache.k, cache.v, cache.k_scale, cache.v_scale):
         if t is not None:
             t.view(torch.uint8).copy_(torch.randint(0, 256, t.view(torch.uint8).shape, dtype=torch.uint8))
@@ -244,7 +257,7 @@ def test_store_then_attend_matches_unquantized(kv_dtype):
     dtype = torch.float16 if kv_dtype == "float16" else torch.bfloat16
     context_lens = [45, 30]
     tables = _block_tables(context_lens, block_size)
-    cache = allocate_kv_cache(1, NUM_BLOCKS, block_size, NUM_KV_HEADS, head_dim, kv_dtype, "cpu", dtype)[0]
+    cache = allocate_kv_cache(1, NUM_BLOCKS, block_size, NUM_KV_HEADS, head_dim, kv_dtype, DEVICE, dtype)[0]
     slots = _context_slots(tables, context_lens, block_size)
     key = torch.randn(len(slots), NUM_KV_HEADS, head_dim).to(dtype)
     value = torch.randn(len(slots), NUM_KV_HEADS, head_dim).to(dtype)
@@ -263,14 +276,14 @@ def test_store_then_attend_matches_unquantized(kv_dtype):
 
 
 def test_allocate_kv_cache_dtypes_and_errors():
-    half = allocate_kv_cache(2, 4, 16, 2, 64, "auto", "cpu", torch.float16)
+    half = allocate_kv_cache(2, 4, 16, 2, 64, "auto", DEVICE, torch.float16)
     assert len(half) == 2 and half[0].k.dtype == torch.float16 and half[0].k_scale is None
-    packed = allocate_kv_cache(1, 4, 16, 2, 64, "int4", "cpu")[0]
+    packed = allocate_kv_cache(1, 4, 16, 2, 64, "int4", DEVICE)[0]
     assert packed.k.shape == (4, 16, 2, 32) and packed.head_dim == 64 and packed.v_scale.shape == (4, 16, 2)
-    assert allocate_kv_cache(1, 4, 16, 2, 64, "fp8_e4m3", "cpu")[0].k.dtype == torch.float8_e4m3fn
+    assert allocate_kv_cache(1, 4, 16, 2, 64, "fp8_e4m3", DEVICE)[0].k.dtype == torch.float8_e4m3fn
     for bad in (dict(kv_dtype="fp4"), dict(block_size=12), dict(head_dim=96)):
         args = dict(num_layers=1, num_blocks=4, block_size=16, num_kv_heads=2, head_dim=64, kv_dtype="int8",
-                    device="cpu") | bad
+                    device=DEVICE) | bad
         with pytest.raises(KvsimError, match=next(iter(bad)).replace("kv_dtype", "kv_cache_dtype")):
             allocate_kv_cache(**args)
 

@@ -10,12 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.batch import Batch
+from kvsim.batch import Batch, DecodeShape
 from kvsim.errors import KvsimError
 from kvsim.perf.calibration import load_calibration, shipped_path as calibration_path
 from kvsim.perf.kernel_curves import ModelKernels
 from kvsim.perf.kernels import KernelTables, load_tables, shipped_path, shipped_versions
 from kvsim.perf.measured import MeasuredStepModel, _Line
+from kvsim.perf.pricing import RunPricer, run_within, steps_within
 from kvsim.perf.server import ServerTerms, vllm_capture_sizes
 from kvsim.scenario.catalog import GPUS, MODELS
 
@@ -163,7 +164,7 @@ def test_a_decode_run_costs_the_sum_of_its_steps(n, context, extra, k, tp, kv):
     sm = pricer(model=LLAMA70 if tp == 8 else LLAMA8, tp=tp, kv=kv)
     x0 = n * context + extra % n
     brute = math.fsum(sm.step_time(Batch(num_decode_seqs=n, decode_context_tokens=x0 + i * n)) for i in range(k))
-    assert sm.decode_run_time(n, x0, k) == pytest.approx(brute, rel=1e-9)
+    assert sm.decode_run_time(DecodeShape(n, x0), k) == pytest.approx(brute, rel=1e-9)
 
 
 def test_a_decode_run_within_a_budget_stops_at_the_first_step_that_reaches_it():
@@ -172,13 +173,16 @@ def test_a_decode_run_within_a_budget_stops_at_the_first_step_that_reaches_it():
     for _ in range(200):
         n, x0 = rng.randint(1, 600), rng.randint(1, 3000) * 100
         budget = rng.uniform(1e-3, 3.0)
-        k = sm.decode_steps_within(n, x0, budget)
-        assert sm.decode_run_time(n, x0, k) >= budget
-        assert k == 1 or sm.decode_run_time(n, x0, k - 1) < budget
-        kk, total, first = sm.decode_run_within(n, x0, 50, budget)
-        assert first == pytest.approx(sm.decode_run_time(n, x0, 1), rel=1e-12)
-        assert (kk, total) == ((50, sm.decode_run_time(n, x0, 50)) if sm.decode_run_time(n, x0, 50) < budget
-                               else (k, sm.decode_run_time(n, x0, k)))
+        shape = DecodeShape(n, x0)
+        k = sm.decode_steps_within(shape, budget)
+        assert sm.decode_run_time(shape, k) >= budget
+        assert k == 1 or sm.decode_run_time(shape, k - 1) < budget
+        assert k == steps_within(sm, shape, budget)  # the Protocol's bisection agrees with the closed form
+        kk, total, first = sm.decode_run_within(shape, 50, budget)
+        assert first == pytest.approx(sm.decode_run_time(shape, 1), rel=1e-12)
+        assert (kk, total) == ((50, sm.decode_run_time(shape, 50)) if sm.decode_run_time(shape, 50) < budget
+                               else (k, sm.decode_run_time(shape, k)))
+        assert (kk, total, first) == run_within(sm, shape, 50, budget)
 
 
 def test_a_line_sums_across_its_knots():
@@ -201,28 +205,28 @@ def scenario(tmp_path, extra: str = "", gpu: str = "H100-SXM"):
 
 
 def backend(sc):
-    from backends.analytic import AnalyticBackend
+    from kvsim.backends.analytic import AnalyticBackend
+    from kvsim.pipeline import resolve_policy
     from kvsim.scenario.catalog import gpu_spec, model_spec
 
-    class Capacity:
-        num_blocks = 1000
-
-    return AnalyticBackend(sc, sc.policies[0], model_spec(sc), gpu_spec(sc), Capacity())
+    model, gpu = model_spec(sc), gpu_spec(sc)
+    capacity, settings = resolve_policy(sc, sc.policies[0], model, gpu)
+    return AnalyticBackend(sc, sc.policies[0], model, gpu, capacity, settings)
 
 
 def test_measured_where_tables_ship_and_the_roofline_everywhere_else(tmp_path):
     from kvsim.perf.roofline import StepModel
 
-    assert isinstance(backend(scenario(tmp_path)).step_model, MeasuredStepModel)
+    assert isinstance(backend(scenario(tmp_path)).pricer, MeasuredStepModel)
     b = backend(scenario(tmp_path, '[engine]\nvllm_version = "0.14.0"\n', gpu="H200"))
-    assert b.step_model.describe()["vllm_version"] == "0.14.0" and b.describe()["pricing"]["source"] == "measured"
+    assert isinstance(b.pricer, RunPricer) and b.pricer.describe()["vllm_version"] == "0.14.0" and b.describe()["pricing"]["source"] == "measured"
     overridden = scenario(tmp_path)  # a datasheet override (kvsim plan's 2x FLOP/s): the tables cannot follow it
     overridden = overridden.model_copy(update={"hardware": overridden.hardware.model_copy(update={"bf16_tflops": 2e3})})
     for sc in (scenario(tmp_path, "", "L40S"), scenario(tmp_path, "", "MI300X"), overridden,
                scenario(tmp_path, '[backend]\npricing = "roofline"\n'),
                scenario(tmp_path, '[backend]\ncalibration = "triton"\n')):
         b = backend(sc)
-        assert isinstance(b.step_model, StepModel) and "pricing" not in b.describe()
+        assert isinstance(b.pricer, StepModel) and "pricing" not in b.describe()
 
 
 @pytest.mark.parametrize("extra, gpu, message", [
@@ -388,3 +392,11 @@ def test_the_api_server_adds_to_ttft_and_e2e_of_measured_runs_only(tmp_path):
     for r in rows:  # the engine's clock in the time columns, the client's in TTFT and E2E
         assert float(r["ttft_s"]) == pytest.approx(float(r["first_token_s"]) - float(r["arrival_s"]) + api, abs=1e-9)
         assert float(r["e2e_s"]) == pytest.approx(float(r["finish_s"]) - float(r["arrival_s"]) + api, abs=1e-9)
+
+
+def test_the_measured_pricer_takes_the_pricing_protocols_arguments():
+    import inspect
+
+    for name in ("step_time", "decode_run_time", "decode_run_within", "decode_steps_within"):
+        want = list(inspect.signature(getattr(RunPricer, name)).parameters)
+        assert list(inspect.signature(getattr(MeasuredStepModel, name)).parameters) == want, name

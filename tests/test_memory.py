@@ -122,7 +122,8 @@ def test_70b_on_one_h100_does_not_fit():
 def test_70b_at_tp4_fits():
     sc = make(model="Llama-3.1-70B", hardware={"tensor_parallel_size": 4})
     cap = kv_capacity(sc, sc.policies[0], LLAMA70, H100)
-    assert cap.weights == LLAMA70.weight_bytes / 4
+    norms = 80 * 2 * 8192 + 8192  # RMSNorm weights: whole on every rank, as vLLM keeps them
+    assert cap.weights == (LLAMA70.num_params - norms) * 2 / 4 + norms * 2
     assert cap.bytes_per_block == 16 * 2 * 80 * 2 * 128 * 2  # 2 kv heads per GPU
     assert cap.max_tokens >= 131072
 
@@ -142,8 +143,8 @@ def test_max_model_len_must_fit():
 
 
 def test_table_lengths_capped():
-    assert table_lengths(131072) == [1024, 4096, 16384, 32768, 131072]
-    assert table_lengths(20000) == [1024, 4096, 16384, 20000]
+    assert table_lengths(131072) == [1024, 4096, 8192, 16384, 32768, 131072]  # 8k: the lengths
+    assert table_lengths(20000) == [1024, 4096, 8192, 16384, 20000]
 
 
 def test_memory_table_paged_vs_contiguous():

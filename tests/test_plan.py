@@ -36,12 +36,12 @@ def serial_scenario(tmp_path, **over):
     return make_scenario(**sections)
 
 
-def closed_form_knee() -> float:
+def closed_form_knee(n: int = N) -> float:
     """Past 1/S requests back up: request i (0-based) waits i * (S - g) for gaps g < S. The p99
-    request (nearest rank k = ceil(0.99 N)) has TTFT (k - 1)(S - g) + STEP_S <= TTFT_BOUND_S iff
+    request (nearest rank k = ceil(0.99 n)) has TTFT (k - 1)(S - g) + STEP_S <= TTFT_BOUND_S iff
     g >= S - (TTFT_BOUND_S - STEP_S) / (k - 1)."""
     service = OUTPUT_LEN * STEP_S
-    k = math.ceil(0.99 * N)
+    k = math.ceil(0.99 * n)
     return 1.0 / (service - (TTFT_BOUND_S - STEP_S) / (k - 1))
 
 
@@ -49,11 +49,17 @@ def test_plan_finds_the_closed_form_knee_within_its_resolution(tmp_path):
     sc = serial_scenario(tmp_path)
     result = plan(sc, seeds=2, resolution=0.02, executor=InlineExecutor())
     (answer,) = result.policies
-    knee = closed_form_knee()  # 10.02 req/s
-    assert abs(answer.max_rate / knee - 1) <= 0.02, (answer.max_rate, knee)
+    knee = closed_form_knee()  # 10.0203 req/s on 200 requests
+    assert abs(answer.mean_rate / knee - 1) <= 0.02, (answer.mean_rate, knee)
     assert answer.seed_max_rates[0] == answer.seed_max_rates[1]  # nothing random: seeds agree
     assert answer.ci_low <= knee <= answer.ci_high
-    assert answer.sustainable_at_scenario_rate and answer.headroom == pytest.approx(answer.max_rate / 4.0 - 1)
+    # the safe rate holds for the long run too: 800 requests queue longer, their knee is 10.0051
+    long_knee, step = closed_form_knee(4 * N), (1 - 0.02) / (1 + 0.02)
+    assert long_knee * step ** 2 * 0.995 <= answer.safe_rate <= long_knee * 1.005, (answer.safe_rate, long_knee)
+    assert answer.safe_rate <= answer.mean_rate and result.meta["long_run_requests"] == 4 * N
+    assert answer.at_safe_rate["sustainable_share"] == 1.0
+    assert answer.at_safe_rate["worst_ttft_ms_at_pct"] <= TTFT_BOUND_S * 1e3
+    assert answer.sustainable_at_scenario_rate and answer.headroom == pytest.approx(answer.safe_rate / 4.0 - 1)
     # every rate tried below the knee passed and every one above failed
     for p in result.points:
         if p["phase"] == "search" and abs(p["rate"] / knee - 1) > 5e-3:  # the weights' 0.2% aside
@@ -83,8 +89,8 @@ def test_more_memory_or_fp8_never_lowers_the_max_rate_when_memory_binds():
     sc = kv_bound()
     h200 = max_rate(sc.model_copy(update={"hardware": sc.hardware.model_copy(update={"gpu": "H200"})}))
     assert base.binding == "kv_cache"
-    assert fp8.max_rate >= base.max_rate and h200.max_rate >= base.max_rate
-    assert fp8.max_rate > 1.2 * base.max_rate  # twice the blocks: a clear gain, not noise
+    assert fp8.safe_rate >= base.safe_rate and h200.safe_rate >= base.safe_rate
+    assert fp8.mean_rate > 1.2 * base.mean_rate  # twice the blocks: a clear gain, not noise
 
 
 def test_deployment_search_returns_the_cheapest_passing_layout(tmp_path):
@@ -98,12 +104,13 @@ def test_deployment_search_returns_the_cheapest_passing_layout(tmp_path):
     best = result.deployments[0]
     assert (best.gpu, best.tensor_parallel_size, best.num_replicas) == ("H200", 1, 3)
     assert best.meets_target and best.usd_per_hour == pytest.approx(6.0) and best.price_source == "test"
-    assert 25.0 < best.max_rate < 31.0  # three replicas of ~10 req/s
+    assert 25.0 <= best.safe_rate <= best.mean_rate < 31.0  # three replicas of ~10 req/s, safe from the target up
     # per-million-token costs charge the hour to 25 req/s of 100 input and 10 output tokens
     assert best.usd_per_m_input == pytest.approx(6.0 / (25 * 3600 * 100) * 1e6)
     assert best.usd_per_m_output == pytest.approx(6.0 / (25 * 3600 * 10) * 1e6)
     for d in result.deployments:
         assert d.num_replicas == 3 and d.usd_per_hour >= best.usd_per_hour
+    assert {(d.gpu, d.tensor_parallel_size) for d in result.deployments} == {("H200", 1)}  # top 1: the rest dearer
 
 
 
@@ -186,9 +193,9 @@ def test_plan_cli_writes_its_files_and_bad_input_is_one_line(tmp_path, capsys):
     out = tmp_path / "plan"
     assert main(["plan", str(path), "--seeds", "1", "--resolution", "0.2", "--workers", "1", "--out", str(out)]) == 0
     doc = json.loads((out / "plan.json").read_text())
-    assert doc["policies"][0]["policy"] == "paged" and doc["policies"][0]["max_rate"] > 0
-    assert (out / "plan.csv").read_text().startswith("policy,max_rate,ci_low,ci_high")
-    assert "max req/s" in capsys.readouterr().out
+    assert doc["policies"][0]["policy"] == "paged" and 0 < doc["policies"][0]["safe_rate"]
+    assert (out / "plan.csv").read_text().startswith("policy,safe_rate,mean_rate,ci_low,ci_high")
+    assert "safe req/s" in capsys.readouterr().out
     assert main(["plan", str(path), "--seeds", "1", "--resolution", "0.2", "--workers", "1", "--out", str(out)]) == 0
     foreign = tmp_path / "mine"
     foreign.mkdir()
@@ -217,8 +224,13 @@ def test_plan_names_compute_or_bandwidth_when_step_time_binds(tmp_path, calibrat
                                  "prompt_len": {"dist": "fixed", "value": prompt},
                                  "output_len": {"dist": "fixed", "value": 16}},
                        slo={"ttft_ms": None, "tpot_ms": tpot_ms, "percentile": 99}, backend={"calibration": str(cal)})
-    (answer,) = plan(sc, seeds=1, resolution=0.1, executor=InlineExecutor()).policies
+    result = plan(sc, seeds=1, resolution=0.1, executor=InlineExecutor())
+    (answer,) = result.policies
     assert answer.binding == bound, answer.binding_detail
+    # the counterfactual shows its baseline: the same point as it is, beside 2x FLOP/s and 2x bandwidth
+    base = next(p for p in result.points if p["phase"] == "counterfactual_baseline")
+    assert base["rate"] == answer.first_unsustainable_rate and not base["sustainable"]
+    assert f"(SLO margin {base['slo_margin']:+.0%} as it is)" in answer.binding_detail
 
 
 def test_points_from_csv(tmp_path):
@@ -241,6 +253,7 @@ def test_an_slo_no_single_request_meets_gives_zero_and_says_so():
     sc = make_scenario(slo={"ttft_ms": 1, "tpot_ms": None})  # no prefill takes 1 ms
     result = plan(sc, seeds=1, resolution=0.1, executor=InlineExecutor())
     (answer,) = result.policies
-    assert answer.max_rate == 0 and answer.headroom == -1 and not answer.sustainable_at_scenario_rate
+    assert answer.safe_rate == answer.mean_rate == 0 and answer.headroom == -1
+    assert not answer.sustainable_at_scenario_rate
     assert min(p["rate"] for p in result.points) == pytest.approx(10.0 / 64)  # six halvings, then it stops
-    assert any("not sustainable at any rate tried, down to 0.156 req/s" in line for line in plan_lines(result))
+    assert any("no safe rate found, down to 0.156 req/s" in line for line in plan_lines(result))

@@ -10,7 +10,8 @@ from rich.console import Console
 
 from kvsim.errors import KvsimError
 from kvsim.results.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS, Metrics
-from kvsim.results.report import cdf_points, comparison_table, write_report_html
+from kvsim.results.figures import cdf_points
+from kvsim.results.report import comparison_table, write_report_html
 from kvsim.results.writer import ResultsWriter
 from kvsim.scenario.config import SloConfig
 from kvsim.sequence import Request, Sequence
@@ -196,7 +197,7 @@ def test_cdf_points_thinned_and_exact_at_the_ends():
 
 def test_in_memory_latencies_equal_the_csv_columns(tmp_path):
     """The report's CDFs come from Metrics.latencies(); they must be what requests.csv holds (to its 12 digits)."""
-    from kvsim.results.report import _read_latencies
+    from kvsim.results.figures import _read_latencies
     writer = ResultsWriter(tmp_path / "res")
     with writer:
         metrics = {}
@@ -223,7 +224,7 @@ def test_in_memory_latencies_equal_the_csv_columns(tmp_path):
 def test_in_memory_timeseries_equal_the_csv_columns(tmp_path):
     """The report's time series come from the rows the writer was given; they must equal timeseries.csv
     read back, bit for bit (floats are written as repr, which reads back exactly)."""
-    from kvsim.results.report import _read_timeseries, timeseries_arrays
+    from kvsim.results.figures import _read_timeseries, timeseries_arrays
     rng = np.random.default_rng(3)
     writer = ResultsWriter(tmp_path / "res")
     with writer:
@@ -263,6 +264,51 @@ def test_report_opens_with_the_verdict_and_draws_the_slo(tmp_path):
     assert "SLO TTFT \\u2264 2000 ms" in page and "SLO TPOT \\u2264 100 ms" in page  # bound lines on the CDFs
     assert "% of KV capacity" in page
     assert '"text":"preemptions"' not in page  # none in this run: no empty panel
-    # colours follow the scenario's order of policies, whichever are shown
-    from kvsim.results.report import PALETTE
-    assert f'"color":"{PALETTE[1]}"' in page and f'"color":"{PALETTE[0]}"' not in page
+    # colours follow the policies' names, whichever others are on the page
+    from kvsim.results.figures import policy_colors
+    colors = policy_colors(["other", *POLICIES])
+    assert all(f'"color":"{colors[p]}"' in page for p in POLICIES)
+    assert f'"color":"{colors["other"]}"' not in page
+
+
+def test_policy_colours_are_fixed_by_name_and_distinct_on_a_page():
+    from kvsim.results.figures import NAMED_COLORS, PALETTE, policy_colors
+
+    chat = policy_colors(["contiguous", "paged", "paged-fp8", "paged-int8", "paged-chunked"])
+    mooncake = policy_colors(["paged-no-prefix-cache", "paged-fp8", "paged-prefix-cache"])
+    assert chat["paged-fp8"] == mooncake["paged-fp8"] == NAMED_COLORS["paged-fp8"]  # across scenarios
+    assert policy_colors(["paged-int8", "paged"]) == {p: chat[p] for p in ("paged-int8", "paged")}  # any order
+    assert len(set(chat.values())) == 5 and len(set(mooncake.values())) == 3
+    crowded = policy_colors([f"p{i}" for i in range(len(PALETTE))])
+    assert len(set(crowded.values())) == len(PALETTE)  # collisions take the next free colour
+    clash = policy_colors(["paged", "paged-prefix-cache"])  # two names of one colour on one page
+    assert clash["paged"] == NAMED_COLORS["paged"] != clash["paged-prefix-cache"]
+
+
+def test_report_figures_draw_latency_on_log_axes_with_slo_lines_and_a_legend_for_the_capacity(tmp_path):
+    from kvsim.results.figures import CAPACITY_GREY, SLO_RED, report_plots
+
+    meta = {"policy_order": list(POLICIES), "slo": {"ttft_ms": 200.0, "tpot_ms": 100.0, "percentile": 90.0}}
+    writer = ResultsWriter(tmp_path / "res")
+    with writer:
+        summaries = {p: run_policy(writer, p, 20, k + 1) for k, p in enumerate(POLICIES)}
+        for s in summaries.values():
+            s["slo"]["bounds"] = {"ttft_ms": 200.0, "tpot_ms": 100.0}
+        writer.commit("demo", summaries, meta)
+    bars, cdfs, kv, queue = report_plots(summaries, tmp_path / "res/requests.csv", tmp_path / "res/timeseries.csv",
+                                         meta=meta)[:4]
+    ttft_panel = next(i for i, a in enumerate(bars.layout["annotations"]) if a["text"].startswith("TTFT p90"))
+    suffix = "" if ttft_panel == 0 else str(ttft_panel + 1)
+    assert bars.layout[f"yaxis{suffix}"]["type"] == "log"  # latencies: one slow policy squashes nothing
+    assert any(sh["yref"] == f"y{suffix}" and sh["y0"] == 200.0 and sh["line"]["color"] == SLO_RED
+               for sh in bars.layout["shapes"])  # the bound, in its panel
+    assert bars.layout[f"xaxis{suffix}"]["showticklabels"] is False  # names in the legend, not rotated labels
+    assert [t["name"] for t in bars.data if t["type"] == "bar"][:2] == list(POLICIES)
+    dashes = {t["name"]: t["line"]["dash"] for t in cdfs.data if t.get("legendgroup") in POLICIES}
+    assert len(set(dashes.values())) == 2  # identical curves stay visible
+    capacity = [t for t in kv.data if t["name"] == "KV capacity (100%)"]
+    assert capacity and capacity[0]["showlegend"] and capacity[0]["line"]["color"] == CAPACITY_GREY
+    cached = [t for t in kv.data if "prefix cache (reclaimable)" in t["name"]]
+    assert cached and all(t["fill"] == "tonexty" for t in cached)  # shaded above the blocks in use
+    shown = [t for t in kv.data if t.get("showlegend")]
+    assert len(shown) == 2 * len(POLICIES) + 1  # a policy's replicas share its legend entries

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.batch import Batch
+from kvsim.batch import Batch, DecodeShape
 from kvsim.errors import KvsimError
 from kvsim.perf.calibration import Calibration, load_calibration, resolve_calibration, shipped_path
 from kvsim.perf.roofline import (StepModel, _envelope, _run_time, _sum_max_lines, activation_bytes_per_token,
@@ -277,8 +277,8 @@ def ragged_runs(draw):
 @given(sm=serial_models(), shape=ragged_runs(), k=st.integers(1, 250))
 def test_ragged_decode_run_time_matches_brute_force(sm, shape, k):
     n, ctx, longest = shape
-    assert sm.decode_run_time(n, ctx, k, longest) == pytest.approx(brute_ragged(sm, n, ctx, longest, k), rel=1e-10)
-    total, first = sm.decode_run(n, ctx, k, longest)
+    assert sm.decode_run_time(DecodeShape(n, ctx, longest), k) == pytest.approx(brute_ragged(sm, n, ctx, longest, k), rel=1e-10)
+    _, total, first = sm.decode_run_within(DecodeShape(n, ctx, longest), k)
     assert total == pytest.approx(brute_ragged(sm, n, ctx, longest, k), rel=1e-10)
     assert first == pytest.approx(sm.step_time(ragged(n, ctx, longest)), rel=1e-12)
 
@@ -288,17 +288,17 @@ def test_ragged_decode_run_time_matches_brute_force(sm, shape, k):
        budget=st.floats(1e-4, 2.0) | st.just(float("inf")))
 def test_ragged_decode_run_within_matches_brute_force(sm, shape, max_steps, budget):
     n, ctx, longest = shape
-    k, total, first = sm.decode_run_within(n, ctx, max_steps, budget, longest)
+    k, total, first = sm.decode_run_within(DecodeShape(n, ctx, longest), max_steps, budget)
     t, brute = 0.0, 0
     while brute < max_steps and t < budget:
         t += sm.step_time(ragged(n, ctx + brute * n, longest + brute))
         brute += 1
-    assert k == brute or sm.decode_run_time(n, ctx, min(k, brute), longest) == pytest.approx(budget, rel=1e-12)
+    assert k == brute or sm.decode_run_time(DecodeShape(n, ctx, longest), min(k, brute)) == pytest.approx(budget, rel=1e-12)
     assert total == pytest.approx(brute_ragged(sm, n, ctx, longest, k), rel=1e-10)
     if math.isfinite(budget):
-        within = sm.decode_steps_within(n, ctx, budget, longest)
-        assert sm.decode_run_time(n, ctx, within, longest) >= budget * (1 - 1e-12)
-        assert within == 1 or sm.decode_run_time(n, ctx, within - 1, longest) < budget * (1 + 1e-12)
+        within = sm.decode_steps_within(DecodeShape(n, ctx, longest), budget)
+        assert sm.decode_run_time(DecodeShape(n, ctx, longest), within) >= budget * (1 - 1e-12)
+        assert within == 1 or sm.decode_run_time(DecodeShape(n, ctx, longest), within - 1) < budget * (1 + 1e-12)
 
 
 def test_run_crossing_from_the_host_floor_to_a_roof():
@@ -312,16 +312,16 @@ def test_run_crossing_from_the_host_floor_to_a_roof():
     assert flat == fixed + a and sm.step_time(decode(8, 8 + 1515 * 8)) == pytest.approx(flat, rel=1e-12)
     assert sm.step_time(decode(8, 8 + 1516 * 8)) > flat
     for k in (1, 5, 50, 400, 3000):
-        assert sm.decode_run_time(8, 8, k) == pytest.approx(brute_run(sm, 8, 8, k), rel=1e-10)
-    assert sm.decode_steps_within(8, 8, 2.0) == brute_steps_within(sm, 8, 8, 2.0)
+        assert sm.decode_run_time(DecodeShape(8, 8), k) == pytest.approx(brute_run(sm, 8, 8, k), rel=1e-10)
+    assert sm.decode_steps_within(DecodeShape(8, 8), 2.0) == brute_steps_within(sm, 8, 8, 2.0)
 
 
 @settings(max_examples=120, deadline=None)
 @given(sm=step_models(), n=st.integers(1, 512), per_seq=st.integers(1, 8000), k=st.integers(1, 250))
 def test_decode_run_time_matches_brute_force(sm, n, per_seq, k):
     ctx = n * per_seq
-    assert sm.decode_run_time(n, ctx, k) == pytest.approx(brute_run(sm, n, ctx, k), rel=1e-10)
-    total, first = sm.decode_run(n, ctx, k)
+    assert sm.decode_run_time(DecodeShape(n, ctx), k) == pytest.approx(brute_run(sm, n, ctx, k), rel=1e-10)
+    _, total, first = sm.decode_run_within(DecodeShape(n, ctx), k)
     assert total == pytest.approx(brute_run(sm, n, ctx, k), rel=1e-10)
     assert first == pytest.approx(sm.step_time(decode(n, ctx)), rel=1e-12)
 
@@ -330,10 +330,10 @@ def test_decode_run_time_matches_brute_force(sm, n, per_seq, k):
 @given(sm=step_models(), n=st.integers(1, 512), per_seq=st.integers(1, 8000), budget=st.floats(1e-4, 2.0))
 def test_decode_steps_within_matches_brute_force(sm, n, per_seq, budget):
     ctx = n * per_seq
-    k = sm.decode_steps_within(n, ctx, budget)
+    k = sm.decode_steps_within(DecodeShape(n, ctx), budget)
     brute = brute_steps_within(sm, n, ctx, budget)
     # the two sums may round differently exactly at the boundary; never by more than that
-    assert k == brute or sm.decode_run_time(n, ctx, min(k, brute)) == pytest.approx(budget, rel=1e-12)
+    assert k == brute or sm.decode_run_time(DecodeShape(n, ctx), min(k, brute)) == pytest.approx(budget, rel=1e-12)
 
 
 @settings(max_examples=80, deadline=None)
@@ -341,9 +341,9 @@ def test_decode_steps_within_matches_brute_force(sm, n, per_seq, budget):
        budget=st.floats(1e-4, 2.0) | st.just(float("inf")))
 def test_decode_run_within_stops_at_the_budget_or_max_steps(sm, n, per_seq, max_steps, budget):
     ctx = n * per_seq
-    k, total, first = sm.decode_run_within(n, ctx, max_steps, budget)
+    k, total, first = sm.decode_run_within(DecodeShape(n, ctx), max_steps, budget)
     expect = max_steps if budget == float("inf") else min(max_steps, brute_steps_within(sm, n, ctx, budget))
-    assert k == expect or sm.decode_run_time(n, ctx, min(k, expect)) == pytest.approx(budget, rel=1e-12)
+    assert k == expect or sm.decode_run_time(DecodeShape(n, ctx), min(k, expect)) == pytest.approx(budget, rel=1e-12)
     assert total == pytest.approx(brute_run(sm, n, ctx, k), rel=1e-10)
     assert first == pytest.approx(sm.step_time(decode(n, ctx)), rel=1e-12)
     assert k == max_steps or total >= budget  # stopped early only at the step that reaches the budget
@@ -368,9 +368,9 @@ def test_envelope_of_lines(lines, fixed, k):
 
 def test_decode_steps_within_long_budget():
     sm = StepModel(LLAMA8, H100, 1, "auto", CAL)
-    k = sm.decode_steps_within(64, 64 * 1000, 600.0)  # tens of thousands of steps, found in O(log k)
-    assert sm.decode_run_time(64, 64 * 1000, k) >= 600.0 > sm.decode_run_time(64, 64 * 1000, k - 1)
-    assert sm.decode_steps_within(64, 64 * 1000, 0.0) == 1
+    k = sm.decode_steps_within(DecodeShape(64, 64 * 1000), 600.0)  # tens of thousands of steps, found in O(log k)
+    assert sm.decode_run_time(DecodeShape(64, 64 * 1000), k) >= 600.0 > sm.decode_run_time(DecodeShape(64, 64 * 1000), k - 1)
+    assert sm.decode_steps_within(DecodeShape(64, 64 * 1000), 0.0) == 1
 
 
 @settings(max_examples=100, deadline=None)
@@ -439,3 +439,32 @@ def test_shipped_calibrations_are_picked_by_gpu_and_engine(tmp_path):
         assert set(doc["provenance"]) == set(doc["coefficients"]), path.name
         assert all(isinstance(v, str) and v for v in doc["provenance"].values())
         assert math.isfinite(load_calibration(path).compute_efficiency)
+
+
+def test_moe_computes_active_experts_and_streams_those_the_batch_touches():
+    """Qwen3-30B-A3B: a token goes through attention, the router and 8 of 128 experts in each of 48
+    layers; a step streams the attention and the experts its tokens touch, 128 x (1 - (1 - 8/128)^T)."""
+    m = MODELS["Qwen3-30B-A3B"]
+    sm = StepModel(m, H100, 1, "auto", CAL)
+    h = 2048
+    attn, expert, router = 2 * h * 32 * 128 + 2 * h * 4 * 128, 3 * h * 768, h * 128
+    active = 48 * (attn + router + 8 * expert)
+    assert sm.layers_s_per_token == pytest.approx(2 * active / (PEAK * 0.5), rel=1e-12)
+    dense_bytes, experts_bytes = 48 * attn * 2, 48 * 128 * expert * 2  # routers: tiny, left out as norms are
+    for tokens in (1, 16, 4096):
+        touched = 128 * (1 - (1 - 8 / 128) ** tokens)
+        assert sm.layers_weights_time(tokens) == pytest.approx((dense_bytes + experts_bytes * touched / 128) / BW,
+                                                               rel=1e-12)
+    assert sm.layers_weights_time(1) == pytest.approx((dense_bytes + experts_bytes / 16) / BW, rel=1e-12)
+    assert sm.layers_weights_time(4096) == pytest.approx((dense_bytes + experts_bytes) / BW, rel=1e-9)
+    # a decode step of one sequence is memory-bound: far below streaming every expert
+    assert sm.gemm_time(1, 1) < (dense_bytes + experts_bytes) / BW / 5
+    assert StepModel(LLAMA8, H100, 1, "auto", CAL).layers_weights_time(7) == \
+        StepModel(LLAMA8, H100, 1, "auto", CAL).layers_weights_s  # dense: every step streams every layer
+
+
+def test_deepseek_runs_fp8_gemms_and_streams_shipped_bytes():
+    m = MODELS["DeepSeek-V3"]
+    sm = StepModel(m, GPUS["H200"], 8, "auto", CAL)
+    assert m.gemm_dtype == "fp8"
+    assert sm.layers_s_per_token == pytest.approx(2 * m.active_layer_params / (8 * 1978.9e12 * 0.5), rel=1e-12)

@@ -18,8 +18,8 @@ import pytest  # noqa: E402
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 try:
-    from backends.triton_engine.model import dense_reference_forward
-    from backends.triton_engine.runner import ModelRunner, RunnerConfig, graph_batch_sizes, pseudo_token_ids
+    from kvsim.backends.triton_engine.model import dense_reference_forward
+    from kvsim.backends.triton_engine.runner import ModelRunner, RunnerConfig, graph_batch_sizes, pseudo_token_ids
 except ImportError as exc:  # the kernel modules are written separately
     pytest.skip(f"triton engine not importable: {exc}", allow_module_level=True)
 
@@ -185,11 +185,11 @@ def _scenario(**engine):
 
 
 def _backend(sc):
-    from backends.triton_engine.backend import TritonBackend
-    from kvsim.perf.memory import kv_capacity
+    from kvsim.backends.triton_engine.backend import TritonBackend
+    from kvsim.pipeline import resolve_policy
 
     model, gpu = model_spec(sc), gpu_spec(sc)
-    return TritonBackend(sc, sc.policies[0], model, gpu, kv_capacity(sc, sc.policies[0], model, gpu))
+    return TritonBackend(sc, sc.policies[0], model, gpu, *resolve_policy(sc, sc.policies[0], model, gpu))
 
 
 def test_backend_refuses_swap_preemption():

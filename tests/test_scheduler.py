@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, Phase, event, given, settings, strategies as
 from kvsim.engine.block_manager import BlockManager
 from kvsim.engine.contiguous import ContiguousAllocator
 from kvsim.engine.scheduler import Scheduler
+from kvsim.engine.settings import EngineSettings
 from kvsim.sequence import Request, Sequence, SequenceStatus
 
 from conftest import make_seq
@@ -25,9 +26,9 @@ RUNNING, WAITING, SWAPPED, FINISHED, REJECTED = (
 def sched_of(num_blocks=64, block_size=4, *, prefix=False, max_num_seqs=8, budget=64, max_model_len=256,
              chunked=True, mode="recompute", host_blocks=0, cohort=False):
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix)
-    return Scheduler(bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
-                     enable_chunked_prefill=chunked, preemption_mode=mode, num_host_blocks=host_blocks,
-                     use_cohort=cohort)
+    settings = EngineSettings(block_size, max_num_seqs, budget, max_model_len, enable_chunked_prefill=chunked,
+                              preemption_mode=mode, num_host_blocks=host_blocks)
+    return Scheduler(bm, settings, use_cohort=cohort)
 
 
 def step(sched):
@@ -41,10 +42,10 @@ def step(sched):
 def extend_run(sched, batch, max_steps: int) -> int:
     """A run of identical decode steps as the simulator takes one: plan_decode_run, then the extra
     steps' blocks reserved."""
-    k, more = sched.plan_decode_run(batch, max_steps)
-    if k > 1 and more > 0:
-        sched.allocator.reserve(more)
-    return k
+    plan = sched.plan_decode_run(batch, max_steps)
+    if plan.steps > 1:
+        sched.commit_decode_run(plan)
+    return plan.steps
 
 # ---- hand-worked cases -------------------------------------------------------------------
 
@@ -231,7 +232,7 @@ def test_too_long_or_too_large_requests_are_rejected_at_add():
 
 def test_contiguous_slab_larger_than_the_cache_is_rejected():
     alloc = ContiguousAllocator(num_blocks=10, block_size=4, max_model_len=64)  # 16-block slabs
-    sched = Scheduler(alloc, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    sched = Scheduler(alloc, EngineSettings(4, 4, 64, 64))
     s = make_seq(0, 4, 4)
     assert not sched.add(s)
     assert s.status is REJECTED and s.reject_reason
@@ -328,9 +329,10 @@ def build(cfg: Config, cohort: bool) -> Scheduler:
         alloc = BlockManager(cfg.num_blocks, cfg.block_size, enable_prefix_caching=cfg.prefix)
     else:
         alloc = ContiguousAllocator(cfg.num_blocks, cfg.block_size, cfg.max_model_len, cfg.reserve)
-    return Scheduler(alloc, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.budget,
-                     max_model_len=cfg.max_model_len, enable_chunked_prefill=cfg.chunked,
-                     preemption_mode=cfg.mode, num_host_blocks=cfg.host_blocks, use_cohort=cohort)
+    settings = EngineSettings(cfg.block_size, cfg.max_num_seqs, cfg.budget, cfg.max_model_len,
+                              enable_chunked_prefill=cfg.chunked, preemption_mode=cfg.mode,
+                              num_host_blocks=cfg.host_blocks)
+    return Scheduler(alloc, settings, use_cohort=cohort)
 
 
 @st.composite

@@ -5,8 +5,10 @@ import json
 
 import pytest
 
-from backends.analytic import AnalyticBackend
+from kvsim.backends.analytic import AnalyticBackend
 from kvsim.cli import main
+from kvsim.engine.settings import EngineSettings
+from kvsim.engine.simulator import Simulation
 from kvsim.perf.memory import kv_capacity
 from kvsim.results.metrics import Metrics
 from kvsim.pipeline import run_scenario
@@ -152,9 +154,10 @@ def test_the_cohort_keeps_its_longest_member_only_when_the_price_reads_it():
     sc = make_scenario()
     model, gpu = model_spec(sc), gpu_spec(sc)
     cap = kv_capacity(sc, sc.policies[0], model, gpu)
-    assert not AnalyticBackend(sc, sc.policies[0], model, gpu, cap).prices_longest_decode  # vLLM: no serial term
+    settings = EngineSettings(16, 64, 2048, 4096)
+    assert not AnalyticBackend(sc, sc.policies[0], model, gpu, cap, settings).prices_longest_decode  # vLLM: no serial term
     triton = make_scenario(backend={"calibration": "triton"})
-    assert AnalyticBackend(triton, triton.policies[0], model, gpu, cap).prices_longest_decode
+    assert AnalyticBackend(triton, triton.policies[0], model, gpu, cap, settings).prices_longest_decode
 
 
 @pytest.mark.parametrize("case", ["tight memory, preemptions", "prefix groups, two replicas"])
@@ -162,12 +165,34 @@ def test_engine_clock_running_ahead_of_simpy_changes_nothing(monkeypatch, case):
     """Engines skip SimPy timeouts while no other event is due; yielding every step must agree exactly."""
     import simpy
 
+    monkeypatch.setattr(Simulation, "ONE_REPLICA_WITHOUT_SIMPY", False)
     sc = make_scenario(**FUSION_CASES[case])
     ahead, ahead_sum = per_request(monkeypatch, sc)
     monkeypatch.setattr(simpy.Environment, "peek", lambda self: float("-inf"))  # every step yields
     stepped, stepped_sum = per_request(monkeypatch, sc)
     assert ahead == stepped and ahead
     assert ahead_sum == stepped_sum
+
+
+# Arrival times that tie with each other and with step ends, rejected requests among them, so
+# that SimPy's order of equal-time events is what the one-replica clock must replay.
+TIES = {"num_requests": 120, "arrival": {"process": "deterministic", "rate": 40.0},
+        "prompt_len": {"dist": "uniform", "min": 100, "max": 900},
+        "output_len": {"dist": "uniform", "min": 1, "max": 60}}
+
+
+@pytest.mark.parametrize("case", ["tight memory, preemptions", "swap preemption", "budget smaller than the batch",
+                                  "ragged decodes, serial term", "ties"])
+def test_one_replica_without_simpy_replays_simpy_exactly(monkeypatch, case):
+    """A lone replica's loop replays SimPy's clock and event order (OneReplicaClock): every figure,
+    every request's times, every time-series row the same, to the bit."""
+    sections = FUSION_CASES.get(case) or dict(engine={"max_model_len": 700, "max_num_seqs": 8}, workload=TIES)
+    sc = make_scenario(**sections)
+    alone, alone_sum = per_request(monkeypatch, sc)
+    monkeypatch.setattr(Simulation, "ONE_REPLICA_WITHOUT_SIMPY", False)
+    queued, queued_sum = per_request(monkeypatch, sc)
+    assert alone == queued and alone
+    assert alone_sum == queued_sum
 
 
 # ---- policy effects ------------------------------------------------------------------------

@@ -9,8 +9,8 @@ from hypothesis import given, settings, strategies as st
 
 from kvsim.errors import KvsimError
 from kvsim.scenario.config import scenario_from_dict
-from kvsim.scenario.traces import (MOONCAKE_BLOCK_SIZE, VOCAB_SIZE, block_token_ids, load_azure, load_csv,
-                                   load_mooncake, load_trace)
+from kvsim.scenario.trace_rows import MOONCAKE_BLOCK_SIZE, VOCAB_SIZE, block_token_ids
+from kvsim.scenario.traces import load_azure, load_csv, load_mooncake, load_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MALFORMED = FIXTURES / "malformed"

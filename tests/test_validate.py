@@ -138,7 +138,7 @@ def test_validate_cli_prints_and_writes_the_table(tmp_path, scenario, capsys):
 
 
 def test_step_log_of_the_triton_backend(tmp_path, scenario, monkeypatch):
-    from backends.triton_engine.backend import STEP_LOG_COLUMNS, StepLog
+    from kvsim.backends.triton_engine.backend import STEP_LOG_COLUMNS, StepLog
     from kvsim.perf.calibration import load_calibration, shipped_path
     from kvsim.perf.roofline import StepModel
     from kvsim.scenario.catalog import gpu_spec, model_spec
@@ -200,7 +200,7 @@ def test_gpu_validation_script_runs_on_the_cpu(tmp_path):
 @pytest.mark.parametrize("path", sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("scenarios/**/*.toml")))
 def test_shipped_triton_scenarios_pass_the_engines_checks(path):
     """The GPU validation runs must not stop on a setting the triton engine refuses (checked without a GPU)."""
-    from backends.triton_engine.backend import _check_scenario
+    from kvsim.backends.triton_engine.backend import _check_scenario
     from kvsim.scenario.catalog import model_spec
 
     sc = kvsim.load_scenario(ROOT / path)

@@ -1,5 +1,7 @@
 """One-line errors on the page: a `KvsimError` is shown as its message (naming the file, key or
-line), anything else as one line naming the exception; the traceback goes to the server's log only."""
+line), anything else as one line naming only the exception's type (its message may hold server paths);
+the message and traceback go to the server's log only. Control and bidirectional-override characters
+are escaped, and this session's upload folder is left out of paths."""
 
 from __future__ import annotations
 
@@ -21,9 +23,11 @@ def one_line(text: str) -> str:
     """The first line, without this server's temporary upload folder in paths."""
     import streamlit as st
 
+    from kvsim.guard import one_line as printable
+
     line = (text.strip().splitlines() or [""])[0]
     folder = st.session_state.get("kvsim.upload_dir")
-    return line.replace(folder + "/", "") if folder else line
+    return printable(line.replace(folder + "/", "") if folder else line)
 
 
 @contextmanager
@@ -36,6 +40,6 @@ def caught(container=None):
         result.message = one_line(str(exc))
     except Exception as exc:  # a bug: one line on the page, the traceback in the log
         log.exception("dashboard error")
-        result.message = one_line(f"internal error ({type(exc).__name__}): {exc}")
+        result.message = f"internal error ({type(exc).__name__}): the details are in the server's log"
     if result.message and container is not None:
         container.error(result.message)

@@ -25,15 +25,18 @@ class Settings:
     """The search settings `kvsim plan` takes as --seeds, --resolution and --requests."""
 
     seeds: int = 3
-    resolution: float = 0.05
-    num_requests: int | None = 1000
+    resolution: float = 0.02
+    num_requests: int | None = None  # None: the scenario's, at most 3000
 
     def cli(self) -> str:
-        out = f"--seeds {self.seeds} --resolution {self.resolution:g}"
-        return out + (f" --requests {self.num_requests}" if self.num_requests else "")
+        """The settings as `kvsim plan` flags (none for its defaults)."""
+        out = (f" --seeds {self.seeds}" if self.seeds != 3 else "") + \
+            (f" --resolution {self.resolution:g}" if self.resolution != 0.02 else "")
+        return (out + (f" --requests {self.num_requests}" if self.num_requests else "")).strip()
 
 
-DEFAULT = Settings()  # fast: the command line's are 3 seeds, ±2%, min(scenario's requests, 3000)
+DEFAULT = Settings()  # the command line's: 3 seeds, ±2%, min(scenario's requests, 3000)
+TP_DEGREES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,21 +44,22 @@ class Targets:
     """The deployment search's candidates, as `kvsim plan --target-rate R --gpu G --tp T ...` takes them."""
 
     target_rate: float
-    policy: str
+    policy: str | None  # None: every policy (each layout keeps its best)
     gpus: tuple[str, ...]
     tensor_parallel: tuple[int, ...]
     max_replicas: int = 64
     top: int = 3
+    headroom: bool = True  # search each listed deployment's own safe rate
 
     def cli(self, all_gpus: tuple[str, ...]) -> str:
-        out = f"--target-rate {self.target_rate:g} --policy {self.policy}"
+        out = f"--target-rate {self.target_rate:g}" + (f" --policy {self.policy}" if self.policy else "")
         if set(self.gpus) != set(all_gpus):
             out += "".join(f" --gpu {g}" for g in self.gpus)
         if tuple(self.tensor_parallel) != (1, 2, 4, 8):
             out += "".join(f" --tp {t}" for t in self.tensor_parallel)
         if self.max_replicas != 64:
             out += f" --max-replicas {self.max_replicas}"
-        return out + (f" --top {self.top}" if self.top != 3 else "")
+        return out + (f" --top {self.top}" if self.top != 3 else "") + ("" if self.headroom else " --no-headroom")
 
 
 class Bar:
@@ -102,6 +106,6 @@ def deploy(toml_text: str, source: str, base_dir: str, inputs_digest: str, setti
         return kvsim.deploy(scenario, targets.target_rate, gpus=list(targets.gpus),
                             tensor_parallel=targets.tensor_parallel, policy=targets.policy, seeds=settings.seeds,
                             resolution=settings.resolution, num_requests=settings.num_requests, top=targets.top,
-                            max_replicas=targets.max_replicas, workers=_workers, progress=bar)
+                            max_replicas=targets.max_replicas, workers=_workers, progress=bar, headroom=targets.headroom)
     finally:
         bar.close()

@@ -17,7 +17,7 @@ import streamlit as st
 
 import kvsim
 from kvdash.source import temp_dir
-from kvsim.results.report import report_figures
+from kvsim.results.figures import report_figures
 from kvsim.scenario.config import scenario_from_toml
 from kvsim.scenario.workload import expected_count
 
@@ -84,8 +84,10 @@ def full_run(toml_text: str, source: str, base_dir: Path, inputs_digest: str, nu
              container) -> RunResult:
     """Run the whole scenario with a progress bar in `container`; kept for the session."""
     bar = container.progress(0.0, text="starting")
-    result = run_to_memory(toml_text, source, base_dir, StreamlitProgress(bar, num_policies))
-    bar.empty()
+    try:
+        result = run_to_memory(toml_text, source, base_dir, StreamlitProgress(bar, num_policies))
+    finally:
+        bar.empty()  # a run that fails (a model that does not fit) leaves its error, not a bar
     st.session_state["kvsim.full_run"] = ((toml_text, inputs_digest), result)
     return result
 

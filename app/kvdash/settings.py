@@ -1,9 +1,11 @@
-"""The settings sidebar: the starting scenario, then one widget per scenario key, turned into `--set`
-overrides on the scenario's data and validated by the same strict schema as a file on disk.
+"""The settings: the question in the main area (model, GPU, TP x replicas, arrival rate, SLO, with
+units), everything else in the "Advanced" sidebar (the starting scenario or upload, policies, engine
+limits, workload, the other SLO bounds); each widget is one scenario key, turned into a `--set`
+override on the scenario's data and validated by the same strict schema as a file on disk.
 
 This module is the one place that says which widget sets which key (the tuples below; the widgets
-themselves come from the schema, kvdash.fields). The sidebar is drawn by Home.py on every page, so
-every page sees the same scenario: a page calls `current()`.
+themselves come from the schema, kvdash.fields). Home.py draws them on every page, above the page,
+so every page sees the same scenario: a page calls `current()`.
 """
 
 from __future__ import annotations
@@ -19,21 +21,23 @@ from kvdash import errors, fields
 from kvdash.source import Base, choose_base, toml_value
 from kvsim.errors import KvsimError
 from kvsim.scenario.catalog import GPUS, MODELS
-from kvsim.scenario.config import PrefixConfig, Scenario, SloConfig, scenario_from_toml
+from kvsim.scenario.config import PrefixConfig, Scenario, SloConfig, scenario_from_dict, scenario_from_toml
 from kvsim.scenario.overrides import apply_overrides
 
-# ---- which widgets the sidebar shows: each is a scenario key, as `--set` and the TOML file name it
-HARDWARE = ("model.dtype", "hardware.tensor_parallel_size", "hardware.num_replicas", "hardware.router",
-            "hardware.gpu_memory_utilization")
+# ---- which widgets the page shows: each is a scenario key, as `--set` and the TOML file name it
+MAIN_SLO = ("percentile", "ttft_ms", "tpot_ms")  # in the main area, with the model, GPU, TP x replicas and rate
+HARDWARE = ("model.dtype", "hardware.router", "hardware.gpu_memory_utilization")
 ENGINE = ("engine.max_num_seqs", "engine.max_num_batched_tokens", "engine.max_model_len", "engine.block_size",
           "engine.enable_prefix_caching", "engine.preemption_mode")
 POLICY = ("allocator", "kv_cache_dtype", "enable_chunked_prefill", "max_num_batched_tokens", "enable_prefix_caching")
 WORKLOAD = ("workload.num_requests", "workload.duration_s", "workload.seed")
-ARRIVAL = {"poisson": ("rate",), "gamma": ("rate", "cv"), "trace": ("time_scale",)}  # by arrival.process
+ARRIVAL = {"gamma": ("cv",)}  # by arrival.process, beside the rate (or a trace's time_scale) in the main area
+RATE_KEY = {"trace": "time_scale"}  # the main area's arrival widget, by process (default: rate)
+TP_DEGREES = (1, 2, 4, 8)
 LENGTHS = {"fixed": ("value",), "uniform": ("min", "max"), "lognormal": ("mean", "sigma", "min", "max"),
            "trace": ()}  # by prompt_len.dist / output_len.dist
 PREFIX = fields.scalar_fields(PrefixConfig)
-SLO = fields.scalar_fields(SloConfig)  # every bound the schema has, whatever it names them
+SLO = tuple(k for k in fields.scalar_fields(SloConfig) if k not in MAIN_SLO)  # the other bounds the schema has
 STEPS = {"hardware.gpu_memory_utilization": 0.01, "workload.arrival.rate": 0.5, "workload.arrival.cv": 0.25,
          "workload.arrival.time_scale": 0.1, "workload.duration_s": 60.0, "workload.prefix.fraction": 0.05,
          "slo": 10.0}  # number-input steps, by key or section
@@ -125,7 +129,13 @@ def _unset(data: dict, key: str) -> None:
         node.pop(name, None)
 
 
-def _model_and_hardware(form: _Form, box) -> None:
+MAIN_LABELS = {"hardware.gpu": "GPU", "hardware.tensor_parallel_size": "TP (GPUs per replica)",
+               "hardware.num_replicas": "replicas", "workload.arrival.rate": "arrival rate (req/s)",
+               "workload.arrival.time_scale": "trace time scale (× gaps)", "slo.percentile": "SLO percentile",
+               "slo.ttft_ms": "TTFT ≤ (ms)", "slo.tpot_ms": "TPOT ≤ (ms)"}
+
+
+def _model(form: _Form, box) -> None:
     cfg = form.base.scenario.model
     hf = Path(cfg.hf_config or ".")
     here = cfg.name if cfg.name is not None else f"hf_config: {hf.parent.name}/{hf.name}"
@@ -134,7 +144,21 @@ def _model_and_hardware(form: _Form, box) -> None:
                           help=fields.help_text("model.name"))
     if model != here:
         form.overrides.append(f"model={toml_value({'name': model, 'dtype': cfg.dtype})}")
-    form.widget(box, "hardware.gpu", options=list(GPUS))
+
+
+def _main(form: _Form, box, process: str) -> None:
+    """The question: model, GPU, TP × replicas, arrival rate (a trace's time scale) and the SLO, with units."""
+    cols = box.columns([2.2, 1.5, 1.1, 0.8, 1.2, 1.0, 1.0, 1.0], vertical_alignment="bottom")
+    _model(form, cols[0])
+    rate = f"workload.arrival.{RATE_KEY.get(process, 'rate')}"
+    keys = ("hardware.gpu", "hardware.tensor_parallel_size", "hardware.num_replicas", rate,
+            *(f"slo.{k}" for k in MAIN_SLO))
+    for col, key in zip(cols[1:], keys):
+        options = list(GPUS) if key == "hardware.gpu" else list(TP_DEGREES) if key.endswith("parallel_size") else None
+        form.widget(col, key, label=MAIN_LABELS[key], options=options)
+
+
+def _hardware(form: _Form, box) -> None:
     for key in HARDWARE:
         form.widget(box, key)
 
@@ -159,7 +183,8 @@ def _lengths(form: _Form, box, which: str) -> None:
         form.widget(cols[j % 2], f"workload.{which}.{key}", label=f"{which} {key}")
 
 
-def _workload(form: _Form, box) -> None:
+def _workload(form: _Form, box) -> str:
+    """The workload's widgets but its rate (in the main area); returns the arrival process."""
     for key in WORKLOAD:
         form.widget(box, key)
     process = form.widget(box, "workload.arrival.process", label="arrival process")
@@ -176,25 +201,29 @@ def _workload(form: _Form, box) -> None:
             form.widget(box, f"workload.prefix.{key}", force=not had)
     elif had:
         form.unset.append("workload.prefix")
+    return process
 
 
-def sidebar() -> None:
-    """Draw the settings sidebar and keep the scenario it makes (or the error) for the page."""
+def draw() -> None:
+    """Draw the settings (the main area's question, the Advanced sidebar) and keep the scenario they
+    make (or the error) for the page."""
     st.session_state["kvsim.current"] = None
     with errors.caught() as error:
         bar = st.sidebar
-        bar.header("Scenario")
+        bar.header("Advanced", help="Everything beside the question above: the scenario to start from (or "
+                                    "your own files), the policies compared, engine limits, the workload.")
         base = choose_base(bar)
         form = _Form(base)
-        _model_and_hardware(form, bar.expander("Model and hardware", expanded=True))
+        _hardware(form, bar.expander("Model and hardware"))
         chosen = _policies(form, bar.expander("Policies"))
         _engine = bar.expander("Engine limits")
         for key in ENGINE:
             form.widget(_engine, key)
-        _workload(form, bar.expander("Workload"))
-        slo = bar.expander("SLO")
+        process = _workload(form, bar.expander("Workload"))
+        slo = bar.expander("SLO: other bounds")
         for key in SLO:
             form.widget(slo, f"slo.{key}")
+        _main(form, st.container(), process)
         st.session_state["kvsim.current"] = build(base, form.overrides, form.unset, chosen)
     st.session_state["kvsim.error"] = error.message
 
@@ -207,10 +236,42 @@ def build(base: Base, overrides: list[str], unset: list[str], chosen: list[str])
     for key in unset:
         _unset(data, key)
     data["policies"] = [p for p in data["policies"] if p.get("name") in chosen]
+    if any(o.startswith(("model", "hardware.")) for o in overrides):  # the file's own description is stale
+        data["description"] = layout_text(scenario_from_dict(data, base.source, base.base_dir)) + \
+            f" (from {Path(base.source).name}, changed in the dashboard)"
     current = Current(base.scenario, base, list(overrides), list(unset), list(chosen), data)
     text = current.toml()
     current.scenario = scenario_from_toml(text, base.source, base.base_dir)
     return current
+
+
+def layout_text(scenario: Scenario) -> str:
+    """e.g. 'Llama-3.1-8B on 4 × H100-SXM (TP 2 × 2 replicas)'."""
+    hw = scenario.hardware
+    model = scenario.model.name or Path(scenario.model.hf_config or "model").parent.name
+    n = hw.tensor_parallel_size * hw.num_replicas
+    return (f"{model} on {n} × {hw.gpu} (TP {hw.tensor_parallel_size} × {hw.num_replicas} "
+            f"replica{'s' if hw.num_replicas > 1 else ''})")
+
+
+def workload_text(scenario: Scenario) -> str:
+    """The workload in a line: arrivals, lengths, how many requests."""
+    wl = scenario.workload
+    arrival = wl.arrival
+    if arrival.process == "trace":
+        head = f"{wl.trace.format} trace replay" + (f" at {arrival.time_scale:g}× its gaps" if arrival.time_scale != 1 else "")
+    else:
+        head = f"{arrival.process} arrivals at {arrival.rate:g} req/s" + (f" (cv {arrival.cv:g})" if arrival.process == "gamma" else "")
+
+    def length(d, what):
+        return {"fixed": lambda: f"{what} {d.value:,}", "uniform": lambda: f"{what} {d.min:,}–{d.max:,}",
+                "lognormal": lambda: f"{what} ~{d.mean:,.0f} (lognormal)", "trace": lambda: f"{what} from the trace"}[d.dist]()
+    parts = [head, length(wl.prompt_len, "prompts"), length(wl.output_len, "outputs")]
+    if wl.prefix is not None:
+        parts.append(f"{wl.prefix.num_groups} shared {wl.prefix.prefix_len:,}-token prefixes")
+    if wl.num_requests:
+        parts.append(f"{wl.num_requests:,} requests")
+    return ", ".join(parts)
 
 
 def current() -> Current:

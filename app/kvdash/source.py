@@ -4,10 +4,17 @@ with an uploaded trace or Hugging Face `config.json`.
 Uploads are size-capped, checked as the command line checks files (the strict scenario schema, the
 config.json reader) and written only under one temporary folder, which is removed when the server
 exits. What an upload changes is said as `--set` overrides, like every other setting.
+
+A dashboard may be shared, so an uploaded scenario is confined to its own upload folder: each path it
+names (`model.hf_config`, `workload.trace.path`, `backend.calibration`) must resolve, links followed,
+inside this session's upload folder, or the page shows one line that names the key and no server file
+(nothing outside is read, so no error can tell whether a file exists or what it holds). Shipped
+scenarios name the project's own files and are not confined.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 import tempfile
@@ -18,6 +25,7 @@ import streamlit as st
 
 import kvsim
 from kvsim.errors import KvsimError
+from kvsim.perf.calibration import ENGINES
 from kvsim.scenario.catalog import load_hf_config
 from kvsim.scenario.config import Scenario, name_from_stem, scenario_from_dict, scenario_from_toml
 from kvsim.scenario.files import check_values, parse_toml, read_text
@@ -101,14 +109,26 @@ def toml_value(value) -> str:
     return tomli_w.dumps({"v": value})[4:].strip()
 
 
-def _absolute_paths(data: dict, base_dir: Path) -> dict:
+def _absolute_paths(data: dict, base_dir: Path, confined_to: Path | None = None, source: str = "") -> dict:
+    """The path keys made absolute (from `base_dir`); with `confined_to`, each must resolve inside it."""
     for *tables, key in PATH_KEYS:
         table = data
         for t in tables:
             table = table.get(t) if isinstance(table, dict) else None
-        if isinstance(table, dict) and isinstance(table.get(key), str):
-            path = Path(table[key]).expanduser()
-            table[key] = str(path if path.is_absolute() else (base_dir / path).resolve())
+        if not isinstance(table, dict) or not isinstance(table.get(key), str):
+            continue
+        if key == "calibration" and table[key] in ENGINES:  # a shipped calibration by name, not a path
+            continue
+        try:
+            path = Path(table[key]) if confined_to is not None else Path(table[key]).expanduser()
+            path = (path if path.is_absolute() else base_dir / path).resolve()
+        except (OSError, RuntimeError, ValueError):
+            path = None
+        if confined_to is not None and (path is None or confined_to.resolve() not in path.parents):
+            raise KvsimError(f"{source}: {'.'.join((*tables, key))}: an uploaded scenario may name only files "
+                             "uploaded with it (upload the trace or config.json below)")
+        if path is not None:
+            table[key] = str(path)
     return data
 
 
@@ -180,12 +200,31 @@ def choose_base(container) -> Base:
     """The source widgets (shipped or uploaded scenario, trace, config.json) and the validated start."""
     text, source, base_dir, default_name = _scenario_file(container)
     trace, fmt, hf = _extra_uploads(container)
+    data = parse_toml(text, source)
+    confined = upload_dir() if base_dir != SCENARIO_DIR else None
+    _absolute_paths(copy.deepcopy(data), base_dir, confined, source)  # before anything reads a file it names
     scenario_from_toml(text, source, base_dir, default_name=default_name)  # one-line error if it is not valid
-    data = _absolute_paths(parse_toml(text, source), base_dir)
+    data = _absolute_paths(data, base_dir, confined, source)
     data.setdefault("name", default_name)
     digest = hashlib.sha256(f"{source}\0{text}".encode())
     overrides = _upload_overrides(data, trace, fmt, hf, digest)
     data = apply_overrides(data, overrides)
     check_values(data, source)
     scenario = scenario_from_dict(data, source, base_dir)
+    if base_dir == upload_dir():
+        _check_uploaded_inputs(scenario, source)
     return Base(data, scenario, source, base_dir, tuple(overrides), digest.hexdigest()[:16], upload_dir())
+
+
+def _check_uploaded_inputs(scenario, source: str) -> None:
+    """An uploaded scenario's input files live only if uploaded beside it: say which to upload, not a
+    server path."""
+    wanted = (("workload.trace.path", scenario.workload.trace.path if scenario.workload.trace else None,
+               "upload the trace too (Upload a trace or a model config, in the sidebar)"),
+              ("model.hf_config", scenario.model.hf_config,
+               "upload the model's config.json too (Upload a trace or a model config, in the sidebar)"),
+              ("backend.calibration", scenario.backend.calibration,
+               "the dashboard takes no calibration upload: remove the key, or run it with python -m kvsim"))
+    for key, rel, fix in wanted:
+        if rel and not scenario.resolve(rel).is_file():
+            raise KvsimError(f"{source}: {key} names {Path(rel).name}: {fix}")

@@ -1,11 +1,12 @@
-"""Capacity: how much traffic the sidebar's scenario serves, from `kvsim.plan` and `kvsim.deploy` (what
-`python -m kvsim plan` prints and writes to plan.json): each policy's maximum sustainable rate with its
-95% interval, the SLO figures against the rate (the knee), what binds and the headroom at the
-scenario's own rate; then the cheapest deployments (GPU, TP × replicas) that meet the SLO at a target
-rate, with $/hour and $ per million tokens.
+"""Capacity: how much traffic the scenario serves, from `kvsim.plan` and `kvsim.deploy` (what
+`python -m kvsim plan` prints and writes to plan.json): each policy's safe rate beside the mean and
+95% interval of its knee, the SLO figures against the rate, what binds and the headroom at the
+scenario's own rate; then the cheapest deployments (GPU, TP × replicas, policy) that meet the SLO at
+a target rate, with $/hour and $ per million tokens.
 
-A search runs when its button is pressed, with a progress bar, and is cached by the scenario and the
-settings (kvdash.plans); the first visit runs the quick default plan once, so the page opens on an answer.
+A search runs with `kvsim plan`'s own settings unless the search settings say otherwise, with a
+progress bar, and is cached by the scenario and the settings (kvdash.plans): the first visit shows
+the plan the Answer page made, so the numbers are the command line's.
 """
 
 import os
@@ -16,23 +17,19 @@ import streamlit as st
 from kvdash import errors, plans, runs, settings
 from kvsim.errors import KvsimError
 from kvsim.planning.capacity import DEFAULT_REQUESTS
-from kvsim.planning.output import deploy_lines, plan_files, plan_lines
-from kvsim.results.report import policy_colors, slo_text
+from kvsim.planning.output import deploy_lines, plan_files, plan_lines, tied_with
+from kvsim.planning.points import base_rate
+from kvsim.results.figures import policy_colors, policy_dashes
+from kvsim.results.report import slo_text
 from kvsim.results.verdict import LABELS, percentile_label
 from kvsim.scenario.catalog import GPUS
 
 RESOLUTIONS = (0.01, 0.02, 0.05, 0.1, 0.2)
 TP_DEGREES = (1, 2, 4, 8)
-SEARCH_PHASES = ("search", "at_max_rate")  # not the what-ifs with twice the FLOP/s or bandwidth
+SEARCH_PHASES = ("search", "safe_check")  # not the long runs, nor the what-ifs with twice the FLOP/s or bandwidth
 SLO_RED = "#d62728"
 
-st.title("Capacity")
 cur = settings.current()
-
-
-def as_the_command_line(requests: int) -> None:
-    st.session_state.update({"kvsim.capacity.seeds": 3, "kvsim.capacity.resolution": 0.02,
-                             "kvsim.capacity.requests": requests})
 
 
 def search_settings(cli_requests: int) -> tuple[plans.Settings, int]:
@@ -44,7 +41,7 @@ def search_settings(cli_requests: int) -> tuple[plans.Settings, int]:
                             format_func=lambda r: f"±{r:.0%}", key="kvsim.capacity.resolution",
                             help="Each seed's search stops when the knee is bracketed this finely "
                                  "(`--resolution`; the command line's default is ±2%).")
-    n = cols[2].number_input("requests per point", 10, 100_000, plans.DEFAULT.num_requests, step=500,
+    n = cols[2].number_input("requests per point", 10, 100_000, cli_requests, step=500,
                              key="kvsim.capacity.requests",
                              help="Requests simulated at each rate tried (`--requests`; the command line's "
                                   "default: the scenario's, at most 3000). Fewer run faster but put the knee "
@@ -52,54 +49,55 @@ def search_settings(cli_requests: int) -> tuple[plans.Settings, int]:
     workers = cols[3].number_input("worker processes", 1, 256, os.cpu_count() or 1, key="kvsim.capacity.workers",
                                    help="Local processes running the simulations (`--workers`); the answers are "
                                         "the same whatever the number.")
-    cols = st.columns([3, 1], vertical_alignment="center")
-    cols[0].caption(f"Quick settings put the knee a little high (a queue needs time to grow); `kvsim plan`'s defaults, "
-                    f"3 seeds, ±2% and {cli_requests:,} requests a point here, give its exact numbers (chat: ~15-30 s "
-                    "on 2 cores).")
-    cols[1].button("Use the command line's settings", on_click=as_the_command_line, args=(cli_requests,),
-                   key="kvsim.capacity.cli_settings")
-    return plans.Settings(int(seeds), float(res), int(n)), int(workers)
+    chosen = plans.Settings(int(seeds), float(res), None if int(n) == cli_requests else int(n))
+    return chosen, int(workers)
 
 
 def capacity_figure(result, colors: dict) -> dict:
-    """Each policy's maximum rate with its 95% interval, against the scenario's own rate."""
+    """Each policy's safe rate (a bar), the mean of its knee with the 95% interval (a marker), and
+    the scenario's own rate (a line)."""
     ps = result.policies
     names = [p.policy for p in ps]
-    data = [{"type": "bar", "x": names, "y": [p.max_rate for p in ps], "marker": {"color": [colors[n] for n in names]},
-             "error_y": {"type": "data", "symmetric": False, "array": [p.ci_high - p.max_rate for p in ps],
-                         "arrayminus": [p.max_rate - p.ci_low for p in ps], "color": "#333"},
-             "text": [(">" if p.censored else "") + f"{p.max_rate:.3g}" for p in ps], "textposition": "inside",
-             "insidetextanchor": "start", "customdata": [[p.ci_low, p.ci_high, p.binding or "–"] for p in ps],
-             "showlegend": False, "hovertemplate": "%{x}: %{y:.3g} req/s (95% CI %{customdata[0]:.3g}–"
-                                                   "%{customdata[1]:.3g}); binds: %{customdata[2]}<extra></extra>"}]
+    data = [{"type": "bar", "x": names, "y": [p.safe_rate for p in ps], "name": "safe rate",
+             "marker": {"color": [colors[n] for n in names]},
+             "text": [f"{p.safe_rate:.3g}" for p in ps], "textposition": "inside", "insidetextanchor": "end",
+             "customdata": [[p.binding or "–"] for p in ps],
+             "hovertemplate": "%{x}: safe at %{y:.3g} req/s; binds: %{customdata[0]}<extra></extra>"},
+            {"type": "scatter", "mode": "markers", "x": names, "y": [p.mean_rate for p in ps],
+             "name": "knee: mean of the seeds (95% CI)", "marker": {"color": "#333", "symbol": "diamond", "size": 9},
+             "error_y": {"type": "data", "symmetric": False, "array": [p.ci_high - p.mean_rate for p in ps],
+                         "arrayminus": [p.mean_rate - p.ci_low for p in ps], "color": "#333"},
+             "text": [(">" if p.censored else "") + f"{p.mean_rate:.3g}" for p in ps],
+             "hovertemplate": "%{x}: knee %{text} req/s<extra></extra>"}]
     r0 = result.meta["scenario_rate"]
-    line = {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": r0, "y1": r0,
-            "line": {"dash": "dash", "color": "#444", "width": 1.5}}
-    label = {"xref": "paper", "x": 1, "y": r0, "xanchor": "right", "yanchor": "bottom", "showarrow": False,
-             "text": f"scenario rate {r0:.3g} req/s"}
-    return {"data": data, "layout": {"height": 380, "title": {"text": "Maximum sustainable rate (95% CI)"},
+    rates = [0, len(names) - 1] if names else [0, 0]
+    data.append({"type": "scatter", "mode": "lines", "x": [names[rates[0]], names[rates[1]]] if names else [],
+                 "y": [r0, r0], "name": f"scenario rate {r0:.3g} req/s", "line": {"dash": "dash", "color": "#444"}})
+    return {"data": data, "layout": {"height": 400, "title": {"text": "Safe rate per policy, and the knee it is below"},
                                      "yaxis": {"title": {"text": "requests/s"}, "rangemode": "tozero"},
-                                     "shapes": [line], "annotations": [label]}}
+                                     "legend": {"orientation": "h", "y": -0.15}}}
 
 
 def curve_figure(result, colors: dict, column: str, title: str, bound) -> dict:
     """One figure at the percentile against the arrival rate, per policy: the mean over the seeds tried
-    at each rate (open markers: some seed not sustainable there; a star: the rate reported)."""
+    at each rate (open markers: some seed not sustainable there; a star: the safe rate)."""
     data = []
+    dashes = policy_dashes(list(colors))
     for policy, color in colors.items():
         by_rate: dict = {}
-        for pt in result.points:
+        for pt in result.points:  # a seed's search and the safe check may simulate one rate twice: the same point
             if pt["policy"] == policy and pt["phase"] in SEARCH_PHASES:
-                by_rate.setdefault(pt["rate"], []).append(pt)
+                by_rate.setdefault(pt["rate"], {})[pt["seed"]] = pt
+        by_rate = {r: list(seeds.values()) for r, seeds in by_rate.items()}
         rates = sorted(by_rate)
         ys = [_mean(pt[column] for pt in by_rate[r]) for r in rates]
         ok = [all(pt["sustainable"] for pt in by_rate[r]) for r in rates]
-        knee = next(p.max_rate for p in result.policies if p.policy == policy)
+        safe = next(p.safe_rate for p in result.policies if p.policy == policy)
         data.append({"type": "scatter", "mode": "lines+markers", "name": policy, "legendgroup": policy,
-                     "x": rates, "y": ys, "line": {"color": color},
-                     "marker": {"symbol": ["star" if r == knee else "circle" if good else "circle-open"
+                     "x": rates, "y": ys, "line": {"color": color, "dash": dashes[policy]},
+                     "marker": {"symbol": ["star" if r == safe else "circle" if good else "circle-open"
                                            for r, good in zip(rates, ok)],
-                                "size": [14 if r == knee else 8 for r in rates]},
+                                "size": [14 if r == safe else 8 for r in rates]},
                      "hovertemplate": policy + ": %{y:,.4g} at %{x:.3g} req/s<extra></extra>"})
     rates = [pt["rate"] for pt in result.points if pt["phase"] in SEARCH_PHASES]
     if bound is not None and rates:
@@ -126,24 +124,24 @@ def slo_columns(slo: dict) -> list[tuple[str, str, float]]:
 
 def plan_rows(result) -> list[dict]:
     cols = slo_columns(result.meta["slo"])
-    return [{"policy": p.policy, "max req/s": p.max_rate, "CI low": p.ci_low, "CI high": p.ci_high,
-             "censored (> max tried)": p.censored, "headroom": p.headroom * 100,
-             "at scenario rate": "✓ sustainable" if p.sustainable_at_scenario_rate else "✗ not sustainable",
-             **{f"{label} at max": p.at_max_rate.get(col) for col, label, _ in cols},
-             "binds at the knee": p.binding, "why": p.binding_detail} for p in result.policies]
+    tied = tied_with(result.policies)
+    return [{"policy": p.policy, "safe req/s": p.safe_rate,
+             "knee (95% CI)": f"{p.mean_rate:.3g} ({p.ci_low:.3g}–{p.ci_high:.3g})" + (" >" if p.censored else ""),
+             "tied with": ", ".join(tied[p.policy]) or "–", "headroom": p.headroom * 100,
+             f"at {result.meta['scenario_rate']:.3g}/s": "✓" if p.sustainable_at_scenario_rate else "✗",
+             **{label: p.at_safe_rate.get(f"worst_{col}") for col, label, _ in cols},
+             "binds": p.binding} for p in result.policies]
 
 
 def deploy_rows(result) -> list[dict]:
-    """`kvsim plan --target-rate`'s table: a maximum rate is searched for the `top` cheapest passing layouts;
-    the others show whether they meet the target (≥ R or < R)."""
+    """`kvsim plan --target-rate`'s table: the cheapest passing layouts, each with its own safe rate."""
     r = result.target_rate
     return [{"GPU": d.gpu, "TP × replicas": f"{d.tensor_parallel_size} × {d.num_replicas}", "GPUs": d.num_gpus,
-             "meets": "✓" if d.meets_target else "✗",
-             "max req/s": f"{d.max_rate:.3g}" if d.max_rate is not None else f"{'≥' if d.meets_target else '<'}{r:g}",
-             "95% CI": "–" if d.ci_low is None else f"{d.ci_low:.3g}–{d.ci_high:.3g}",
+             "policy": d.policy, "safe req/s": f"{d.safe_rate:.3g}" if d.safe_rate is not None else f"≥{r:g}",
+             "knee (95% CI)": "–" if d.mean_rate is None else f"{d.mean_rate:.3g} ({d.ci_low:.3g}–{d.ci_high:.3g})",
              "$/hour": d.usd_per_hour, "$/M input": d.usd_per_m_input, "$/M output": d.usd_per_m_output,
-             "headroom": "–" if d.headroom is None else f"{d.headroom:+.0%}", "binds": d.binding,
-             "price source": d.price_source} for d in result.deployments]
+             "headroom": "–" if d.headroom is None else f"{d.headroom:+.0%}", "binds": d.binding}
+            for d in result.deployments]
 
 
 def cost_figure(result) -> dict:
@@ -170,19 +168,22 @@ def downloads(result, prefix: str) -> None:
 
 
 def number_columns(rows: list[dict]) -> dict:
-    """Display formats of a table's numeric columns, by their names."""
+    """Display formats of a table's numeric columns, by their names; short columns narrow, so the
+    table fits the page."""
     out = {}
     for name, value in (rows[0] if rows else {}).items():
+        if name.startswith("at ") and name.endswith("/s"):
+            out[name] = st.column_config.TextColumn(width="small")
         if not isinstance(value, float):
             continue
         if name == "headroom":
-            out[name] = st.column_config.NumberColumn(format="%+.0f%%")
+            out[name] = st.column_config.NumberColumn(format="%+.0f%%", width="small")
         elif name.startswith("$"):
-            out[name] = st.column_config.NumberColumn(format="%.3f")
+            out[name] = st.column_config.NumberColumn(format="%.3f", width="small")
         elif " ms " in name:
-            out[name] = st.column_config.NumberColumn(format="%.0f")
+            out[name] = st.column_config.NumberColumn(format="%.0f", width="small")
         else:
-            out[name] = st.column_config.NumberColumn(format="%.3g")
+            out[name] = st.column_config.NumberColumn(format="%.3g", width="small")
     return out
 
 
@@ -192,7 +193,11 @@ def show_plan(result) -> None:
     colors = {p.policy: colors[p.policy] for p in result.policies}
     show(capacity_figure(result, colors), "max_rate")
     rows = plan_rows(result)
-    st.dataframe(rows, hide_index=True, column_config=number_columns(rows))
+    st.dataframe(rows, hide_index=True, column_config=number_columns(rows), width="stretch")
+    st.caption("at r/s: every seed sustainable at the scenario's own rate; the SLO figures: the worst of the seeds and "
+               "the long run at the safe rate; binds: at the knee.")
+    with st.expander("What binds at each policy's knee"):
+        st.markdown("  \n".join(f"**{p.policy}**: {p.binding_detail}" for p in result.policies))
     for i, (col, label, bound) in enumerate(slo_columns(result.meta["slo"])):
         show(curve_figure(result, colors, col, label, bound), f"curve_{i}")
     downloads(result, "plan")
@@ -201,7 +206,10 @@ def show_plan(result) -> None:
 def show_deploy(result) -> None:
     st.markdown("  \n".join(deploy_lines(result)))
     rows = deploy_rows(result)
-    st.dataframe(rows, hide_index=True, column_config=number_columns(rows), height="content")
+    st.dataframe(rows, hide_index=True, column_config=number_columns(rows), height="content", width="stretch")
+    sources = sorted({d.price_source for d in result.deployments})
+    if sources:
+        st.caption("Prices: " + "; ".join(sources))
     if any(d.meets_target for d in result.deployments):
         show(cost_figure(result), "cost")
     if result.skipped:
@@ -214,12 +222,15 @@ def deploy_targets(scenario) -> plans.Targets | None:
     """The deployment search's form; its targets when submitted, else None."""
     with st.form("kvsim.capacity.deploy_form", border=True):
         cols = st.columns([1, 1, 2, 1, 1])
-        rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, float(scenario.workload.arrival.rate or 1.0),
-                                    step=1.0, format="%g", key="kvsim.capacity.target_rate",
-                                    help="The SLO must be met at this arrival rate (`--target-rate R`).")
-        names = [p.name for p in scenario.policies]
-        policy = cols[1].selectbox("policy deployed", names, key="kvsim.capacity.policy",
-                                   help="The policy every layout runs (`--policy`; default: the scenario's first).")
+        rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, float(f"{base_rate(scenario):.4g}"),
+                                    step=1.0, format="%g", key=f"kvsim.capacity.target_rate:{cur.base.digest}",
+                                    help="The SLO must be met at this arrival rate (`--target-rate R`). Default: the "
+                                         "scenario's own rate (a trace's: its mean rate).")
+        names = [None] + [p.name for p in scenario.policies]
+        policy = cols[1].selectbox("policy", names, key="kvsim.capacity.policy",
+                                   format_func=lambda n: "the best for each layout" if n is None else n,
+                                   help="The policy every layout runs (`--policy`); default: every policy is tried "
+                                        "on one replica of each layout, which keeps the best.")
         gpus = cols[2].multiselect("candidate GPUs", list(GPUS), default=list(GPUS), key="kvsim.capacity.gpus",
                                    help="GPU presets to price (`--gpu`, repeatable; default: all).")
         tps = cols[3].multiselect("TP degrees", TP_DEGREES, default=list(TP_DEGREES), key="kvsim.capacity.tps",
@@ -254,28 +265,27 @@ def remembered(name: str, key: tuple, pressed: bool, first_visit: bool = False):
 scenario, base = cur.scenario, cur.base
 toml = cur.toml()
 here = (toml, base.source, str(base.base_dir), base.digest)
-hw = scenario.hardware
-st.caption(f"{scenario.name}: {scenario.model.name or 'hf_config model'} on {hw.gpu}, TP {hw.tensor_parallel_size} × "
-           f"{hw.num_replicas} replica{'s' if hw.num_replicas > 1 else ''}; {slo_text(scenario.slo.model_dump())}. "
+st.caption(f"{scenario.name}: {settings.layout_text(scenario)}; {slo_text(scenario.slo.model_dump())}. "
            "Sustainable = the SLO met at its percentile and the engine keeping up with the arrivals.")
 st.download_button("scenario TOML", cur.download_toml(), file_name=f"{scenario.name or 'scenario'}.toml",
                    mime="application/toml", on_click="ignore", key="kvsim.capacity.dl_toml",
                    help="These settings as a scenario file for `python -m kvsim plan`")
-with st.expander("Search settings", expanded=True):
+with st.expander("Search settings (default: `kvsim plan`'s)"):
     count = runs.request_count(*here)  # None: a duration, not a count
     search, workers = search_settings(min(count or DEFAULT_REQUESTS, DEFAULT_REQUESTS))
 
-st.subheader("Maximum sustainable rate per policy")
+st.subheader("Safe rate per policy")
 with errors.caught(st):
-    pressed = st.button("Find the maximum rates", type="primary", key="kvsim.capacity.plan_button",
-                        help="Bracket and bisect each policy's arrival rate under the SLO (`kvsim plan`).")
+    pressed = st.button("Search the safe rates", type="primary", key="kvsim.capacity.plan_button",
+                        help="Bracket and bisect each policy's arrival rate under the SLO, then check the safe rate "
+                             "on every seed and a longer run (`kvsim plan`).")
     want = remembered("plan", (here, search), pressed, first_visit=True)
     if want is None:
-        st.info("The scenario changed since the last search: press **Find the maximum rates**.")
+        st.info("The scenario changed since the last search: press **Search the safe rates**.")
     else:
         (_, settings_used) = want
         result = plans.plan(*here, settings_used, _workers=workers)
-        st.caption(same_numbers(f"{settings_used.cli()} --out DIR", policies=True)
+        st.caption(same_numbers(" ".join(filter(None, (settings_used.cli(), "--out DIR"))), policies=True)
                    + ("" if settings_used == search else " (these are the last settings searched)"))
         show_plan(result)
 
@@ -289,5 +299,6 @@ with errors.caught(st):
     else:
         (_, settings_used, targets_used) = want
         result = plans.deploy(*here, settings_used, targets_used, _workers=workers)
-        st.caption(same_numbers(f"{targets_used.cli(tuple(GPUS))} {settings_used.cli()} --out DIR", policies=False))
+        st.caption(same_numbers(" ".join(filter(None, (targets_used.cli(tuple(GPUS)), settings_used.cli(), "--out DIR"))),
+                                policies=False))
         show_deploy(result)

@@ -8,14 +8,11 @@ import streamlit as st
 
 import kvsim
 from kvdash import errors, settings
+from kvdash.answers import breakdown_figure
 from kvsim.results.memory_report import table_lengths
-from kvsim.results.report import policy_colors
+from kvsim.results.figures import policy_colors
 
-GIB = 2**30
-BREAKDOWN = (("weights", "weights"), ("activations", "activations"), ("reserve", "fixed reserve"),
-             ("kv", "KV cache"))
 
-st.title("Memory")
 cur = settings.current()
 
 
@@ -23,17 +20,6 @@ def chart_lengths(max_len: int) -> list[int]:
     """Context lengths for the sequences chart: powers of two from 256, the table's lengths and the maximum."""
     lens = {2**k for k in range(8, 18) if 2**k < max_len} | set(table_lengths(max_len)) | {max_len}
     return sorted(lens)
-
-
-def breakdown_figure(cap: dict, gpu: str) -> dict:
-    """One stacked bar per GPU: weights, activations, reserve, KV cache and what utilization leaves out."""
-    parts = [(label, cap[key]) for key, label in BREAKDOWN] + [("not used (gpu_memory_utilization)",
-                                                                 cap["total"] - cap["budget"])]
-    data = [{"type": "bar", "orientation": "h", "name": label, "y": [gpu], "x": [value / GIB],
-             "hovertemplate": f"{label}: %{{x:.2f}} GiB<extra></extra>"} for label, value in parts]
-    return {"data": data, "layout": {"barmode": "stack", "height": 260, "title": {"text": "Memory per GPU (GiB)"},
-                                     "margin": {"l": 90},
-                                     "legend": {"orientation": "h", "y": -0.3, "traceorder": "normal"}}}
 
 
 def bytes_per_token_figure(rows: list[dict], in_use: set) -> dict:

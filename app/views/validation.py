@@ -15,7 +15,7 @@ import streamlit as st
 from kvdash import errors, measured, settings
 from kvdash.source import SCENARIO_DIR
 from kvsim.calibrate.validate import FIGURES, median_abs_error, read_measured
-from kvsim.results.report import policy_colors
+from kvsim.results.figures import policy_colors
 from kvsim.scenario.files import read_text
 
 EXAMPLE = SCENARIO_DIR.parent / "benchmarks" / "results" / "validate_h100"
@@ -24,7 +24,6 @@ EXAMPLE_NAME = "benchmarks/results/validate_h100"
 SOURCES = ("built-in example: an H100 run of validate_h100", "upload a measured run")
 GOOD = 0.10  # the shaded band: kvsim calibrate's default hold-out bound
 
-st.title("Validation")
 cur = settings.current()
 
 

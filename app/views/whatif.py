@@ -8,26 +8,30 @@ downloads are the settings as a scenario file and the run's results folder files
 import plotly.graph_objects as go
 import streamlit as st
 
-from kvdash import errors, runs, settings
-from kvsim.results.report import table_figures, verdict_lines
+from kvdash import answers, errors, runs, settings
+from kvsim.errors import KvsimError
+from kvsim.results.headline import table_figures
+from kvsim.results.report import verdict_lines
 
-st.title("What-if")
 cur = settings.current()
 
 
 def comparison_rows(summaries: dict) -> list[dict]:
-    """The comparison table's rows: the report's headline figures per policy, as numbers."""
-    rows = []
-    for name, s in summaries.items():
-        req = s.get("requests", {})
-        rows.append({"policy": name, "finished": req.get("finished"), "rejected": req.get("rejected"),
-                     **{f.label: f.value(s) for f in table_figures(summaries)}})
+    """The comparison table, a row per figure and a column per policy (it fits the page however
+    many figures): the report's headline figures as the terminal table prints them."""
+    rows = [{"figure": "finished / rejected",
+             **{name: f"{s['requests']['finished']:,} / {s['requests']['rejected']:,}" for name, s in summaries.items()}}]
+    for f in table_figures(summaries):
+        rows.append({"figure": f.label, **{name: f.text(s) for name, s in summaries.items()}})
     return rows
 
 
 with errors.caught(st):
     scenario, base = cur.scenario, cur.base
-    st.caption(scenario.description or scenario.name or base.source)
+    st.caption(f"{settings.layout_text(scenario)}; {settings.workload_text(scenario)}")
+    problem = answers.fit_problem(scenario)
+    if problem:  # no run can start: say why now, not after a "Run all"
+        raise KvsimError(problem)
     full_toml = cur.toml()
     total = runs.request_count(full_toml, base.source, str(base.base_dir), base.digest)
     is_preview = total is None or total > runs.PREVIEW_REQUESTS
@@ -50,9 +54,7 @@ with errors.caught(st):
     st.markdown("  \n".join(verdict_lines(result.summaries, result.meta)))  # model, SLO, who meets it, what binds
 
     st.subheader("Policy comparison")
-    st.dataframe(comparison_rows(result.summaries), hide_index=True,
-                 column_config={f.label: st.column_config.NumberColumn(format=f"%.{f.digits}f")
-                                for f in table_figures(result.summaries)})
+    st.dataframe(comparison_rows(result.summaries), hide_index=True, width="stretch", height="content")
     for i, fig in enumerate(result.figures):
         st.plotly_chart(go.Figure(fig), theme=None, key=f"kvsim.report_fig_{i}")
 

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
-from kvsim.errors import KvsimError
-from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
+from kvsim.errors import KvsimError, check_int
+from kvsim.scenario.args import add_scenario_arguments, scenario_from_args
+
+
+MAX_FOLDS = 100  # k-fold hold-out: each fold is a fit; more folds than observations are empty
+MAX_ERROR_BOUND = 10.0  # --max-error: 1000% accepts any fit worth writing; inf would be written as Infinity
 
 
 def add_commands(sub) -> None:
@@ -63,18 +68,24 @@ def add_commands(sub) -> None:
     val.set_defaults(handler=cmd_validate)
 
 
-def _refuse_overwrite(path: Path, what: str, ours=lambda p: False) -> None:
-    if path.exists() and not ours(path):
+def _refuse_overwrite(path: Path, what: str, ours=None) -> None:
+    """Refuse now, before any work, a single-file output that write_text_atomic would refuse at the end."""
+    if os.path.lexists(path) and (ours is None or not ours(path)):
         raise KvsimError(f"{path}: already exists; kvsim does not overwrite {what} (remove it or pick another name)")
     if not path.parent.is_dir():
         raise KvsimError(f"{path}: folder {path.parent} does not exist")
 
 
 def _written_by_calibrate(path: Path) -> bool:
+    """A regular file (not a link) that kvsim calibrate wrote."""
     import json
+    import stat
 
     try:
-        return json.loads(path.read_text()).get("written_by") == "kvsim calibrate"
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW | os.O_NONBLOCK)) as f:
+            return json.loads(f.read(1 << 20)).get("written_by") == "kvsim calibrate"
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -134,11 +145,10 @@ def cmd_calibrate(args, console) -> int:
     if any(t.is_dir() for t in args.tables):
         return cmd_kernel_tables(args, console)
     _refuse_overwrite(args.out, "a file kvsim calibrate did not write", _written_by_calibrate)
-    if args.folds < 2:
-        raise KvsimError(f"--folds: must be at least 2, got {args.folds}")
+    check_int(args.folds, "--folds", 2, MAX_FOLDS)
     max_error = fitting.MAX_HOLDOUT_ERROR if args.max_error is None else args.max_error
-    if not 0 < max_error:
-        raise KvsimError(f"--max-error: must be a positive fraction, got {max_error}")
+    if not 0 < max_error <= MAX_ERROR_BOUND:
+        raise KvsimError(f"--max-error: must be a fraction in (0, {MAX_ERROR_BOUND:g}], got {max_error}")
     per_table = _names(args.per_table, "--per-table")
     obs = read_tables(args.tables, args.gpu, across_tables=not per_table)
     for scenario, result in args.serving:
@@ -178,16 +188,19 @@ def cmd_calibrate(args, console) -> int:
                       f"{r['bias']:+.1%}", f"{r['max_abs_error']:.1%}")
     console.print(table)
     held = np.abs(errors[~np.isnan(errors)])
-    overall = float(np.median(held)) if held.size else float("nan")
-    console.print(f"hold-out median |error| over {held.size} observations: {overall:.1%}")
+    overall = float(np.median(held)) if held.size else None
+    console.print(f"hold-out median |error| over {held.size} observations: "
+                  + ("-" if overall is None else f"{overall:.1%}"))
     why = fitting.check_fit(errors, rows, max_error)
     if why is not None:
         raise KvsimError(f"calibrate: fit refused: {why} (--max-error sets the threshold); {args.out} not written")
     sources = [str(p) for p in args.tables] + [f"{s} + {r}" for s, r in args.serving]
-    write_calibration(args.out, final.calibration, written_by="kvsim calibrate", gpu=args.gpu, engine=args.engine,
+    write_calibration(args.out, final.calibration, may_replace=_written_by_calibrate, written_by="kvsim calibrate",
+                      gpu=args.gpu, engine=args.engine,
                       provenance=fitting.provenance(final, start_prov, sources, len(train)),
                       fit={"observations": len(train), "heldout_shapes": len(obs) - len(train), "folds": args.folds,
-                           "holdout_median_abs_error": round(overall, 4), "max_error": max_error,
+                           "holdout_median_abs_error": None if overall is None else round(overall, 4),
+                           "max_error": max_error,
                            "fitted": final.free, "slices": _rounded(rows),
                            **({"per_table": {str(t): v for t, v in final.tables.items()}} if final.tables else {})})
     console.print(f"calibration: {args.out}")
@@ -254,6 +267,7 @@ def cmd_validate(args, console) -> int:
     from rich.table import Table
 
     from kvsim.calibrate.validate import median_abs_error, validate
+    from kvsim.results.cells import csv_cell
     from kvsim.scenario.files import write_text_atomic
 
     if args.out is not None:
@@ -278,13 +292,15 @@ def cmd_validate(args, console) -> int:
     console.print(f"median |error| over all serving figures: {median_abs_error(records):.1%}")
     if args.out is not None:
         if args.out.suffix == ".json":
+            median = median_abs_error(records)
             text = json.dumps({"scenario": scenario.name, "measured": str(args.measured),
-                               "median_abs_error": median_abs_error(records), "records": records}, indent=2) + "\n"
+                               "median_abs_error": median if math.isfinite(median) else None, "records": records},
+                              indent=2, allow_nan=False) + "\n"
         else:
             buffer = io.StringIO()
             w = csv.DictWriter(buffer, fieldnames=list(records[0]))
             w.writeheader()
-            w.writerows(records)
+            w.writerows({k: csv_cell(v) for k, v in r.items()} for r in records)
             text = buffer.getvalue()
         write_text_atomic(args.out, text, "the error table")
         console.print(f"error table: {args.out}")

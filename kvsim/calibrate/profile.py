@@ -109,14 +109,9 @@ def profile_runner(runner, spec_name: str, kv_cache_dtype: str, shapes, gpu: str
                 break
             shape = shapes[i]
             seqs, counts, _ = build_step(shape, order, runner.block_size)
-            graphs = runner._graphs
-            if shape.eager:
-                runner._graphs = {}
             allocs = _device_allocs(runner.device)
-            try:
+            with runner.eager(shape.eager):
                 t = time_step(runner, seqs, counts, sync, 1, repeats, target_s)
-            finally:
-                runner._graphs = graphs
             t["device_allocs"] = _device_allocs(runner.device) - allocs
             for seq in seqs:
                 runner.free(seq)
@@ -215,7 +210,7 @@ def run_profile(models: list[str], kv_dtypes: list[str], out_path, opts: Profile
 def _profile_all(specs, kv_dtypes, opts: ProfileOptions, dev, gpu, device_name, out, f, log) -> int:
     import torch
 
-    from backends.triton_engine.runner import ModelRunner, RunnerConfig
+    from kvsim.backends.triton_engine.runner import ModelRunner, RunnerConfig
 
     deadline = time.monotonic() + opts.max_seconds
     rows = 0

@@ -17,6 +17,7 @@ scenario that describes the server and workload they measured (fitted by simulat
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +26,22 @@ from typing import Optional
 from kvsim.errors import KvsimError
 from kvsim.scenario.files import parse_json, read_text
 from kvsim.scenario.catalog import GPUS, MODELS, ModelSpec
+from kvsim.scenario.limits import MAX_MS
 
 BATCH_FIELDS = ("num_prefill_seqs", "num_prefill_tokens", "prefill_attn_pairs", "prefill_context_tokens",
                 "num_decode_seqs", "decode_context_tokens", "decode_max_context", "decode_shared_tokens")
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 SMALL_OPS = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 MAX_CELL = 2.0**53  # any number in a table (times, token counts, bytes): finite, and exact as an integer
+MAX_THROUGHPUT = 1e9  # tokens per second in a serving result (a thousand times any real deployment)
+# How far a vllm bench serve result's workload may be from the scenario's and still measure it. The
+# count and the rate are configured numbers on both sides (vllm rescales its arrival gaps to the rate
+# it was given), so they must agree but for rounding and for a duration-cut scenario's Poisson count
+# (sd 1/sqrt(n): 3% at 1,000). Mean lengths are sampled separately on each side: a lognormal length of
+# sigma 0.8 has a mean 4% noisy at 500 requests, and vllm's random prompts re-tokenize a few tokens
+# off, so 10% is 2-3 sigma; a mean 10% off moves step time and so TTFT/TPOT by about the 10% that
+# validation is meant to resolve.
+WORKLOAD_TOLERANCE = {"requests": 0.05, "mean input tokens": 0.10, "mean output tokens": 0.10, "request rate": 0.02}
 _PATH_GPUS = {"h100": "H100-SXM", "a100": "A100-80GB", "h200": "H200"}
 # vllm bench serve figures (ms unless named) and where kvsim's summary holds the same figure.
 SERVING_FIGURES = {
@@ -79,6 +90,13 @@ def _float(value: str, where: str, column: str) -> float:
     if x > MAX_CELL:
         raise KvsimError(f"{where}: {column}: must be at most {MAX_CELL:.0e}, got {value!r}")
     return x
+
+
+def _time(ms_or_s: float, where: str, column: str) -> float:
+    """A measured time: positive (a zero time has no relative error, and no kernel takes none)."""
+    if not ms_or_s > 0:
+        raise KvsimError(f"{where}: {column}: a measured time must be positive, got {ms_or_s:g}")
+    return ms_or_s
 
 
 def _int(value: str, where: str, column: str, low: int = 0) -> int:
@@ -170,7 +188,7 @@ def read_profile(path: Path) -> list[Observation]:
         if phase not in ("decode", "prefill", "mixed"):
             raise KvsimError(f"{where}: phase: must be decode, prefill or mixed, got {phase!r}")
         out.append(Observation(
-            "step", _float(row["step_s"], where, "step_s"), row["gpu"], where, model,
+            "step", _time(_float(row["step_s"], where, "step_s"), where, "step_s"), row["gpu"], where, model,
             _int(row["tp"], where, "tp", low=1), row["kv_cache_dtype"], graph_batch_of(row, where), counts, phase,
             token_band(tokens), row.get("grid") or "fit",
             max_model_len=_int(row.get("max_model_len") or 0, where, "max_model_len"), table=str(path)))
@@ -179,10 +197,10 @@ def read_profile(path: Path) -> list[Observation]:
 
 def _vidur_model(row: dict, where: str, name: str) -> ModelSpec:
     heads = _int(row["n_head"], where, "n_head", low=1)
-    hidden = _int(row["n_embd"], where, "n_embd")
+    hidden = _int(row["n_embd"], where, "n_embd", low=heads)
     return ModelSpec(name=name, num_hidden_layers=1, hidden_size=hidden, num_attention_heads=heads,
                      num_key_value_heads=_int(row["n_kv_head"], where, "n_kv_head", low=1), head_dim=hidden // heads,
-                     intermediate_size=_int(row["n_expanded_embd"], where, "n_expanded_embd"),
+                     intermediate_size=_int(row["n_expanded_embd"], where, "n_expanded_embd", low=1),
                      vocab_size=_int(row["vocab_size"], where, "vocab_size"), max_position_embeddings=4096)
 
 
@@ -205,10 +223,11 @@ def read_vidur_mlp(path: Path, gpu: Optional[str] = None) -> list[Observation]:
     for line, row in rows:
         where = f"{path}:{line}"
         model = _vidur_model(row, where, name)
-        tokens = _int(row["num_tokens"], where, "num_tokens")
+        tokens = _int(row["num_tokens"], where, "num_tokens", low=1)
         tp = _int(row["num_tensor_parallel_workers"], where, "num_tensor_parallel_workers", low=1)
         for kind, group in (("gemm", GEMM_OPS), ("elementwise", SMALL_OPS)):
-            ms = sum(_float(row[f"time_stats.{op}.median"], where, f"time_stats.{op}.median") for op in group)
+            ms = _time(sum(_float(row[f"time_stats.{op}.median"], where, f"time_stats.{op}.median") for op in group),
+                       where, f"time_stats.{group[0]}.median ... {group[-1]} (summed)")
             out.append(Observation(kind, ms / 1e3, gpu, where, model, tp, counts=(tokens,), phase=kind,
                                    band=token_band(tokens), group=f"{name}:{tokens}:{tp}", table=str(path)))
     return out
@@ -222,11 +241,12 @@ def read_vidur_allreduce(path: Path, gpu: Optional[str] = None) -> list[Observat
     out = []
     for line, row in rows:
         where = f"{path}:{line}"
-        size = _int(row["size"], where, "size")
+        size = _int(row["size"], where, "size", low=1)
         workers = _int(row["num_workers"], where, "num_workers", low=1)
         if "devices_per_node" in header and workers > _int(row["devices_per_node"], where, "devices_per_node"):
             continue
-        ms = _float(row["time_stats.all_reduce.median"], where, "time_stats.all_reduce.median")
+        ms = _time(_float(row["time_stats.all_reduce.median"], where, "time_stats.all_reduce.median"), where,
+                   "time_stats.all_reduce.median")
         band = "<64KiB" if size < 1 << 16 else "<1MiB" if size < 1 << 20 else "<16MiB" if size < 1 << 24 else ">=16MiB"
         out.append(Observation("allreduce", ms / 1e3, gpu, where, tp=workers, counts=(size,), phase="allreduce",
                                band=band, group=f"{path}:{size}:{workers}", table=str(path)))
@@ -276,24 +296,86 @@ class BenchResult:
     path: Path
     figures: dict[str, float] = field(default_factory=dict)
     num_prompts: Optional[int] = None
-    request_rate: Optional[float] = None
+    request_rate: Optional[float] = None  # inf: every request sent at once
+    completed: Optional[int] = None
+    total_input_tokens: Optional[int] = None
+    total_output_tokens: Optional[int] = None
 
 
 def read_bench_result(path: Path) -> BenchResult:
-    data = parse_json(read_text(path, "vllm bench serve result"), str(path))
+    return bench_result(parse_json(read_text(path, "vllm bench serve result"), str(path)), path)
+
+
+def bench_result(data, path: Path) -> BenchResult:
+    """A `vllm bench serve --save-result` document (parsed JSON) read from `path`: its figures within
+    bounds (times at most MAX_MS, throughput at most MAX_THROUGHPUT) and its workload description."""
     if not isinstance(data, dict) or "completed" not in data or "output_throughput" not in data:
         raise KvsimError(f"{path}: not a `vllm bench serve --save-result` JSON (no completed / output_throughput)")
     res = BenchResult(Path(path))
     for key in SERVING_FIGURES:
         value = data.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            high = MAX_MS if key.endswith("_ms") else MAX_THROUGHPUT
             if value < 0:
                 raise KvsimError(f"{path}: {key}: must be a non-negative number, got {value}")
+            if value > high:
+                raise KvsimError(f"{path}: {key}: must be at most {high:g}, got {value}")
             res.figures[key] = value / 1e3 if key.endswith("_ms") else float(value)
-    res.num_prompts = data.get("num_prompts")
+    res.num_prompts = _count(data, "num_prompts", path)
+    res.completed = _count(data, "completed", path)
+    for key in ("total_input_tokens", "total_output_tokens"):
+        setattr(res, key, _count(data, key, path))
     rate = data.get("request_rate")
-    res.request_rate = float(rate) if isinstance(rate, (int, float)) else None
+    if rate == "inf" or (isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0):
+        res.request_rate = float(rate)
+    elif rate is not None:
+        raise KvsimError(f"{path}: request_rate: must be a positive number or \"inf\", got {rate!r}")
     return res
+
+
+def _count(data: dict, key: str, path) -> Optional[int]:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CELL:
+        raise KvsimError(f"{path}: {key}: must be a whole number >= 0, got {value!r}")
+    return value
+
+
+def check_bench_workload(bench: BenchResult, scenario) -> None:
+    """One line unless the benchmark ran the scenario's workload: its request count, mean input and output
+    tokens a request and request rate, each within the tolerance WORKLOAD_TOLERANCE gives it (a
+    benchmark of another workload is not a measurement of this scenario, however close its figures)."""
+    from kvsim.scenario.workload import generate_requests
+
+    n = prompt = output = 0
+    first = last = 0.0
+    for r in generate_requests(scenario, max_model_len=1):  # 1: no trace row is expanded into tokens
+        first, last = (r.arrival_time, r.arrival_time) if n == 0 else (first, r.arrival_time)
+        n, prompt, output = n + 1, prompt + r.prompt_len, output + r.output_len
+    arrival = scenario.workload.arrival
+    rate = arrival.rate if arrival.process != "trace" else ((n - 1) / (last - first) if last > first else None)
+    done = bench.completed or 0
+    theirs = {"requests": bench.num_prompts if bench.num_prompts is not None else bench.completed,
+              "mean input tokens": bench.total_input_tokens / done if done and bench.total_input_tokens else None,
+              "mean output tokens": bench.total_output_tokens / done if done and bench.total_output_tokens else None,
+              "request rate": bench.request_rate}
+    ours = {"requests": n, "mean input tokens": prompt / n if n else None,
+            "mean output tokens": output / n if n else None, "request rate": rate}
+    off = []
+    for what, tolerance in WORKLOAD_TOLERANCE.items():
+        a, b = theirs[what], ours[what]
+        if a is None or b is None or (math.isinf(a) and math.isinf(b)):
+            continue
+        if math.isinf(a) or abs(a - b) > tolerance * b:
+            off.append(f"{what} {_show(a)} vs {_show(b)} (±{tolerance:.0%})")
+    if off:
+        raise KvsimError(f"{bench.path}: the benchmark ran another workload than {scenario.source}: "
+                         + "; ".join(off) + " (benchmark vs scenario): validate it against the scenario it ran")
+
+
+def _show(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:,.0f}" if x >= 100 else f"{x:,.3g}"
 
 
 def serving_observations(scenario_path: Path, result_path: Path, policy: Optional[str] = None) -> list[Observation]:
@@ -303,6 +385,7 @@ def serving_observations(scenario_path: Path, result_path: Path, policy: Optiona
 
     scenario = load_scenario(scenario_path)
     bench = read_bench_result(result_path)
+    check_bench_workload(bench, scenario)
     names = [p.name for p in scenario.policies]
     policy = policy or names[0]
     if policy not in names:

@@ -1,7 +1,9 @@
 """`kvsim validate`: a scenario's analytic prediction against what a real engine measured.
 
 The measured side is a kvsim results folder (its summary.json, from a run of the same scenario on the
-`triton` backend) or a `vllm bench serve --save-result` JSON of the same workload. The scenario is
+`triton` backend), a `.zip` of one (read in place, checked as kvsim.scenario.archive says), or a
+`vllm bench serve --save-result` JSON of the same workload (refused when its request count, lengths or
+rate are not the scenario's: kvsim.calibrate.tables.check_bench_workload). The scenario is
 simulated again with `backend = "analytic"`, calibrated as the scenario says or, when it says
 nothing, with the shipped calibration of the engine that measured: kvsim's triton engine for a
 results folder, vLLM for a bench result. Each figure becomes a plain record (figure, unit, measured,
@@ -11,11 +13,16 @@ predicted, error = predicted / measured - 1), so a table, a CSV or a dashboard p
 from __future__ import annotations
 
 import math
+import os
+import stat
 import statistics
 
-from kvsim.calibrate.tables import read_bench_result
+from kvsim.calibrate.tables import bench_result, check_bench_workload
 from kvsim.errors import KvsimError
-from kvsim.scenario.files import parse_json, read_text, user_path
+from kvsim.scenario.archive import ZIP_MAGIC, read_zipped
+from kvsim.scenario.files import decode_text, open_regular, parse_json, read_text, user_path
+
+RESULT_FILE = "summary.json"
 
 # (figure, unit, where kvsim's summary.json holds it, factor to the unit, vllm bench serve key)
 FIGURES = (
@@ -40,29 +47,53 @@ def _pick(summary: dict, path: tuple):
     return summary if isinstance(summary, (int, float)) and not isinstance(summary, bool) else None
 
 
+def _measured_document(path):
+    """(parsed JSON, its name in messages) of a results folder's summary.json, a zip of one, or a JSON file."""
+    try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            path = path / RESULT_FILE
+            os.stat(path)
+    except FileNotFoundError:
+        if path.name == RESULT_FILE:
+            raise KvsimError(f"{path.parent}: no {RESULT_FILE} (a kvsim results folder, or give a vllm bench JSON)") \
+                from None
+        raise KvsimError(f"{path}: measured results not found") from None
+    except ValueError:
+        raise KvsimError(f"{str(path)!r}: measured results is not a valid path") from None
+    except OSError as exc:
+        raise KvsimError(f"{path}: cannot read measured results ({exc.strerror})") from None
+    with open_regular(path, "measured results") as f:
+        try:
+            zipped = f.read(len(ZIP_MAGIC)) == ZIP_MAGIC
+            f.seek(0)
+        except OSError as exc:
+            raise KvsimError(f"{path}: cannot read measured results ({exc.strerror})") from None
+        if zipped:
+            data, inner = read_zipped(f, RESULT_FILE, str(path))
+            source = f"{path}:{inner}"
+            return parse_json(decode_text(source, data, "measured results"), source), source
+    return parse_json(read_text(path, "measured results"), str(path)), str(path)
+
+
 def read_measured(path) -> tuple[str, dict[str, dict]]:
-    """("kvsim", {policy: summary}) from a results folder or summary.json, or ("vllm", {"": figures in
-    kvsim's summary layout}) from a vllm bench serve result."""
-    path = user_path(path, "measured results")
-    if path.is_dir():
-        path = path / "summary.json"
-        if not path.exists():
-            raise KvsimError(f"{path.parent}: no summary.json (a kvsim results folder, or give a vllm bench JSON)")
-    data = parse_json(read_text(path, "measured results"), str(path))
+    """("kvsim", {policy: summary}) from a results folder, its summary.json or a zip of it, or ("vllm",
+    {"": figures in kvsim's summary layout, "bench": the BenchResult}) from a vllm bench serve result."""
+    data, source = _measured_document(user_path(path, "measured results"))
     if isinstance(data, dict) and isinstance(data.get("policies"), dict):
         for name, summary in data["policies"].items():
             if not isinstance(summary, dict):
-                raise KvsimError(f"{path}: policies.{name}: expected an object (a policy's summary)")
+                raise KvsimError(f"{source}: policies.{name}: expected an object (a policy's summary)")
         return "kvsim", {"scenario": data.get("scenario"), **data["policies"]}
-    bench = read_bench_result(path)
+    bench = bench_result(data, source)
     summary: dict = {}
     for _, _, where, factor, key in FIGURES:
         if key is not None and key in bench.figures:
             node = summary
             for k in where[:-1]:
                 node = node.setdefault(k, {})
-            node[where[-1]] = bench.figures[key]  # read_bench_result gives seconds and tok/s
-    return "vllm", {"": summary}
+            node[where[-1]] = bench.figures[key]  # bench_result gives seconds and tok/s
+    return "vllm", {"": summary, "bench": bench}
 
 
 def predict(scenario, engine: str, policies=None) -> dict[str, dict]:
@@ -84,6 +115,9 @@ def validate(scenario, measured, policies=None) -> list[dict]:
     if not hasattr(scenario, "policies"):
         from kvsim.scenario.config import load_scenario
         scenario = load_scenario(scenario)
+    from kvsim.pipeline import chosen_policies
+
+    chosen = [p.name for p in chosen_policies(scenario, policies)] if policies is not None else None
     engine, measured_by_policy = read_measured(measured)
     names = [p.name for p in scenario.policies]
     if engine == "kvsim":
@@ -93,9 +127,10 @@ def validate(scenario, measured, policies=None) -> list[dict]:
         missing = sorted(set(measured_by_policy) - set(names))
         if missing:
             raise KvsimError(f"{measured}: policy {missing[0]} is not in {scenario.source}")
-        wanted = [p for p in names if p in measured_by_policy and (not policies or p in policies)]
+        wanted = [p for p in names if p in measured_by_policy and (not chosen or p in chosen)]
     else:
-        wanted = [policies[0] if policies else names[0]]
+        check_bench_workload(measured_by_policy["bench"], scenario)
+        wanted = [chosen[0] if chosen else names[0]]
         measured_by_policy = {wanted[0]: measured_by_policy[""]}
     if not wanted:
         raise KvsimError(f"{measured}: none of the policies asked for was measured")
@@ -106,6 +141,9 @@ def validate(scenario, measured, policies=None) -> list[dict]:
             m, p = _pick(measured_by_policy[policy], where), _pick(predicted[policy], where)
             if m is None and p is None:
                 continue
+            if m is not None and not 0 <= m < math.inf:
+                raise KvsimError(f"{measured}: policies.{policy}.{'.'.join(where)}: a measured figure must be a "
+                                 f"non-negative number, got {m}")
             m = None if m is None else m * factor
             p = None if p is None else p * factor
             records.append(_record(policy, "serving", figure, unit, m, p))
@@ -114,8 +152,9 @@ def validate(scenario, measured, policies=None) -> list[dict]:
 
 
 def _record(policy, kind, figure, unit, m, p) -> dict:
+    error = p / m - 1 if m and p is not None else None
     return {"policy": policy, "kind": kind, "figure": figure, "unit": unit, "measured": m, "predicted": p,
-            "error": p / m - 1 if m and p is not None else None}
+            "error": error if error is None or math.isfinite(error) else None}  # a measured 5e-324 s: no error
 
 
 def step_records(policy: str, summary: dict) -> list[dict]:

@@ -32,12 +32,15 @@ from typing import Sequence as Seq
 import numpy as np
 
 from kvsim.engine.free_queue import FreeBlockQueue
-from kvsim.engine.prefix_cache import BlockContent, CachedRun, PrefixIndex, block_hashes
+from kvsim.engine.prefix_cache import BlockContent, CachedRun, ChainMemo, PrefixIndex, block_hashes, sequence_chain
 from kvsim.sequence import Sequence
 
-CONTENT_CACHE_SIZE = 4096  # requests of a prefix group share one token_ids array: hashed once
-
 __all__ = ["AllocationError", "BlockManager", "PrefixHit", "block_hashes"]
+
+
+def identities(hashes: np.ndarray) -> array:
+    """Block identities as the allocator keeps them (and Sequence.block_hashes holds them)."""
+    return array("Q", hashes.tobytes())
 
 
 class AllocationError(RuntimeError):
@@ -83,6 +86,7 @@ class BlockManager:
     """Paged allocator over `num_blocks` blocks of `block_size` token slots."""
 
     external_fragmentation = 0.0  # any free block serves any sequence
+    grows = True  # a sequence takes blocks as it grows
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         if num_blocks <= 0 or block_size <= 0:
@@ -95,7 +99,7 @@ class BlockManager:
         self.index = PrefixIndex()
         self._runs: dict[Sequence, CachedRun] = {}  # the run each sequence is registering
         self._parked: dict[Sequence, _Parked] = {}
-        self._chains: dict[int, tuple] = {}  # id(token_ids) -> (token_ids, identities)
+        self._chains = ChainMemo(block_size, identities)  # a prefix group's identities, computed once
         self._tables: dict[Sequence, Seq[int]] = {}  # the block table given to each holder of blocks
         self._reserved = array("i")  # taken off the free queue for sequences that claim them later
         # Slots held but not (yet) written: the tails of last blocks, and reserved blocks. Tables
@@ -134,6 +138,10 @@ class BlockManager:
         need = -(-(seq.num_computed_tokens + num_new_tokens) // bs) - len(seq.block_table)  # hits are whole blocks
         return need if need > 0 else 0
 
+    def evictions_ahead(self, counts) -> list[int]:
+        """For each n in `counts` (ascending), how many of the next n blocks taken hold cached content."""
+        return self.free_queue.cached_ahead(counts)
+
     def free_block_ids(self) -> list[int]:
         """The free queue in LRU order (head first). For checks, not hot paths."""
         return self.free_queue.block_ids()
@@ -155,20 +163,7 @@ class BlockManager:
         """Identities of the sequence's shareable full blocks, as an `array('Q')` (kept on the
         sequence for the other replicas' allocators, and per token_ids array for the other members
         of a prefix group)."""
-        chain = seq.block_hashes
-        if chain is None:
-            ids = seq.request.token_ids
-            entry = self._chains.get(id(ids))
-            if entry is not None and entry[0] is ids:
-                chain = entry[1]
-            else:
-                chain = array("Q", block_hashes(ids, self.block_size).tobytes())
-                if isinstance(ids, np.ndarray):
-                    if len(self._chains) >= CONTENT_CACHE_SIZE:
-                        del self._chains[next(iter(self._chains))]
-                    self._chains[id(ids)] = (ids, chain)  # keeps `ids` alive, so its id stays unique
-            seq.block_hashes = chain
-        return chain
+        return sequence_chain(seq, self._chains)
 
     def get_computed_blocks(self, seq: Sequence):
         """Cached blocks holding the longest prefix of the sequence's tokens (at least one token is
@@ -184,11 +179,6 @@ class BlockManager:
         blocks.extend(parked.table[depth:end])
         lo = parked.queue_pos + len(parked.table) - end
         return PrefixHit(blocks, depth, found[-1][0] if found else None, lo, lo + end - depth)
-
-    def cached_prefix_blocks(self, seq: Sequence) -> int:
-        """How many blocks get_computed_blocks would return (the router asks every replica)."""
-        _, depth, _, end = self._find_cached(seq)
-        return max(depth, end)
 
     def _find_cached(self, seq: Sequence) -> tuple:
         """(runs as (run, start, end) in depth order, the depth they reach, the parked table, the

@@ -31,7 +31,7 @@ class DecodeCohort:
     def __init__(self, allocator, track_longest: bool = True):
         self.allocator = allocator
         self.block_size = allocator.block_size
-        self.grows = not getattr(allocator, "fixed_slabs", False)  # contiguous slabs never grow
+        self.grows = allocator.grows  # contiguous slabs never grow
         self.clock = 0  # decode steps given to every member so far
         self.size = 0
         self.context = 0  # sum of the members' num_computed_tokens, kept exact

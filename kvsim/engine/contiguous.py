@@ -5,7 +5,7 @@ sequence it may reach (`max_model_len`, or prompt + output when the server is to
 length), as one run of consecutive blocks. Unused reserved slots are internal fragmentation; free
 space split into holes too small for a slab is external fragmentation. Both are measured.
 
-The interface matches `BlockManager`, so the scheduler and the GPU backend use either unchanged; the
+Like `BlockManager` it is a `KVAllocator` (kvsim.engine.interfaces), so the scheduler and the GPU backend use either unchanged; the
 block table of a slab is a `range` of consecutive block ids, so the same paged kernels run over it.
 """
 
@@ -20,7 +20,7 @@ from kvsim.sequence import Sequence
 
 class ContiguousAllocator:
     enable_prefix_caching = False
-    fixed_slabs = True  # a sequence never needs blocks beyond its slab
+    grows = False  # a sequence never needs blocks beyond its slab
     num_cached_blocks = 0
     num_reserved_blocks = 0
     num_shared_refs = 0  # slabs are never shared
@@ -82,8 +82,8 @@ class ContiguousAllocator:
     def get_computed_blocks(self, seq: Sequence) -> list[int]:
         return []
 
-    def cached_prefix_blocks(self, seq: Sequence) -> int:
-        return 0
+    def evictions_ahead(self, counts) -> list[int]:
+        return [0] * len(counts)  # nothing is cached
 
     # ---- allocation ----------------------------------------------------------------------
     def _first_fit(self, n: int) -> int:

@@ -14,7 +14,8 @@ integral must still be those of k separate steps, so before the run's later bloc
   run reaches past the replica's open bucket.
 
 The results stay on the object (`marks`, `block_s`, `peak`) until the next run: nothing is allocated
-for a run that crosses no bucket.
+for a run that crosses no bucket. It reads the scheduler's cohort and queues and the allocator's
+public figures (`KVAllocator.evictions_ahead` for the evictions), and the backend's run price.
 """
 
 from __future__ import annotations
@@ -25,22 +26,21 @@ import math
 class RunSeries:
     """One replica's fused-run figures (see the module docstring)."""
 
-    __slots__ = ("scheduler", "backend", "interval", "marks", "block_s", "peak")
+    __slots__ = ("scheduler", "allocator", "backend", "interval", "marks", "block_s", "peak")
 
     def __init__(self, scheduler, backend, interval: float):
-        self.scheduler, self.backend, self.interval = scheduler, backend, interval
-        self.marks: list | tuple = ()  # samples of the buckets the run crosses: Metrics.sample's arguments
+        self.scheduler, self.allocator, self.backend, self.interval = scheduler, scheduler.allocator, backend, interval
+        self.marks: list | tuple = ()  # StepRecord.marks: (sample, batch tokens) of each crossed bucket's last step
         self.block_s = 0.0  # KV block-seconds the run holds
         self.peak = 0  # blocks held after its next-to-last step
 
-    def plan(self, batch, k: int, now: float, first: float, tk: float, bucket_end: float) -> None:
-        """A run of k > 1 decode steps of the cohort-only `batch` starting at `now`: its first step
-        takes `first` seconds, all k take `tk`. `bucket_end`: where the replica's open time-series
-        bucket ends (a run ending before it crosses none). Called before the run's later blocks are
-        taken (its first step's are)."""
-        sched = self.scheduler
-        cohort = sched.cohort
-        u0 = sched.allocator.num_used_blocks - sched._cohort_step_blocks  # before the run's first step
+    def plan(self, batch, shape, k: int, now: float, first: float, tk: float, bucket_end: float) -> None:
+        """A run of k > 1 decode steps of the cohort-only `batch` (of `shape`) starting at `now`: its
+        first step takes `first` seconds, all k take `tk`. `bucket_end`: where the replica's open
+        time-series bucket ends (a run ending before it crosses none). Called before the run's later
+        blocks are taken (its first step's are)."""
+        cohort = self.scheduler.cohort
+        u0 = self.allocator.num_used_blocks - batch.cohort_step_blocks  # before the run's first step
         grows = cohort.grows
         last, m1, m2 = cohort.crossing_moments(k - 1) if grows else (0, 0, 0)
         crosses = now + tk >= bucket_end
@@ -49,10 +49,10 @@ class RunSeries:
             return
         # Step j ends T(j) = a*j + b*j(j-1)/2 after `now` while the run stays in one regime of the
         # step-time model (checked at k); otherwise T comes from the backend step by step.
-        b = (self.backend.decode_run_time(batch, 2) - 2 * first) if k > 2 else 0.0
+        b = (self.backend.decode_run_time(shape, 2) - 2 * first) if k > 2 else 0.0
         quadratic = k <= 2 or abs(first * k + b * k * (k - 1) / 2 - tk) <= 1e-9 * tk
         interval = self.interval
-        self.marks = (self._marks(batch, k, now, first, b if quadratic else None, tk)
+        self.marks = (self._marks(batch, shape, k, now, first, b if quadratic else None, tk)
                       if crosses and int((now + first) // interval) != int((now + tk) // interval) else ())
         if not grows:
             self.block_s, self.peak = u0 * tk, u0
@@ -64,50 +64,57 @@ class RunSeries:
             held = first * m1 + b * (m2 - m1) / 2
         else:
             run_time = self.backend.decode_run_time
-            held = sum((cohort.blocks_needed(j) - cohort.blocks_needed(j - 1)) * run_time(batch, j)
+            held = sum((cohort.blocks_needed(j) - cohort.blocks_needed(j - 1)) * run_time(shape, j)
                        for j in range(1, k))
         self.block_s, self.peak = (u0 + last) * tk - held, u0 + last
 
-    def _marks(self, batch, k: int, now: float, a: float, b, tk: float) -> list:
-        """The samples of the last step ending in each bucket the run crosses, but the end's
-        (T(j) = a*j + b*j(j-1)/2 when `b` is given, else from the backend)."""
-        sched, interval = self.scheduler, self.interval
-        run_time = self.backend.decode_run_time
-        steps = []  # (j, now + T(j)) of each bucket's last step, j ascending
-        last = 0
+    def _marks(self, batch, shape, k: int, now: float, a: float, b, tk: float) -> list:
+        """The samples of the last step ending in each bucket the run crosses, but the end's."""
+        interval, steps, last = self.interval, [], 0  # steps: (j, now + T(j)) of each bucket's last step
         for bucket in range(int((now + a) // interval), int((now + tk) // interval)):
             limit = (bucket + 1) * interval - now  # the last step ending before this
-            if b is None:  # a run across regimes of the step-time model: T from the backend
-                j = int(limit // a)
-                while j > 1 and now + run_time(batch, j) - now >= limit:
-                    j -= 1
-                while j + 1 < k and now + run_time(batch, j + 1) - now < limit:
-                    j += 1
-                t = now + run_time(batch, j) if last < j < k else 0.0
-            else:  # largest j with a*j + b*j(j-1)/2 < limit, then checked against rounding
-                if b:
-                    c = a - b / 2
-                    j = int((-c + math.sqrt(c * c + 2 * b * limit)) / b)
-                else:
-                    j = int(limit // a)
-                while j > 1 and now + a * j + b * j * (j - 1) / 2 - now >= limit:
-                    j -= 1
-                while j + 1 < k and now + a * (j + 1) + b * (j + 1) * j / 2 - now < limit:
-                    j += 1
-                t = now + a * j + b * j * (j - 1) / 2
+            j, t = (self._last_before_by_backend(shape, k, now, a, limit) if b is None
+                    else _last_before(k, now, a, b, limit))
             if last < j < k and int(t // interval) == bucket:
                 steps.append((j, t))
                 last = j
-        if not steps:
-            return steps
-        alloc, cohort = sched.allocator, sched.cohort
-        first_blocks, size, bs = sched._cohort_step_blocks, batch.cohort_size, alloc.block_size
+        return self._samples(batch, steps) if steps else steps
+
+    def _last_before_by_backend(self, shape, k: int, now: float, a: float, limit: float) -> tuple[int, float]:
+        """The largest j < k whose run ends before `limit` after `now`, and its end (a run across
+        regimes of the step-time model: T from the backend)."""
+        run_time = self.backend.decode_run_time
+        j = int(limit // a)
+        while j > 1 and now + run_time(shape, j) - now >= limit:
+            j -= 1
+        while j + 1 < k and now + run_time(shape, j + 1) - now < limit:
+            j += 1
+        return j, now + run_time(shape, j)
+
+    def _samples(self, batch, steps: list) -> list:
+        """(sample, batch tokens) after each of `steps` ((j, end time)), with the blocks the run has
+        taken by then and the evictions their pops make, read off the free queue beforehand."""
+        sched, alloc, cohort = self.scheduler, self.allocator, self.scheduler.cohort
+        first_blocks, size, bs = batch.cohort_step_blocks, batch.cohort_size, alloc.block_size
         more = [cohort.blocks_needed(j) - first_blocks for j, _ in steps]
-        queue = getattr(alloc, "free_queue", None)
-        evicted = queue.cached_ahead(more) if queue is not None else [0] * len(steps)
+        evicted = alloc.evictions_ahead(more)
         used, free, cached = alloc.num_used_blocks, alloc.num_free_blocks, alloc.num_cached_blocks
         reserved, frag = alloc.reserved_unused_tokens, alloc.external_fragmentation
         running, waiting, swapped = sched.num_running, len(sched.waiting), len(sched.swapped)
-        return [(t, running, waiting, swapped, used + m, cached - e, free - m - (cached - e),
-                 reserved + m * bs - j * size, size, frag)
+        return [((t, running, waiting, swapped, used + m, cached - e, free - m - (cached - e),
+                  reserved + m * bs - j * size, frag), size)
                 for (j, t), m, e in zip(steps, more, evicted)]
+
+
+def _last_before(k: int, now: float, a: float, b: float, limit: float) -> tuple[int, float]:
+    """The largest j < k with a*j + b*j(j-1)/2 < limit, checked against rounding, and now + that."""
+    if b:
+        c = a - b / 2
+        j = int((-c + math.sqrt(c * c + 2 * b * limit)) / b)
+    else:
+        j = int(limit // a)
+    while j > 1 and now + a * j + b * j * (j - 1) / 2 - now >= limit:
+        j -= 1
+    while j + 1 < k and now + a * (j + 1) + b * (j + 1) * j / 2 - now < limit:
+        j += 1
+    return j, now + a * j + b * j * (j - 1) / 2

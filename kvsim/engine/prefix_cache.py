@@ -103,6 +103,42 @@ def _keyed_chain(keys) -> np.ndarray:
     return out
 
 
+CONTENT_CACHE_SIZE = 4096  # requests of a prefix group share one token_ids array: hashed once
+
+
+class ChainMemo:
+    """`block_hashes` of shareable prompts at one block size, converted by `convert` and remembered
+    per token_ids array (the members of a prefix group share one array, so it is hashed once; up to
+    CONTENT_CACHE_SIZE arrays are kept alive, so that their ids stay unique). KeyedTokens are not
+    kept here: their key chains are remembered by their keys (`_keyed_chain`)."""
+
+    __slots__ = ("block_size", "convert", "_chains")
+
+    def __init__(self, block_size: int, convert):
+        self.block_size, self.convert = block_size, convert
+        self._chains: dict[int, tuple] = {}  # id(token_ids) -> (token_ids, converted identities)
+
+    def __call__(self, ids):
+        entry = self._chains.get(id(ids))
+        if entry is not None and entry[0] is ids:
+            return entry[1]
+        chain = self.convert(block_hashes(ids, self.block_size))
+        if isinstance(ids, np.ndarray):
+            if len(self._chains) >= CONTENT_CACHE_SIZE:
+                del self._chains[next(iter(self._chains))]
+            self._chains[id(ids)] = (ids, chain)
+        return chain
+
+
+def sequence_chain(seq, memo: ChainMemo):
+    """The identities of the sequence's shareable full blocks (`memo`'s block size and form), kept on
+    the sequence: the router and every replica's allocator compute them once between them."""
+    chain = seq.block_hashes
+    if chain is None:
+        chain = seq.block_hashes = memo(seq.request.token_ids)
+    return chain
+
+
 SMALL_RUN = 32  # runs of blocks up to this long are handled element by element, longer ones by numpy
 
 

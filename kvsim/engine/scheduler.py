@@ -24,32 +24,32 @@ from operator import attrgetter
 
 from kvsim.batch import Batch
 from kvsim.engine.cohort import DecodeCohort
+from kvsim.engine.records import DecodeRunPlan
+from kvsim.engine.settings import EngineSettings
 from kvsim.sequence import Sequence, SequenceStatus
 
 RUNNING, WAITING, SWAPPED, FINISHED, REJECTED = (
     SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.SWAPPED,
     SequenceStatus.FINISHED, SequenceStatus.REJECTED)
 _run_order = attrgetter("run_order")
+_new = tuple.__new__  # builds a named tuple without its Python-level __new__ (once per fused decode run)
 # What can hold a waiting sequence back (Scheduler.admission_limit).
 KV_CACHE, MAX_NUM_SEQS, TOKEN_BUDGET = "kv_cache", "max_num_seqs", "token_budget"
 
 
 class Scheduler:
-    def __init__(self, allocator, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 enable_chunked_prefill: bool = True, preemption_mode: str = "recompute",
-                 num_host_blocks: int = 0, use_cohort: bool = False, track_longest: bool = True):
+    """One replica's scheduler over `allocator` (a KVAllocator), with the policy's `settings`."""
+
+    def __init__(self, allocator, settings: EngineSettings, *, use_cohort: bool = False, track_longest: bool = True):
         self.allocator = allocator
         # track_longest: the cohort keeps its longest member (Batch.decode_max_context), for step prices that read it
         self.cohort = DecodeCohort(allocator, track_longest) if use_cohort else None
-        self.max_num_seqs = max_num_seqs
-        self.max_model_len = max_model_len
-        self.enable_chunked_prefill = enable_chunked_prefill
-        # Without chunking a whole prompt must fit one step, so the budget is at least
-        # max_model_len, as vLLM sets it.
-        self.max_num_batched_tokens = (max_num_batched_tokens if enable_chunked_prefill
-                                       else max(max_num_batched_tokens, max_model_len))
-        self.preemption_mode = preemption_mode
-        self.num_host_blocks = num_host_blocks
+        self.max_num_seqs = settings.max_num_seqs
+        self.max_model_len = settings.max_model_len
+        self.enable_chunked_prefill = settings.enable_chunked_prefill
+        self.max_num_batched_tokens = settings.step_budget  # tokens a step may schedule
+        self.preemption_mode = settings.preemption_mode
+        self.num_host_blocks = settings.num_host_blocks
         self.num_swapped_blocks = 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -156,6 +156,7 @@ class Scheduler:
         alloc, cohort, size = self.allocator, self.cohort, self.cohort.size
         if self._cohort_step_blocks:  # counted by _cohort_fits for this very step
             alloc.reserve(self._cohort_step_blocks)
+        batch.cohort_step_blocks = self._cohort_step_blocks
         batch.cohort_size = batch.num_decode_seqs = size
         batch.decode_context_tokens = cohort.context + size
         if cohort.offsets is not None:
@@ -285,10 +286,10 @@ class Scheduler:
         return emitted, finished
 
     # ---- runs of identical decode steps ----------------------------------------------------
-    def plan_decode_run(self, batch: Batch, max_steps: int) -> tuple[int, int]:
+    def plan_decode_run(self, batch: Batch, max_steps: int) -> DecodeRunPlan:
         """How many identical decode steps (>= 1) the cohort-only `batch` can run before the
         schedule could change, at most `max_steps`, and the blocks its steps after the first need
-        (to reserve before they run; schedule() reserved the first step's).
+        (`commit_decode_run` reserves them; schedule() reserved the first step's).
 
         The schedule changes when a sequence finishes or when the blocks would run out (a
         preemption); arrivals are the caller's bound. Nothing else can change it: the waiting
@@ -296,11 +297,16 @@ class Scheduler:
         """
         cohort = self.cohort
         if cohort is None or batch.seqs or not batch.cohort_size:
-            return 1, 0
+            return DecodeRunPlan(1, 0)
         k = min(max_steps, batch.min_output_left)
         if k > 1:
-            first = self._cohort_step_blocks  # reserved by schedule()
+            first = batch.cohort_step_blocks  # reserved by schedule()
             k, need = cohort.affordable_steps(k, self.allocator.num_free_blocks + first)
             if k > 1:
-                return k, need - first
-        return 1, 0
+                return _new(DecodeRunPlan, (k, need - first))
+        return DecodeRunPlan(1, 0)
+
+    def commit_decode_run(self, plan: DecodeRunPlan) -> None:
+        """The run goes ahead: its later steps' blocks are taken now (postprocess advances the cohort)."""
+        if plan.reserve_blocks:
+            self.allocator.reserve(plan.reserve_blocks)

@@ -115,8 +115,9 @@ def resolve_calibration(scenario, gpu_name: str) -> tuple[Calibration, str]:
     return load_calibration(path), str(path)
 
 
-def write_calibration(path, calibration: Calibration, **meta) -> None:
-    """A calibration file as `load_calibration` reads it, with provenance and fit figures beside it."""
+def write_calibration(path, calibration: Calibration, may_replace=None, **meta) -> None:
+    """A calibration file as `load_calibration` reads it, with provenance and fit figures beside it (finite
+    JSON; an existing file is replaced only when `may_replace(path)` says kvsim wrote it)."""
     data = {k: v for k, v in meta.items() if v is not None}
     data["coefficients"] = calibration.to_dict()
-    write_text_atomic(path, json.dumps(data, indent=2) + "\n", "calibration")
+    write_text_atomic(path, json.dumps(data, indent=2, allow_nan=False) + "\n", "calibration", may_replace)

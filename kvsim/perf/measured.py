@@ -29,11 +29,15 @@ from bisect import bisect_right
 
 import numpy as np
 
+from kvsim.batch import DecodeShape
 from kvsim.errors import KvsimError
 from kvsim.perf.kernel_curves import ModelKernels
 from kvsim.perf.kernels import GPU_STEMS, load_tables
+from kvsim.perf.pricing import DecodeRunPrice
 from kvsim.perf.roofline import activation_bytes_per_token
 from kvsim.perf.server import ServerTerms, shipped_terms, vllm_capture_sizes
+
+_new = tuple.__new__  # builds a named tuple without its Python-level __new__ (once per fused decode run)
 
 
 class _Line:
@@ -83,8 +87,8 @@ class _Line:
 
 
 class MeasuredStepModel:
-    """Step time of one replica (tp GPUs) from measured kernels: `step_time(batch)` for any Batch, and
-    closed forms for runs of pure-decode steps (the same interface as kvsim.perf.roofline.StepModel).
+    """Step time of one replica (tp GPUs) from measured kernels: a `kvsim.perf.pricing.RunPricer` whose
+    run searches are closed forms (as kvsim.perf.roofline.StepModel's).
     A pure-decode batch of at most `graph_sizes[-1]` sequences replays a full CUDA graph padded to the
     next capture size; a mixed batch of at most that many tokens replays piecewise graphs (padded too);
     larger steps run eagerly (no capture sizes: always eager, as --enforce-eager)."""
@@ -252,9 +256,10 @@ class MeasuredStepModel:
         self._run_key = (num_seqs, read_tokens, out)
         return out
 
-    def decode_run_time(self, num_seqs: int, read_tokens: int, k: int, longest: int = 0) -> float:
-        """Seconds for k pure-decode steps of num_seqs sequences, step i reading read_tokens + i*num_seqs
-        keys (`longest` is not read: see prices_longest_decode). Closed form, segment by segment."""
+    def decode_run_time(self, shape: DecodeShape, k: int) -> float:
+        """Seconds for the first k pure-decode steps of a run of `shape` (kvsim.perf.pricing; its `longest`
+        is not read: see prices_longest_decode). Closed form, segment by segment."""
+        num_seqs, read_tokens = shape[0], shape[1]
         if k <= 0 or num_seqs <= 0:
             return 0.0
         last = self._run_key
@@ -264,29 +269,25 @@ class MeasuredStepModel:
             return (fixed + a + b * s0) * k + b * (k * (k - 1) / 2)
         return fixed * k + self.layers * line.run_sum(s0, k)
 
-    def decode_run(self, num_seqs: int, read_tokens: int, k: int, longest: int = 0) -> tuple[float, float]:
-        """(seconds for the k steps, seconds for the first) of a run as in decode_run_time."""
-        return self.decode_run_time(num_seqs, read_tokens, k), self.decode_run_time(num_seqs, read_tokens, 1)
-
-    def decode_run_within(self, num_seqs: int, read_tokens: int, max_steps: int, budget_s: float,
-                          longest: int = 0) -> tuple[int, float, float]:
-        """(k, seconds, seconds of the first step): k = max_steps if those all end before budget_s,
-        else the smallest k whose steps reach it."""
-        fixed, line, s0, inside, a, b = self._run(num_seqs, read_tokens)
+    def decode_run_within(self, shape: DecodeShape, max_steps: int, budget_s: float = math.inf) -> DecodeRunPrice:
+        """The first k <= max_steps steps of the run that start within budget_s: k = max_steps if those
+        all end before budget_s, else the smallest k whose steps reach it."""
+        fixed, line, s0, inside, a, b = self._run(shape[0], shape[1])
         first = fixed + a + b * s0
         if max_steps == 1:
-            return 1, first, first
-        total = self.decode_run_time(num_seqs, read_tokens, max_steps)
+            return _new(DecodeRunPrice, (1, first, first))
+        total = self.decode_run_time(shape, max_steps)
         if total < budget_s:
-            return max_steps, total, first
-        k = self.decode_steps_within(num_seqs, read_tokens, budget_s)
-        return k, self.decode_run_time(num_seqs, read_tokens, k), first
+            return _new(DecodeRunPrice, (max_steps, total, first))
+        k = self.decode_steps_within(shape, budget_s)
+        return _new(DecodeRunPrice, (k, self.decode_run_time(shape, k), first))
 
-    def decode_steps_within(self, num_seqs: int, read_tokens: int, budget_s: float, longest: int = 0) -> int:
+    def decode_steps_within(self, shape: DecodeShape, budget_s: float) -> int:
         """The smallest k >= 1 whose first k steps take budget_s or more."""
+        num_seqs = shape[0]
         if num_seqs <= 0 or not math.isfinite(budget_s):
             raise ValueError(f"need num_seqs > 0 and a finite budget, got {num_seqs}, {budget_s}")
-        fixed, line, s0, inside, a, slope = self._run(num_seqs, read_tokens)
+        fixed, line, s0, inside, a, slope = self._run(num_seqs, shape[1])
         first = fixed + a + slope * s0
         if first >= budget_s:
             return 1
@@ -302,17 +303,17 @@ class MeasuredStepModel:
             if first * k + slope * (k * (k - 1) / 2) >= budget_s and (k == 1 or below < budget_s):
                 return k
         run = self.decode_run_time
-        if run(num_seqs, read_tokens, k) >= budget_s:
-            if k == 1 or run(num_seqs, read_tokens, k - 1) < budget_s:
+        if run(shape, k) >= budget_s:
+            if k == 1 or run(shape, k - 1) < budget_s:
                 return k
             lo, hi = 0, k
         else:
             lo, hi = k, 2 * k
-            while run(num_seqs, read_tokens, hi) < budget_s:
+            while run(shape, hi) < budget_s:
                 lo, hi = hi, 2 * hi
         while hi - lo > 1:  # the run crossed a knot of the line: bisection over the closed form
             mid = (lo + hi) // 2
-            if run(num_seqs, read_tokens, mid) >= budget_s:
+            if run(shape, mid) >= budget_s:
                 hi = mid
             else:
                 lo = mid
@@ -382,23 +383,18 @@ def measured_tables(scenario, gpu):
     return shipped_path(gpu.name, version)
 
 
-def measured_step_model(scenario, policy, model, gpu, calibration) -> MeasuredStepModel | None:
-    """The measured pricer of the scenario's policy (None: the roofline prices it; see measured_tables)."""
-    from kvsim.perf.memory import bytes_per_block
-    from kvsim.scenario.defaults import engine_limits
-
+def measured_step_model(scenario, policy, model, gpu, calibration, settings, capacity) -> MeasuredStepModel | None:
+    """The measured pricer of the scenario's policy under its `settings` (kvsim.engine.settings) and KV
+    `capacity` (kvsim.perf.memory.KvCapacity), or None: the roofline prices it (see measured_tables)."""
     path = measured_tables(scenario, gpu)
     if path is None:
         return None
     terms, _ = shipped_terms(gpu.name)
     tp = scenario.hardware.tensor_parallel_size
-    limits = engine_limits(scenario, policy, model, gpu)
-    graphs = () if scenario.backend.enforce_eager else vllm_capture_sizes(limits.max_num_seqs,
-                                                                          limits.max_num_batched_tokens)
-    swap_block = bytes_per_block(model, policy.kv_cache_dtype, scenario.engine.block_size, tp,
-                                 policy.kv_cache_scales == "per_token")
-    return MeasuredStepModel(model, gpu, tp, policy.kv_cache_dtype, path, terms, calibration, graphs, swap_block,
-                             min(limits.step_budget, 32768))
+    graphs = () if scenario.backend.enforce_eager else vllm_capture_sizes(settings.max_num_seqs,
+                                                                          settings.max_num_batched_tokens)
+    return MeasuredStepModel(model, gpu, tp, policy.kv_cache_dtype, path, terms, calibration, graphs,
+                             capacity.bytes_per_block, min(settings.step_budget, 32768))
 
 
 def request_overhead_s(scenario, gpu) -> float:

@@ -3,7 +3,10 @@
 A step's GPU work (`body`) is a sum of separately priced parts, each its own roofline:
 
     GEMMs        max(FLOPs / (peak x compute_efficiency), streamed weights / bandwidth), for the layers and
-                 for lm_head (sampled rows only) apart; the input embedding is a gather, not a table read
+                 for lm_head (sampled rows only) apart; the input embedding is a gather, not a table read.
+                 A mixture-of-experts layer computes its router, shared experts and top_k routed experts
+                 a token, and streams the experts the step's tokens touch: E x (1 - (1 - k/E)^tokens)
+                 of its E under balanced routing (`MoeSpec.expected_experts`)
     attention    the decode and the prefill kernels apart, each max(FLOPs / (peak x attention_efficiency)
                  (+ KV dequantization), KV bytes / bandwidth, layers x attention_floor_s, a serial floor);
                  a quantized cache multiplies prefill attention by quantized_prefill_factor and adds
@@ -32,12 +35,16 @@ import math
 from bisect import bisect_left
 from functools import partial
 
+from kvsim.batch import Batch, DecodeShape
 from kvsim.perf.calibration import Calibration, load_calibration  # noqa: F401  (re-exported)
 from kvsim.perf.memory import QUANTIZED_KV, bytes_per_block, kv_bytes_per_token, kv_elements_per_token, \
     kv_heads_per_gpu
-from kvsim.scenario.catalog import DTYPE_BYTES, GpuSpec, ModelSpec
+from kvsim.perf.pricing import DecodeRunPrice
+from kvsim.perf.weights import weights_per_gpu
+from kvsim.scenario.catalog import GpuSpec, ModelSpec
 
 NEVER = 1 << 62  # a step index no run reaches
+_new = tuple.__new__  # builds a named tuple without its Python-level __new__ (once or twice per decode run)
 LOGITS_BYTES_PER_VOCAB = 12  # a sampled row: 16-bit logits written, read, fp32 copy written and read
 # vLLM V1's CUDA-graph capture sizes (CompilationConfig): a decode batch is padded to the next one.
 VLLM_GRAPH_SIZES = (1, 2, 4, *range(8, 513, 8))
@@ -64,10 +71,14 @@ def activation_bytes_per_token(model: ModelSpec, kv_cache_dtype: str, tp: int = 
     gate and up, write the product), and the KV store (read the new K and V, write them to the cache)."""
     a = model.activation_bytes
     q = max(1, model.num_attention_heads // tp) * model.head_dim
-    kv = kv_heads_per_gpu(model, tp) * model.head_dim
-    inter = math.ceil(model.intermediate_size / tp)
-    per_layer = 8 * model.hidden_size * a + 2 * (q + kv) * a + 3 * inter * a + 2 * kv * a
-    return model.num_hidden_layers * per_layer + kv_bytes_per_token(model, kv_cache_dtype, tp)
+    kv = kv_elements_per_token(model, tp) // (2 * model.num_hidden_layers)
+    per_layer = 8 * model.hidden_size * a + 2 * (q + kv) * a + 2 * kv * a
+    inter = model.num_dense_layers * math.ceil(model.intermediate_size / tp)
+    if model.moe:  # each token's top_k routed experts and the shared experts
+        moe = model.moe
+        inter += model.num_moe_layers * (moe.num_experts_per_tok * math.ceil(moe.moe_intermediate_size / tp)
+                                         + math.ceil(moe.shared_expert_intermediate_size / tp))
+    return model.num_hidden_layers * per_layer + 3 * inter * a + kv_bytes_per_token(model, kv_cache_dtype, tp)
 
 
 def allreduce_seconds(size_bytes: float, workers: int, gpu: GpuSpec, c: Calibration) -> float:
@@ -133,7 +144,8 @@ def _sum_max_lines(a1: float, b1: float, a2: float, b2: float, k: int) -> float:
 class StepModel:
     """Step time of one replica (tp GPUs) serving `model` with a given KV-cache dtype. A pure-decode step
     of n sequences replays the CUDA graph of the least of `graph_sizes` >= n, padded to it (none: eager).
-    `max_model_len` caps the decode kernel's splits as the engine's does (0: no cap)."""
+    `max_model_len` caps the decode kernel's splits as the engine's does (0: no cap). A `RunPricer`
+    (kvsim.perf.pricing) whose run searches are closed forms."""
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, kv_cache_dtype: str,
                  calibration: Calibration, block_size: int = 16, graph_sizes: tuple = VLLM_GRAPH_SIZES,
@@ -144,9 +156,9 @@ class StepModel:
         self.graph_sizes = tuple(sorted(graph_sizes))
         self.graph_max_seqs = self.graph_sizes[-1] if self.graph_sizes else 0
         c, layers = calibration, model.num_hidden_layers
-        peak = (gpu.fp8_tflops if model.dtype == "fp8" else gpu.bf16_tflops) * 1e12
+        peak = (gpu.fp8_tflops if model.gemm_dtype == "fp8" else gpu.bf16_tflops) * 1e12
         bandwidth = gpu.hbm_bandwidth_gbps * 1e9 * c.memory_efficiency
-        wbytes = DTYPE_BYTES[model.dtype]
+        w = weights_per_gpu(model, tp)
         self.kv_bytes_per_token = kv_bytes_per_token(model, kv_cache_dtype, tp, per_token_scales)
         self.bytes_per_block = bytes_per_block(model, kv_cache_dtype, block_size, tp, per_token_scales)
         # Seconds per unit of work, per GPU.
@@ -154,9 +166,10 @@ class StepModel:
         self.gemm_pad = c.gemm_pad_tokens
         self.layers_s_per_token = model.gemm_flops(1, 0) * gemm_s_per_flop
         self.lm_head_s_per_seq = model.gemm_flops(0, 1) * gemm_s_per_flop  # only sampled rows go through lm_head
-        layer_params = layers * (model.attn_params_per_layer + model.mlp_params_per_layer)
-        self.layers_weights_s = layer_params * wbytes / tp / bandwidth
-        self.lm_head_weights_s = model.lm_head_params * wbytes / tp / bandwidth  # the embedding too, when tied
+        layer_bytes = w.attn + w.attn_kv + w.attn_replicated + w.dense_mlp + w.shared_experts
+        self.layers_weights_s = layer_bytes / bandwidth  # read by every step (norm weights left out: tiny)
+        self.expert_weights_s = w.experts / bandwidth  # all routed experts; a step reads those its tokens touch
+        self.lm_head_weights_s = (w.lm_head or w.embed) / bandwidth  # the embedding, when tied
         self.attn_s_per_pair = model.attention_flops(1) / (tp * peak * c.attention_efficiency)
         quant = c.quantized_prefill_factor if kv_cache_dtype in QUANTIZED_KV else 1.0
         self.prefill_attn_s_per_pair = self.attn_s_per_pair * quant
@@ -167,8 +180,10 @@ class StepModel:
             per_elem = c.dequant_flops_per_element * (2 if kv_cache_dtype == "int4" else 1)
             dequant = kv_elements_per_token(model, tp) * per_elem / (gpu.fp32_tflops * 1e12)
         self.dequant_s_per_kv_token = dequant
+        self.decode_s_per_pair = self.attn_s_per_pair + dequant  # decode attention's compute, dequantization included
         self.kv_s_per_token = self.kv_bytes_per_token / bandwidth
         self.attn_floor_s = layers * c.attention_floor_s
+        self.decode_floor_line = (self.attn_floor_s, 0.0)  # decode attention's floor, flat in a run
         self.decode_key_s = layers * c.decode_key_s
         self._splits: dict[int, int] = {}
         self.act_s_per_token = activation_bytes_per_token(model, kv_cache_dtype, tp) / bandwidth
@@ -194,8 +209,15 @@ class StepModel:
     def gemm_time(self, num_tokens: int, num_seqs: int) -> float:
         layers = (num_tokens + self.gemm_pad) * self.layers_s_per_token
         head = (num_seqs + self.gemm_pad) * self.lm_head_s_per_seq
-        return (max(layers, self.layers_weights_s) if num_tokens else 0.0) + \
+        return (max(layers, self.layers_weights_time(num_tokens)) if num_tokens else 0.0) + \
             (max(head, self.lm_head_weights_s) if num_seqs else 0.0)
+
+    def layers_weights_time(self, num_tokens: int) -> float:
+        """Seconds to stream the layers' weights a step of num_tokens tokens reads."""
+        moe = self.model.moe
+        if moe is None:
+            return self.layers_weights_s
+        return self.layers_weights_s + self.expert_weights_s * moe.expected_experts(num_tokens) / moe.n_routed_experts
 
     def decode_splits(self, rows: int) -> int:
         """The decode kernel's programs per (sequence, KV head) for a batch of `rows` (padded) sequences."""
@@ -208,27 +230,36 @@ class StepModel:
 
     def decode_attention_time(self, num_decode: int, context_tokens: int, longest: float = 0, rows: int = 0) -> float:
         """num_decode sequences holding context_tokens in all, the longest `longest` (0: the mean), in a
-        batch of `rows` (a graph's padded size; 0: num_decode) that sets the kernel's splits.
-
-        Besides the rooflines, the longest sequence's programs take s = decode_key_s / splits a key.
-        The others, at their mean m, share the bandwidth with them while they run: the roofline's time
-        for n*m keys, in which the longest's programs also walk m keys; then they walk their last L - m
-        alone (two classes of program in a fluid model: uniform batches get the roofline, a long
-        sequence among short ones its serial time, and a mix of both more than either)."""
+        batch of `rows` (a graph's padded size; 0: num_decode) that sets the kernel's splits: the
+        largest of `decode_attention_lines` at step 0."""
         if not num_decode:
             return 0.0
-        roof = context_tokens * max(self.attn_s_per_pair + self.dequant_s_per_kv_token, self.kv_s_per_token)
-        top = roof if roof > self.attn_floor_s else self.attn_floor_s
-        if not self.decode_key_s:
-            return top
-        s = self.decode_key_s / self.decode_splits(rows or num_decode)
-        longest = max(longest, context_tokens / num_decode)
-        if num_decode > 1:
-            others = (context_tokens - longest) / (num_decode - 1)
-            tail = s * (longest - others) + roof * num_decode * others / context_tokens
-        else:
-            tail = 0.0
-        return max(top, s * longest, tail)
+        return max(self.decode_attention_lines(num_decode, context_tokens, longest, rows or num_decode))[0]
+
+    def decode_attention_lines(self, n: int, x0: int, longest: float, rows: int) -> list[tuple[float, float]]:
+        """The decode attention price, written once for single steps and runs: its terms as lines
+        (seconds at step 0, seconds more a step) in the step index of a run whose every context grows
+        by one a step; a step takes the largest term. n sequences hold x0 context tokens, the longest
+        `longest` (0: the mean), in a batch of `rows` (padded) rows.
+
+        The terms: the per-layer floor, compute and memory rooflines, and the longest sequence's
+        programs at s = decode_key_s / splits a key. The others, at their mean m, share the bandwidth
+        with those while they run: the roofline's time for n*m keys, in which the longest's programs
+        also walk m keys; then they walk their last L - m alone (two classes of program in a fluid
+        model: uniform batches get the roofline, a long sequence among short ones its serial time,
+        and a mix of both more than either)."""
+        c, m = self.decode_s_per_pair, self.kv_s_per_token
+        cn, mn = c * n, m * n
+        lines = [self.decode_floor_line, (c * x0, cn), (m * x0, mn)]
+        if self.decode_key_s:
+            s = self.decode_key_s / self.decode_splits(rows)
+            first = max(longest, x0 / n)
+            lines.append((s * first, s))
+            if n > 1:
+                others = (x0 - first) / (n - 1)  # their mean grows by one a step, as the longest does
+                tail = s * (first - others)
+                lines += [(tail + cn * others, cn), (tail + mn * others, mn)]
+        return lines
 
     def prefill_attention_time(self, num_prefill: int, attn_pairs: int, kv_tokens: int, new_tokens: int = 0) -> float:
         """kv_tokens: the cached and new tokens the prefill kernels read from the cache. Besides the
@@ -244,7 +275,8 @@ class StepModel:
     def layer_gemm_time(self, num_tokens: int) -> float:
         """One layer's projections (qkv, o, gate_up, down) for num_tokens tokens."""
         layers = self.model.num_hidden_layers
-        return max((num_tokens + self.gemm_pad) * self.layers_s_per_token, self.layers_weights_s) / layers
+        compute = (num_tokens + self.gemm_pad) * self.layers_s_per_token
+        return max(compute, self.layers_weights_time(num_tokens)) / layers
 
     def layer_small_kernels_time(self, num_tokens: int) -> float:
         """One layer's elementwise kernels (norms, RoPE, activation, KV store) for num_tokens tokens."""
@@ -270,8 +302,8 @@ class StepModel:
         host = self.eager_host_s + self.eager_attention_s * ((num_prefill_seqs > 0) + (num_decode_seqs > 0))
         return host + self.eager_quantized_s if num_decode_seqs else host
 
-    def step_time(self, batch) -> float:
-        """Seconds for one step of `batch` (a kvsim.batch.Batch; only its aggregate counts are read)."""
+    def step_time(self, batch: Batch) -> float:
+        """Seconds for one step of `batch` (only its aggregate counts are read)."""
         swapped = batch.swap_in_blocks + batch.swap_out_blocks
         swap = self.swap_time(swapped) if swapped else 0.0
         nd, np_ = batch.num_decode_seqs, batch.num_prefill_seqs
@@ -295,78 +327,59 @@ class StepModel:
     # ---- runs of pure-decode steps in closed form -----------------------------------------------
     def _decode_lines(self, n: int, x0: int, longest: int = 0) -> tuple:
         """Decode step i of n sequences holding x0 + i*n context tokens, the longest longest + i (0: the
-        mean), as _envelope's lines in i."""
+        mean), as _envelope's lines in i: the step's constant part, and decode_attention_lines."""
         last = self._last_lines
         if n == last[0] and x0 == last[1] and longest == last[2]:  # a run is sized, then priced
             return last[3]
         base = self._decode_base.get(n)
         if base is None:
             base = self._decode_base[n] = self._decode_constants(n)
-        fixed, top, line0, c_slope, m_slope, cn, mn, s_slope = base
-        # graph: fixed + rest + max(floor, c_slope * ctx, m_slope * ctx, s_slope * longest, ...) (top 0);
-        # eager: fixed + max(host, rest + floor, rest + c_slope * ctx, ...) (top = rest)
-        lines = [line0, (top + c_slope * x0, cn), (top + m_slope * x0, mn)]
-        if s_slope is not None:  # the serial line, and the fluid model's tail (see decode_attention_time)
-            first = max(longest, x0 / n)
-            lines.append((top + s_slope * first, s_slope))
-            if n > 1:
-                others = (x0 - first) / (n - 1)  # their mean grows by one a step, as the longest does
-                tail = top + s_slope * (first - others)
-                lines += [(tail + cn * others, cn), (tail + mn * others, mn)]
-        lines = _envelope(fixed, lines)
+        fixed, top, host, rows = base
+        attention = self.decode_attention_lines(n, x0, longest, rows)
+        if top is None:  # a graph: fixed + max(attention terms)
+            lines = _envelope(fixed, attention)
+        else:  # eager: fixed + max(host, rest + attention terms)
+            floor, *terms = attention
+            lines = _envelope(fixed, [(max(host, top + floor[0]), 0.0), *((top + a, b) for a, b in terms)])
         self._last_lines = (n, x0, longest, lines)
         return lines
 
     def _decode_constants(self, n: int) -> tuple:
         """What _decode_lines reads for n sequences whatever their context: (the envelope's fixed
-        part, the part added inside each line, the flat line, the context slopes and those times n,
-        the serial slope or None)."""
+        part; None for a CUDA graph, else the eager step's GEMM, elementwise and all-reduce time added
+        to each attention term; the eager host time; the kernel's rows)."""
         rows = self.graph_batch(0, n)
         graph = rows > 0
         rows = rows or n
         rest = self.gemm_time(rows, rows) + self.activation_time(rows, rows) + self.allreduce_time(rows)
         fixed = self.overhead(n, graph)
-        c_slope = self.attn_s_per_pair + self.dequant_s_per_kv_token
-        m_slope = self.kv_s_per_token
         if graph:
-            fixed, top, line0 = fixed + rest, 0.0, (self.attn_floor_s, 0.0)
-        else:
-            top, line0 = rest, (max(self.host_time(0, n), rest + self.attn_floor_s), 0.0)
-        s_slope = self.decode_key_s / self.decode_splits(rows) if self.decode_key_s else None
-        return fixed, top, line0, c_slope, m_slope, c_slope * n, m_slope * n, s_slope
+            return fixed + rest, None, 0.0, rows
+        return fixed, rest, self.host_time(0, n), rows
 
-    def decode_run_time(self, num_seqs: int, context_tokens: int, k: int, longest: int = 0) -> float:
-        """Seconds for k pure-decode steps of num_seqs sequences; step i has
-        decode_context_tokens = context_tokens + i*num_seqs and decode_max_context = longest + i (longest
-        0: the mean). Closed form in k."""
-        if k <= 0 or num_seqs <= 0:
+    def decode_run_time(self, shape: DecodeShape, k: int) -> float:
+        """Seconds for the first k pure-decode steps of a run of `shape` (kvsim.perf.pricing). Closed form in k."""
+        if k <= 0 or shape.num_seqs <= 0:
             return 0.0
-        return _run_time(self._decode_lines(num_seqs, context_tokens, longest), k)
+        return _run_time(self._decode_lines(*shape), k)
 
-    def decode_run(self, num_seqs: int, context_tokens: int, k: int, longest: int = 0) -> tuple[float, float]:
-        """(seconds for the k steps, seconds for the first) of a run as in decode_run_time."""
-        _, total, first = self.decode_run_within(num_seqs, context_tokens, k, math.inf, longest)
-        return total, first
-
-    def decode_run_within(self, num_seqs: int, context_tokens: int, max_steps: int,
-                          budget_s: float, longest: int = 0) -> tuple[int, float, float]:
-        """(k, seconds, seconds of the first step) of the run's first k <= max_steps steps that start
-        within budget_s: k = max_steps if those all end before budget_s, else the smallest k whose
-        steps reach it (decode_steps_within)."""
-        lines = self._decode_lines(num_seqs, context_tokens, longest)
+    def decode_run_within(self, shape: DecodeShape, max_steps: int, budget_s: float = math.inf) -> DecodeRunPrice:
+        """The first k <= max_steps steps of the run that start within budget_s: k = max_steps if those
+        all end before budget_s, else the smallest k whose steps reach it (decode_steps_within)."""
+        lines = self._decode_lines(*shape)
         first = lines[0] + lines[1]
         if max_steps == 1:
-            return 1, first, first
+            return _new(DecodeRunPrice, (1, first, first))
         total = _run_time(lines, max_steps)
         if total < budget_s:
-            return max_steps, total, first
-        return (*_steps_within(lines, budget_s), first)
+            return _new(DecodeRunPrice, (max_steps, total, first))
+        return _new(DecodeRunPrice, (*_steps_within(lines, budget_s), first))
 
-    def decode_steps_within(self, num_seqs: int, context_tokens: int, budget_s: float, longest: int = 0) -> int:
-        """The smallest k >= 1 with decode_run_time(num_seqs, context_tokens, k, longest) >= budget_s."""
-        if num_seqs <= 0 or not math.isfinite(budget_s):
-            raise ValueError(f"need num_seqs > 0 and a finite budget, got {num_seqs}, {budget_s}")
-        return _steps_within(self._decode_lines(num_seqs, context_tokens, longest), budget_s)[0]
+    def decode_steps_within(self, shape: DecodeShape, budget_s: float) -> int:
+        """The smallest k >= 1 with decode_run_time(shape, k) >= budget_s."""
+        if shape.num_seqs <= 0 or not math.isfinite(budget_s):
+            raise ValueError(f"need num_seqs > 0 and a finite budget, got {shape.num_seqs}, {budget_s}")
+        return _steps_within(self._decode_lines(*shape), budget_s)[0]
 
 
 def _steps_within(lines: tuple, budget_s: float) -> tuple[int, float]:

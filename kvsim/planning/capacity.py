@@ -1,23 +1,29 @@
-"""`kvsim plan`: each policy's maximum sustainable arrival rate under the scenario's SLO.
+"""`kvsim plan`: each policy's safe arrival rate under the scenario's SLO.
 
 Per policy and seed a `Search` (kvsim/planning/search.py) brackets and bisects the rate; a rate is
 *sustainable* when the SLO is met at its percentile and the engine is stable
 (kvsim/results/verdict.py). Seeds are independent replications of the workload, so the seeds'
-knees k_1..k_n give the answer: `max_rate` is their mean and the interval is
-mean ± t(0.975, n-1) · s / sqrt(n), widened by the search resolution (± res · mean).
-Then every seed is simulated once more at `max_rate` (the SLO figures at that rate), and the
-binding constraint at the knee is the one named most often by the seeds' first unsustainable
-rate. Headroom is max_rate / r0 - 1 for the scenario's own rate r0. When nothing held admission
+knees k_1..k_n describe the knee: `mean_rate` is their mean and the interval is
+mean ± t(0.975, n-1) · s / sqrt(n), widened by the search resolution (± res · mean). The knee is a
+cliff, so the headline is the *safe rate* (kvsim/planning/safe.py): the highest rate at which every
+seed and a run four times longer were each simulated and found sustainable. The SLO figures are
+given at the safe rate (the mean over the seeds, and the worst of the seeds and the long run), and
+the binding constraint at the knee is the one named most often by the seeds' first unsustainable
+rate. Headroom is safe_rate / r0 - 1 for the scenario's own rate r0. When nothing held admission
 back there (the engine's step time binds), the first seed's first unsustainable rate is simulated
-once more with twice the GPU's FLOP/s and once with twice its HBM bandwidth: the one that helps
-the SLO more names the bound, `compute` or `bandwidth`.
+once more as it is, once with twice the GPU's FLOP/s and once with twice its HBM bandwidth: the one
+that helps the SLO more names the bound, `compute` or `bandwidth`, and the detail gives all three
+margins.
+
+Two policies *tie* when their 95% intervals overlap: the data cannot tell them apart, and `ties`
+says so rather than naming a winner.
 
 Requests per point: the scenario's own count, capped at `DEFAULT_REQUESTS` (3000). A short
 window hides overload (the first requests find an empty engine, and a queue needs time to grow
 before the TTFT tail or the backlog shows it), so a knee found on N requests is high by roughly
 c / N: on chat.toml, against 6000 requests, 1000 put it 9-17% high, 2000 2-6%, 3000 2-4%, 4000
 1-2% (benchmarks/results/plan_speed.md). 3000 keeps the chat plan near 17 CPU-seconds; `--requests`
-trades time for that bias.
+trades time for that bias, and the safe rate's long run checks it.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import numpy as np
 from kvsim.errors import check_int
 from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.points import FIGURES, base_rate, check_fits, evaluate_point, mean_or_none
+from kvsim.planning.safe import LONG_RUN, SafeCheck, first_candidate, safe_rates
 from kvsim.planning.search import Search, expected_points, run_searches
 from kvsim.scenario.workload import expected_count
 
@@ -75,25 +82,40 @@ class PolicyCapacity:
     """One policy's (or deployment layout's) answer. Rates in requests/s, figures as point records."""
 
     policy: str
-    max_rate: float  # mean of the seeds' knees
+    safe_rate: float  # every seed and a LONG_RUN x longer run sustainable there (0: none found)
+    mean_rate: float  # mean of the seeds' knees
     ci_low: float
     ci_high: float
     seed_max_rates: list[float]
     censored: bool  # some seed was still sustainable at the highest rate tried
     scenario_rate: float  # the scenario's own rate r0
-    headroom: float  # max_rate / scenario_rate - 1 (negative: r0 is beyond capacity)
+    headroom: float  # safe_rate / scenario_rate - 1 (negative: r0 is beyond what is safe)
     sustainable_at_scenario_rate: bool  # every seed sustainable at r0
-    binding: Optional[str]  # at the knee: kv_cache, max_num_seqs, token_budget, step_time
+    binding: Optional[str]  # at the knee: kv_cache, max_num_seqs, token_budget, step_time, max_model_len...
     binding_detail: Optional[str]
-    at_max_rate: dict  # mean over seeds of the point figures at max_rate, plus "sustainable_share"
+    at_safe_rate: dict  # mean over seeds of the point figures at safe_rate, plus worst_* (seeds and long run)
+    long_run_requests: int = 0  # requests of the long run that checked safe_rate
     first_unsustainable_rate: Optional[float] = None  # mean over seeds (None: censored)
 
     def row(self) -> dict:
-        """A flat row: the answer and the SLO figures at max_rate."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("at_max_rate", "seed_max_rates")}
+        """A flat row: the answer and the SLO figures at safe_rate."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("at_safe_rate", "seed_max_rates")}
         out["seed_max_rates"] = " ".join(f"{r:.6g}" for r in self.seed_max_rates)
-        out.update({f"at_max_{k}": v for k, v in self.at_max_rate.items()})
+        out.update({f"at_safe_{k}": v for k, v in self.at_safe_rate.items()})
         return out
+
+
+def ties(answers: list) -> list[list]:
+    """The answers ranked by safe rate (then mean), grouped where 95% intervals overlap with the
+    group's first: the data cannot tell those apart. Works on PolicyCapacity and on Deployment."""
+    ranked = sorted(answers, key=lambda a: (-a.safe_rate, -a.mean_rate))
+    groups: list[list] = []
+    for a in ranked:
+        if groups and a.ci_high >= groups[-1][0].ci_low and a.ci_low <= groups[-1][0].ci_high:
+            groups[-1].append(a)
+        else:
+            groups.append([a])
+    return groups
 
 
 class Frames:
@@ -120,13 +142,17 @@ class PlanResult(Frames):
     meta: dict  # model, gpu, tensor_parallel_size, num_replicas, slo, seeds, num_requests, resolution
     policies: list[PolicyCapacity]
     points: list[dict] = field(default_factory=list)  # policy, seed, rate, phase + point figures
+    tuning: list = field(default_factory=list)  # kvsim.planning.tune.Tuned per policy, with --tune
 
     def rows(self) -> list[dict]:
         return [p.row() for p in self.policies]
 
     def to_dict(self) -> dict:
-        return {"scenario": self.scenario, "meta": self.meta,
-                "policies": [asdict(p) for p in self.policies], "points": self.points}
+        out = {"scenario": self.scenario, "meta": self.meta,
+               "policies": [asdict(p) for p in self.policies], "points": self.points}
+        if self.tuning:
+            out["tuning"] = [t.as_dict() for t in self.tuning]
+        return out
 
 
 def _public(record: dict) -> dict:
@@ -147,6 +173,22 @@ def mean_figures(records: list[dict]) -> dict:
     return out
 
 
+WORST = ("ttft_ms_at_pct", "tpot_ms_at_pct", "itl_ms_at_pct", "e2e_ms_at_pct", "backlog_fraction")
+
+
+def safe_figures(check: SafeCheck) -> dict:
+    """The figures at the safe rate: the seeds' mean, and `worst_*`, the highest of each SLO figure
+    over the seeds and the long run (what the SLO was checked against there)."""
+    if not check.records:
+        return {}
+    out = mean_figures(check.records)
+    every = check.records + ([check.long_record] if check.long_record else [])
+    for k in WORST:
+        vals = [r[k] for r in every]
+        out[f"worst_{k}"] = None if any(v is None for v in vals) else max(vals)
+    return out
+
+
 def knee_binding(searches: list[Search]) -> tuple[Optional[str], Optional[str]]:
     """The binding constraint named most often at the seeds' first unsustainable rates."""
     records = [s.hi_record for s in searches if s.hi_record is not None]
@@ -156,15 +198,18 @@ def knee_binding(searches: list[Search]) -> tuple[Optional[str], Optional[str]]:
     return name, next(r["binding_detail"] for r in records if r["binding"] == name)
 
 
-def summarize(label: str, searches: list[Search], at_max: list[dict], r0: float, resolution: float) -> PolicyCapacity:
+def summarize(label: str, searches: list[Search], check: Optional[SafeCheck], r0: float, resolution: float,
+              long_requests: int = 0) -> PolicyCapacity:
     knees = [s.knee for s in searches]
     mean, low, high = interval(knees, resolution)
     binding, detail = knee_binding(searches)
     at_r0 = [rec for s in searches for rate, rec in s.tried if rate == s.start]
     his = [s.hi for s in searches if s.hi is not None]
-    return PolicyCapacity(label, mean, low, high, knees, any(s.censored for s in searches), r0,
-                          mean / r0 - 1.0 if r0 else math.inf, all(r["sustainable"] for r in at_r0),
-                          binding, detail, mean_figures(at_max) if at_max else {},
+    safe = check.safe_rate if check is not None else first_candidate(searches)
+    return PolicyCapacity(label, safe, mean, low, high, knees, any(s.censored for s in searches), r0,
+                          safe / r0 - 1.0 if r0 else math.inf, all(r["sustainable"] for r in at_r0),
+                          binding, detail, safe_figures(check) if check is not None and check.done and safe else {},
+                          long_requests if check is not None else 0,
                           float(np.mean(his)) if len(his) == len(searches) else None)
 
 
@@ -184,33 +229,45 @@ class Ticker:
 def capacity_search(executor, scenario, labels: list, seeds: list[int], resolution: float, tick, *,
                     start: float, num_requests: Callable, trace_rate=None, overrides_of=lambda label: None,
                     policy_of=lambda label: label, headroom_rate: Optional[float] = None,
-                    confirm: bool = True, key: str = "policy") -> tuple[list[PolicyCapacity], list[dict]]:
+                    confirm: bool = True, key: str = "policy", growth_of=lambda label: 2.0,
+                    known=lambda label, seed: (), floor=lambda label: 0.0,
+                    start_of=None) -> tuple[list[PolicyCapacity], list[dict]]:
     """The search for each label (a policy, or a deployment layout) over seeds, starting at `start`
-    req/s with `num_requests(label)` requests a point; with `confirm`, each seed once more at the
-    label's max rate. Returns the answers (headroom against `headroom_rate`, default `start`) and
-    the point rows."""
-    searches = {label: [Search((label, seed), start, resolution) for seed in seeds] for label in labels}
+    req/s with `num_requests(label)` requests a point (`known(label, seed)`: (rate, record) pairs
+    already simulated, `growth_of(label)`: the search's step up, `start_of(label)`: its own start); with `confirm`, each label's safe
+    rate (kvsim/planning/safe.py; `floor(label)`: a rate known to pass it), else the lowest of the
+    seeds' highest sustainable rates, unchecked.
+    Returns the answers (headroom against `headroom_rate`, default `start`) and the point rows."""
+    start_of = start_of or (lambda label: start)
+    searches = {label: [Search((label, seed), start_of(label), resolution, growth_of(label)) for seed in seeds]
+                for label in labels}
+    for label, group in searches.items():
+        for seed, search in zip(seeds, group):
+            for rate, record in known(label, seed):
+                search.update(rate, record)
 
-    def point(label, rate: float, seed: int) -> tuple:
-        return (evaluate_point, scenario, policy_of(label), rate, seed, num_requests(label), trace_rate,
-                overrides_of(label))
+    def point(label, rate: float, seed: int, long: bool = False) -> tuple:
+        n = num_requests(label) * (LONG_RUN if long else 1)
+        return (scenario, policy_of(label), rate, seed, n, trace_rate, overrides_of(label))
 
     run_searches(executor, [s for group in searches.values() for s in group],
-                 lambda search, rate: point(search.key[0], rate, search.key[1]), tick)
-    mean_knee = {label: float(np.mean([s.knee for s in group])) for label, group in searches.items()}
-    checks = [(label, seed) for label in labels for seed in seeds if confirm and mean_knee[label] > 0]
-    at_max = run_all(executor, evaluate_point, [point(label, mean_knee[label], seed)[1:] for label, seed in checks],
-                     lambda i, r: tick())
-    by_label: dict = {label: [] for label in labels}
+                 lambda search, rate: (evaluate_point, *point(search.key[0], rate, search.key[1])), tick)
+    checks = {}
+    if confirm:
+        checks = safe_rates(executor, {label: first_candidate(group) for label, group in searches.items()},
+                            seeds, resolution, point, tick, floor)
     rows = []
     for label, group in searches.items():
         for seed, s in zip(seeds, group):
-            rows += [point_row(label, seed, rate, "search", rec, key) for rate, rec in s.tried]
-    for (label, seed), rec in zip(checks, at_max):
-        by_label[label].append(rec)
-        rows.append(point_row(label, seed, mean_knee[label], "at_max_rate", rec, key))
+            given = [id(rec) for _, rec in known(label, seed)]
+            rows += [point_row(label, seed, rate, "search", rec, key) for rate, rec in s.tried if id(rec) not in given]
+    for label, check in checks.items():
+        rows += [point_row(label, seeds[0] if seed is None else seed, rate,
+                           "safe_check_long" if seed is None else "safe_check", rec, key)
+                 for rate, seed, rec in check.tried]
     r0 = start if headroom_rate is None else headroom_rate
-    answers = [summarize(label, searches[label], by_label[label], r0, resolution) for label in labels]
+    answers = [summarize(label, searches[label], checks.get(label), r0, resolution,
+                         LONG_RUN * num_requests(label)) for label in labels]
     return answers, rows
 
 
@@ -225,27 +282,30 @@ def name_step_time(executor, scenario, answers: list[PolicyCapacity], seed: int,
     from kvsim.scenario.catalog import gpu_spec
 
     gpu = gpu_spec(scenario)
-    faster = {"compute": {"bf16_tflops": 2 * gpu.bf16_tflops, "fp8_tflops": 2 * gpu.fp8_tflops,
-                          "fp32_tflops": 2 * gpu.fp32_tflops},
-              "bandwidth": {"hbm_bandwidth_gbps": 2 * gpu.hbm_bandwidth_gbps}}
+    variants = {"as_is": None,
+                "compute": {"bf16_tflops": 2 * gpu.bf16_tflops, "fp8_tflops": 2 * gpu.fp8_tflops,
+                            "fp32_tflops": 2 * gpu.fp32_tflops},
+                "bandwidth": {"hbm_bandwidth_gbps": 2 * gpu.hbm_bandwidth_gbps}}
     todo = [a for a in answers if a.binding == "step_time" and a.first_unsustainable_rate]
-    tasks = [(scenario, a.policy, a.first_unsustainable_rate, seed, num_requests, trace_rate, {"hardware": hw})
-             for a in todo for hw in faster.values()]
+    tasks = [(scenario, a.policy, a.first_unsustainable_rate, seed, num_requests, trace_rate,
+              {"hardware": hw} if hw else None) for a in todo for hw in variants.values()]
     records = run_all(executor, evaluate_point, tasks, lambda i, r: tick())
     rows = []
     for i, a in enumerate(todo):
-        by_kind = dict(zip(faster, records[2 * i:2 * i + 2]))
+        by_kind = dict(zip(variants, records[3 * i:3 * i + 3]))
         for kind, rec in by_kind.items():
-            rows.append(point_row(a.policy, seed, a.first_unsustainable_rate, f"twice_{kind}", rec))
-        gain = {k: _margin(r) for k, r in by_kind.items()}
+            rows.append(point_row(a.policy, seed, a.first_unsustainable_rate,
+                                  "counterfactual_baseline" if kind == "as_is" else f"twice_{kind}", rec))
+        gain = {k: _margin(by_kind[k]) for k in ("compute", "bandwidth")}
         if gain["compute"] == gain["bandwidth"]:
             continue
         kind = max(gain, key=gain.get)
         a.binding = kind
         a.binding_detail = (f"{'compute' if kind == 'compute' else 'HBM bandwidth'}: nothing held admission back, and at "
-                            f"{a.first_unsustainable_rate:.3g} req/s twice the "
-                            f"{'FLOP/s' if kind == 'compute' else 'bandwidth'} helps the SLO most "
-                            f"(margin {_text(by_kind['compute'])} with 2x FLOP/s, {_text(by_kind['bandwidth'])} with 2x bandwidth)")
+                            f"{a.first_unsustainable_rate:.3g} req/s (SLO margin {_text(by_kind['as_is'])} as it is) "
+                            f"twice the {'FLOP/s' if kind == 'compute' else 'bandwidth'} helps the SLO most "
+                            f"(margin {_text(by_kind['compute'])} with 2x FLOP/s, {_text(by_kind['bandwidth'])} with "
+                            "2x bandwidth)")
     return rows
 
 
@@ -256,8 +316,9 @@ def _text(record: dict) -> str:
 
 def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, resolution: float = 0.02,
          num_requests: Optional[int] = None, workers: Optional[int] = None, ray: Optional[str] = None,
-         executor=None, progress: Optional[Callable[[int, int], None]] = None) -> PlanResult:
-    """Each policy's maximum sustainable rate; see the module docstring."""
+         executor=None, progress: Optional[Callable[[int, int], None]] = None, tune: bool = False) -> PlanResult:
+    """Each policy's safe rate, with the mean and interval of its knee; see the module docstring.
+    `tune`: then search each policy's max_num_seqs and max_num_batched_tokens (kvsim/planning/tune.py)."""
     from kvsim.pipeline import chosen_policies
     from kvsim.results.verdict import STABILITY_TOLERANCE
     from kvsim.scenario.catalog import gpu_spec, model_spec
@@ -269,13 +330,20 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
     r0 = base_rate(scenario, n)  # a trace: the mean rate of the rows each point replays
     trace_rate = r0 if scenario.workload.arrival.process == "trace" else None
     seed_list = [scenario.workload.seed + i for i in range(seeds)]
-    tick = Ticker(progress, len(chosen) * seeds * (expected_points(resolution) + 1))
+    tick = Ticker(progress, len(chosen) * (seeds * (expected_points(resolution) + 1) + LONG_RUN))
     own = executor is None
     executor = executor or make_executor(workers, ray)
     try:
         answers, rows = capacity_search(executor, scenario, chosen, seed_list, resolution, tick, start=r0,
                                         num_requests=lambda label: n, trace_rate=trace_rate)
         rows += name_step_time(executor, scenario, answers, seed_list[0], n, trace_rate, tick)
+        tuning = []
+        if tune:
+            from kvsim.planning.tune import tune as tune_engine
+
+            tuning, more = tune_engine(executor, scenario, answers, seed_list, resolution, n, trace_rate, tick,
+                                       capacity_search)
+            rows += more
     finally:
         if own:
             executor.close()
@@ -284,5 +352,6 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
             "tensor_parallel_size": hw.tensor_parallel_size, "num_replicas": hw.num_replicas,
             "arrival": scenario.workload.arrival.model_dump(), "scenario_rate": r0,
             "slo": scenario.slo.model_dump(), "seeds": seed_list, "num_requests": n, "resolution": resolution,
-            "stability_tolerance": STABILITY_TOLERANCE, "policy_order": [p.name for p in scenario.policies]}
-    return PlanResult(scenario.name or "scenario", meta, answers, rows)
+            "stability_tolerance": STABILITY_TOLERANCE, "policy_order": [p.name for p in scenario.policies],
+            "long_run_requests": LONG_RUN * n}
+    return PlanResult(scenario.name or "scenario", meta, answers, rows, tuning)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from kvsim.errors import KvsimError
-from kvsim.scenario.overrides import add_scenario_arguments, scenario_from_args
+from kvsim.scenario.args import add_scenario_arguments, scenario_from_args
 
 
 def _positive(kind):
@@ -36,18 +36,25 @@ def add_commands(sub) -> None:
                                        "the cheapest deployments")
     add_scenario_arguments(plan)
     plan.add_argument("--policy", action="append", help="only this policy (repeatable; with --target-rate: the "
-                                                        "policy deployed, default the first)")
+                                                        "candidate policies, default every one)")
     plan.add_argument("--seeds", type=_positive(int), default=3, help="seeds per rate (default 3)")
     plan.add_argument("--resolution", type=_positive(float), default=0.02,
                       help="relative rate resolution of the search (default 0.02: ±2%%)")
     plan.add_argument("--requests", type=_positive(int), help="requests per simulated point "
                                                               "(default: the scenario's, at most 3000)")
+    plan.add_argument("--tune", action="store_true", help="also search each policy's max_num_seqs and "
+                                                          "max_num_batched_tokens (vLLM's --max-num-seqs, "
+                                                          "--max-num-batched-tokens) for a higher safe rate")
     plan.add_argument("--target-rate", type=_positive(float), metavar="R",
                       help="search deployments (GPU, TP, replicas) meeting the SLO at R req/s")
     plan.add_argument("--gpu", action="append", help="candidate GPU preset (repeatable; default: all)")
     plan.add_argument("--tp", action="append", type=_positive(int), help="candidate TP degree (repeatable; default 1 2 4 8)")
     plan.add_argument("--max-replicas", type=_positive(int), default=64)
-    plan.add_argument("--top", type=_positive(int), default=3, help="deployments whose own max rate is searched")
+    plan.add_argument("--top", type=_positive(int), default=3, help="deployments listed, each with its own safe "
+                                                                    "rate searched (default 3)")
+    plan.add_argument("--headroom", action=argparse.BooleanOptionalAction, default=True,
+                      help="search each listed deployment's own safe rate (--no-headroom: only whether it "
+                           "meets the target, faster)")
     plan.add_argument("--out", type=Path, help="write plan.json, plan.csv and points.csv into this folder")
     _executor_arguments(plan)
     plan.set_defaults(handler=cmd_plan)
@@ -103,12 +110,11 @@ def cmd_plan(args, console) -> int:
                   ray=args.ray, progress=bar)
     try:
         if args.target_rate is not None:
-            if args.policy and len(args.policy) > 1:
-                raise KvsimError("--target-rate deploys one policy: give --policy once")
             result = deploy(scenario, args.target_rate, gpus=args.gpu, tensor_parallel=tuple(args.tp or TP_DEGREES),
-                            policy=(args.policy or [None])[0], top=args.top, max_replicas=args.max_replicas, **common)
+                            policy=args.policy, top=args.top, max_replicas=args.max_replicas,
+                            headroom=args.headroom, **common)
         else:
-            result = plan(scenario, policies=args.policy, **common)
+            result = plan(scenario, policies=args.policy, tune=args.tune, **common)
     finally:
         bar.close()
     if not args.quiet:
@@ -117,11 +123,13 @@ def cmd_plan(args, console) -> int:
             console.print(output.deploy_table(result))
             if result.skipped:
                 console.print(f"[dim]{len(result.skipped)} layouts left out: "
-                              + "; ".join(f"{s['gpu']} TP{s['tensor_parallel_size']}: {s['reason']}"
+                              + "; ".join(f"{s['gpu']} TP{s['tensor_parallel_size']} {s['policy']}: {s['reason']}"
                                           for s in result.skipped) + "[/dim]", highlight=False)
         else:
             _print_lines(console, output.plan_lines(result))
             console.print(output.plan_table(result))
+            if result.tuning:
+                console.print(output.tuning_table(result))
     if args.out is not None:
         written = output.write_plan(args.out, result, scenario, args.force)
         if not args.quiet:

@@ -1,18 +1,26 @@
-"""`kvsim plan --target-rate R`: the cheapest deployments (GPU, tensor parallelism, replicas) that
-meet the scenario's SLO at R requests/s, with their cost per hour and per million tokens.
+"""`kvsim plan --target-rate R`: the cheapest deployments (GPU, tensor parallelism, replicas and KV
+policy) that meet the scenario's SLO at R requests/s, with their cost per hour and per million tokens.
 
-1. Layouts: every candidate GPU × tensor-parallel degree whose KV cache holds one max_model_len
-   sequence beside the weights (kvsim.perf.memory.kv_capacity) and that splits the attention heads
-   evenly; the rest are listed with the reason.
-2. One replica of each layout: its maximum sustainable rate r1 (the plan search, kvsim/planning/capacity.py,
-   with the first seed only and a coarse `SCOUT_RESOLUTION`: r1 only picks where step 3 starts).
-   A layout that would need more than `max_replicas` replicas (R / r1 > max_replicas) is dropped.
-3. Replicas: start at n = ceil(R / r1) and simulate n replicas at R (every seed must be
-   sustainable); step down while n - 1 still passes, up until one passes (more replicas never
-   lower the maximum rate, so the first n that passes from below is the fewest). Layouts are
-   taken cheapest lower bound (price × TP × n) first, and one whose lower bound already costs more
-   than `top` verified deployments is not simulated further.
-4. The `top` cheapest passing deployments get their own maximum rate (the search from R), so
+1. Layouts: every candidate GPU × tensor-parallel degree × policy (default: every policy of the
+   scenario) whose KV cache holds one max_model_len sequence beside the weights
+   (kvsim.perf.memory.kv_capacity) and that splits the attention heads evenly; the rest are listed
+   with the reason.
+2. One replica of each layout: its maximum sustainable rate r1 (the plan search,
+   kvsim/planning/capacity.py, with the first seed only and a coarse `SCOUT_RESOLUTION`). Each GPU
+   and TP degree keeps the policy with the highest r1 (the scenario's order breaks ties); r1 also
+   picks where step 3 starts. A layout whose one replica sustains no rate at all is dropped (more
+   replicas serve each request no faster); one that would need more than `max_replicas` replicas by
+   r1 (R / r1 > max_replicas) too, as an estimate.
+3. Replicas: simulate n replicas at R; n *passes* when every seed and a run `LONG_RUN` times longer
+   are sustainable (kvsim/planning/safe.py). More replicas never lower the maximum rate, so a failure
+   at n rules out every count below it and a pass every count above: starting at n = ceil(R / r1),
+   step down while passing, up while failing, until the fewest passing count is pinned. Layouts are
+   taken by estimated cost (price × TP × ceil(R / r1)) first; once `top` layouts pass, the `top`-th
+   cheapest cost is a cutoff: a layout jumps straight to the most replicas within it, and is pruned
+   only when a failure proves it dearer (price × TP × (failing n + 1) > cutoff). The result lists
+   the passing deployments that cost no more than the cutoff, so nothing pruned can be cheaper than
+   a deployment shown; dearer passing ones are listed with the skipped layouts.
+4. The `top` cheapest passing deployments get their own safe rate (the plan's, searched from R), so
    headroom is measured, not extrapolated.
 
 Cost: `$/hour` is the GPU price (kvsim.scenario.catalog.gpu_price: the scenario's [cost], else the
@@ -36,6 +44,8 @@ from kvsim.planning.capacity import (Frames, PolicyCapacity, Ticker, capacity_se
                                      default_requests, mean_figures, point_row)
 from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.points import at_load, base_rate, evaluate_point
+from kvsim.planning.replicas import ReplicaCount
+from kvsim.planning.safe import LONG_RUN
 from kvsim.planning.search import expected_points
 from kvsim.scenario.catalog import GPUS, GpuSpec, gpu_price, gpu_spec, model_spec, tp_problem
 from kvsim.scenario import limits
@@ -45,6 +55,7 @@ TP_DEGREES = (1, 2, 4, 8)
 MAX_REPLICAS = 64
 REQUEST_SCALE_CAP = 2
 SCOUT_RESOLUTION = 0.1
+SCOUT_REQUESTS = 1000  # the scout only picks the policy and where step 3 starts: its knee may be a little high
 # Layouts whose replica counts are simulated side by side in a round of step 3. A constant, not the
 # worker count: which layouts a round visits decides what the cost cutoff prunes, so the points
 # simulated (points.csv) would otherwise depend on the machine.
@@ -55,7 +66,7 @@ _GPU_OVERRIDES = tuple(f for f in GpuSpec.__dataclass_fields__ if f != "name" an
 
 @dataclass(slots=True)
 class Deployment:
-    """One layout at the fewest replicas that meet the SLO at the target rate (or the reason it cannot)."""
+    """One layout at the fewest replicas that meet the SLO at the target rate."""
 
     gpu: str
     tensor_parallel_size: int
@@ -63,11 +74,12 @@ class Deployment:
     num_gpus: int
     policy: str
     meets_target: bool
-    replica_max_rate: float  # one replica's maximum sustainable rate
-    max_rate: Optional[float]  # the deployment's (searched for the `top` cheapest; else None)
+    replica_rate: float  # one replica's knee, coarse (the scout)
+    safe_rate: Optional[float]  # the deployment's own (searched for the `top` cheapest; else None)
+    mean_rate: Optional[float]
     ci_low: Optional[float]
     ci_high: Optional[float]
-    headroom: Optional[float]  # max_rate / target - 1
+    headroom: Optional[float]  # safe_rate / target - 1
     usd_per_hour: float
     usd_per_m_input: float
     usd_per_m_output: float
@@ -80,6 +92,11 @@ class Deployment:
     def label(self) -> str:
         return f"{self.gpu} TP{self.tensor_parallel_size}×{self.num_replicas}"
 
+    def answer(self) -> str:
+        """e.g. '12 × H100-SXM as TP 4 × 3 replicas, $35.88/h (policy paged-fp8)'."""
+        return (f"{self.num_gpus} × {self.gpu} as TP {self.tensor_parallel_size} × {self.num_replicas} "
+                f"replica{'s' if self.num_replicas > 1 else ''}, ${self.usd_per_hour:,.2f}/h (policy {self.policy})")
+
     def row(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "at_target"}
         out.update({f"at_target_{k}": v for k, v in self.at_target.items()})
@@ -88,12 +105,12 @@ class Deployment:
 
 @dataclass(slots=True)
 class DeployResult(Frames):
-    """`kvsim.deploy`'s answer: passing deployments cheapest first, then the layouts that failed."""
+    """`kvsim.deploy`'s answer: passing deployments cheapest first, then the layouts left out."""
 
     target_rate: float
     meta: dict
-    deployments: list[Deployment]  # meets_target first, by $/hour
-    skipped: list[dict] = field(default_factory=list)  # {gpu, tensor_parallel_size, reason}
+    deployments: list[Deployment]  # cheapest first; every one meets the target
+    skipped: list[dict] = field(default_factory=list)  # {gpu, tensor_parallel_size, policy, reason}
     points: list[dict] = field(default_factory=list)
 
     def rows(self) -> list[dict]:
@@ -113,8 +130,8 @@ def _hardware(scenario, gpu: str, tp: int, replicas: int) -> dict:
     return out
 
 
-def layouts(scenario, policy: str, gpus, tps) -> tuple[list[tuple[str, int]], list[dict]]:
-    """(feasible (gpu, tp) layouts, skipped ones with the reason)."""
+def layouts(scenario, policies: list[str], gpus, tps) -> tuple[list[tuple[str, int, str]], list[dict]]:
+    """(feasible (gpu, tp, policy) layouts, skipped ones with the reason)."""
     from kvsim.perf.memory import kv_capacity
 
     ok, skipped = [], []
@@ -125,17 +142,18 @@ def layouts(scenario, policy: str, gpus, tps) -> tuple[list[tuple[str, int]], li
             reason = tp_problem(base, tp)
             if not reason and gpu_price(scenario, gpu) is None:
                 reason = "no price (set cost.gpu_hour_usd)"
-            if not reason:
+            if reason:
+                skipped.append({"gpu": gpu, "tensor_parallel_size": tp, "policy": "*", "reason": reason})
+                continue
+            for policy in policies:
                 sc = at_load(scenario, base_rate(scenario), policies=[policy],
                              overrides={"hardware": _hardware(scenario, gpu, tp, 1)})
                 try:
                     kv_capacity(sc, sc.policies[0], model_spec(sc), gpu_spec(sc))
+                    ok.append((gpu, tp, policy))
                 except KvsimError as exc:
-                    reason = str(exc).split(": ", 1)[-1]
-            if reason:
-                skipped.append({"gpu": gpu, "tensor_parallel_size": tp, "reason": reason})
-            else:
-                ok.append((gpu, tp))
+                    skipped.append({"gpu": gpu, "tensor_parallel_size": tp, "policy": policy,
+                                    "reason": str(exc).split(": ", 1)[-1]})
     return ok, skipped
 
 
@@ -150,10 +168,12 @@ def tokens_per_request(scenario, n: int) -> tuple[float, float]:
 
 
 def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, tensor_parallel=TP_DEGREES,
-           policy: Optional[str] = None, seeds: int = 3, resolution: float = 0.02, num_requests: Optional[int] = None,
+           policy=None, seeds: int = 3, resolution: float = 0.02, num_requests: Optional[int] = None,
            top: int = 3, max_replicas: int = MAX_REPLICAS, workers: Optional[int] = None, ray: Optional[str] = None,
-           executor=None, progress: Optional[Callable[[int, int], None]] = None) -> DeployResult:
-    """The cheapest layouts meeting the SLO at `target_rate`; see the module docstring."""
+           executor=None, progress: Optional[Callable[[int, int], None]] = None, headroom: bool = True) -> DeployResult:
+    """The cheapest layouts meeting the SLO at `target_rate`; `policy`: a name or a list of the
+    candidate policies (default: every policy of the scenario); `headroom=False` skips step 4 (no
+    deployment's own safe rate). See the module docstring."""
     from kvsim.pipeline import chosen_policies
 
     if isinstance(target_rate, bool) or not isinstance(target_rate, (int, float)) or not target_rate > 0:
@@ -166,8 +186,8 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
     tensor_parallel = tuple(tensor_parallel)
     for tp in tensor_parallel:
         check_int(tp, "--tp", 1, limits.MAX_TENSOR_PARALLEL)
-    policy = policy or scenario.policies[0].name
-    chosen_policies(scenario, [policy])  # an unknown name is one line
+    names = [policy] if isinstance(policy, str) else policy
+    policies = [p.name for p in chosen_policies(scenario, names)]  # an unknown name is one line
     known = {g.lower(): g for g in GPUS}
     unknown = [g for g in (gpus or []) if g.lower() not in known]
     if unknown:
@@ -176,15 +196,18 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
     n_req = num_requests or default_requests(scenario)
     trace_rate = base_rate(scenario, n_req) if scenario.workload.arrival.process == "trace" else None
     seed_list = [scenario.workload.seed + i for i in range(seeds)]
-    ok, skipped = layouts(scenario, policy, gpus, tensor_parallel)
-    tick = Ticker(progress, len(ok) * (expected_points(SCOUT_RESOLUTION) + 2 * seeds)
-                  + top * seeds * expected_points(resolution))
+    ok, skipped = layouts(scenario, policies, gpus, tensor_parallel)
+    per_check = seeds + LONG_RUN
+    tick = Ticker(progress, len(ok) * expected_points(SCOUT_RESOLUTION)
+                  + len({lay[:2] for lay in ok}) * 2 * per_check
+                  + (top * (seeds * expected_points(resolution) + per_check) if headroom else 0))
     own = executor is None
     executor = executor or make_executor(workers, ray)
     try:
-        deployments, points, pruned = _search(executor, scenario, policy, target_rate, ok, seed_list, resolution,
-                                              n_req, trace_rate, top, max_replicas, tick)
-        skipped += pruned
+        search = _Search(executor, scenario, target_rate, seed_list, resolution, n_req, trace_rate, top,
+                         max_replicas, tick, headroom)
+        deployments = search.run(ok)
+        skipped += search.skipped
     finally:
         if own:
             executor.close()
@@ -193,111 +216,167 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
         per_hour = target_rate * 3600
         d.usd_per_m_input = d.usd_per_hour / (per_hour * prompt) * 1e6 if prompt else math.inf
         d.usd_per_m_output = d.usd_per_hour / (per_hour * output) * 1e6 if output else math.inf
-    deployments.sort(key=lambda d: (not d.meets_target, d.usd_per_hour, -(d.max_rate or 0.0), d.num_gpus, d.gpu,
-                                    d.tensor_parallel_size))
-    meta = {"model": model_spec(scenario).name, "policy": policy, "slo": scenario.slo.model_dump(),
-            "seeds": seed_list, "num_requests": n_req, "resolution": resolution, "gpus": gpus,
-            "tensor_parallel": list(tensor_parallel), "mean_prompt_tokens": prompt, "mean_output_tokens": output,
-            "top": top}
-    return DeployResult(target_rate, meta, deployments, skipped, points)
+    deployments.sort(key=lambda d: (d.usd_per_hour, -(d.safe_rate or 0.0), d.num_gpus, d.gpu, d.tensor_parallel_size))
+    meta = {"model": model_spec(scenario).name, "policies": policies, "slo": scenario.slo.model_dump(),
+            "seeds": seed_list, "num_requests": n_req, "long_run_requests": LONG_RUN * n_req,
+            "resolution": resolution, "gpus": gpus, "tensor_parallel": list(tensor_parallel),
+            "mean_prompt_tokens": prompt, "mean_output_tokens": output, "top": top, "headroom": headroom,
+            "scout": search.scout}
+    return DeployResult(target_rate, meta, deployments, skipped, search.points)
 
 
-def _search(executor, scenario, policy, target, ok, seeds, resolution, n_req, trace_rate, top, max_replicas, tick):
-    def hardware(label, replicas=1):
-        return {"hardware": _hardware(scenario, label[0], label[1], replicas)}
+class _Search:
+    """Steps 2-4 of the module docstring."""
 
-    def name(lay) -> str:
-        return f"{lay[0]} TP{lay[1]}"
+    def __init__(self, executor, scenario, target, seeds, resolution, n_req, trace_rate, top, max_replicas, tick,
+                 headroom: bool = True):
+        self.executor, self.scenario, self.target, self.seeds = executor, scenario, target, seeds
+        self.resolution, self.n_req, self.trace_rate, self.top = resolution, n_req, trace_rate, top
+        self.max_replicas, self.tick, self.headroom = max_replicas, tick, headroom
+        self.points: list[dict] = []
+        self.skipped: list[dict] = []
+        self.scout: list[dict] = []
 
-    # 2. one replica of each layout (one seed, coarse): where the replica count starts
-    single, points = capacity_search(
-        executor, scenario, ok, seeds[:1], SCOUT_RESOLUTION, tick, start=target / 2, num_requests=lambda label: n_req,
-        trace_rate=trace_rate, overrides_of=hardware, policy_of=lambda label: policy, confirm=False, key="layout")
-    r1 = dict(zip(ok, single))
-    for row in points:
-        row["layout"], row["num_replicas"], row["phase"] = name(row["layout"]), 1, "replica_scout"
-    skipped = []
-    state = {}
-    for lay in ok:
-        rate = r1[lay].max_rate
-        n0 = math.ceil(target / rate) if rate > 0 else math.inf
-        if n0 > max_replicas:
-            skipped.append({"gpu": lay[0], "tensor_parallel_size": lay[1], "reason":
-                            f"one replica sustains {rate:.3g} req/s: more than {max_replicas} replicas needed"})
-            continue
-        state[lay] = {"n": n0, "pass": None, "fail": None, "price": gpu_price(scenario, lay[0]).usd_per_hour * lay[1]}
+    def hardware(self, lay, replicas: int = 1) -> dict:
+        return {"hardware": _hardware(self.scenario, lay[0], lay[1], replicas)}
 
-    # 3. the fewest replicas that pass at the target rate, cheapest lower bound first
-    def requests(n: int) -> int:
-        return n_req * min(n, REQUEST_SCALE_CAP)
+    def requests(self, n: int) -> int:
+        return self.n_req * min(n, REQUEST_SCALE_CAP)
 
-    def lower_bound(lay) -> float:
-        st = state[lay]
-        least = st["fail"] + 1 if st["fail"] is not None else max(1, st["n"] - 1)
-        return st["price"] * least
+    def skip(self, lay, reason: str) -> None:
+        self.skipped.append({"gpu": lay[0], "tensor_parallel_size": lay[1], "policy": lay[2], "reason": reason})
 
-    results: dict = {}
-    queue = sorted(state, key=lambda lay: (lower_bound(lay), lay))
-    active: list = []
-    width = max(top, LAYOUTS_PER_ROUND)
-    while queue or active:
-        passed = sorted(state[lay]["price"] * state[lay]["pass"] for lay in state if state[lay]["pass"] is not None)
-        cutoff = passed[top - 1] if len(passed) >= top else math.inf
-        for lay in [lay for lay in queue + active if lower_bound(lay) > cutoff]:
-            (queue if lay in queue else active).remove(lay)
-            if state[lay]["pass"] is None:
-                skipped.append({"gpu": lay[0], "tensor_parallel_size": lay[1], "reason":
-                                f"pruned: at least ${lower_bound(lay):.2f}/h, dearer than {top} passing deployments"})
-        while queue and len(active) < width:
-            active.append(queue.pop(0))
-        todo = [(lay, state[lay]["n"]) for lay in active]
-        if not todo:
-            continue
-        tasks = [(scenario, policy, target, seed, requests(n), trace_rate, hardware(lay, n)) for lay, n in todo for seed in seeds]
-        recs = run_all(executor, evaluate_point, tasks, lambda i, r: tick())
-        for i, (lay, n) in enumerate(todo):
-            group = recs[i * len(seeds):(i + 1) * len(seeds)]
-            results[(lay, n)] = group
-            points += [{**point_row(name(lay), seed, target, "at_target", rec, "layout"), "num_replicas": n}
-                       for seed, rec in zip(seeds, group)]
-            st = state[lay]
-            if all(r["sustainable"] for r in group):
-                st["pass"], st["n"] = n, (n - 1 if n > 1 and st["fail"] is None else None)
-            else:
-                st["fail"], st["n"] = n, (n + 1 if st["pass"] is None and n < max_replicas else None)
-            if st["n"] is None:
-                active.remove(lay)
-    deployments = []
-    for lay, st in state.items():
-        n = st["pass"] if st["pass"] is not None else st["fail"]
-        if n is None:
-            continue  # pruned before any simulation
-        price = gpu_price(scenario, lay[0])
-        deployments.append(Deployment(
-            lay[0], lay[1], n, lay[1] * n, policy, st["pass"] is not None, r1[lay].max_rate, None, None, None, None,
-            st["price"] * n, math.nan, math.nan, f"{price.source} ({price.date})".replace(" ()", ""),
-            r1[lay].binding, r1[lay].binding_detail, mean_figures(results[(lay, n)])))
+    def run(self, ok: list) -> list[Deployment]:
+        best = self.best_policies(ok)
+        states = self.fewest_replicas(best)
+        return self.search_top(states, best)
 
-    # 4. the deployment's own maximum rate for the cheapest that pass
-    best = sorted((d for d in deployments if d.meets_target), key=lambda d: (d.usd_per_hour, d.num_gpus, d.gpu))[:top]
-    if best:
-        labels = [(d.gpu, d.tensor_parallel_size, d.num_replicas) for d in best]
-        answers, rows = capacity_search(
-            executor, scenario, labels, seeds, resolution, tick, start=target,
-            num_requests=lambda label: requests(label[2]), trace_rate=trace_rate,
-            overrides_of=lambda label: hardware(label[:2], label[2]), policy_of=lambda label: policy,
-            confirm=False, key="layout")
-        for d, ans in zip(best, answers):
-            _take(d, ans, target)
+    def best_policies(self, ok: list) -> dict:
+        """Step 2: {(gpu, tp, policy): one replica's scouted answer}, one policy per GPU and TP."""
+        single, rows = capacity_search(
+            self.executor, self.scenario, ok, self.seeds[:1], SCOUT_RESOLUTION, self.tick, start=self.target / 2,
+            num_requests=lambda label: min(self.n_req, SCOUT_REQUESTS), trace_rate=self.trace_rate, overrides_of=self.hardware,
+            policy_of=lambda label: label[2], confirm=False, key="layout")
         for row in rows:
-            gpu, tp, n = row["layout"]
-            row["layout"], row["num_replicas"], row["phase"] = f"{gpu} TP{tp}", n, "deployment_search"
-        points += rows
-    return deployments, points, skipped
+            gpu, tp, policy = row["layout"]
+            row.update(layout=f"{gpu} TP{tp}", policy=policy, num_replicas=1, phase="replica_scout")
+        self.points += rows
+        chosen: dict = {}
+        for lay, ans in zip(ok, single):
+            self.scout.append({"gpu": lay[0], "tensor_parallel_size": lay[1], "policy": lay[2],
+                               "replica_rate": ans.mean_rate})
+            held = chosen.get(lay[:2])
+            if held is None or ans.mean_rate > held[1].mean_rate:
+                chosen[lay[:2]] = (lay, ans)
+        best = {}
+        for lay, ans in chosen.values():
+            if ans.mean_rate <= 0:
+                self.skip(lay, "one replica meets the SLO at no rate tried, so no replica count can")
+            elif self.target / ans.mean_rate > self.max_replicas:
+                self.skip(lay, f"one replica sustains about {ans.mean_rate:.3g} req/s: more than "
+                               f"{self.max_replicas} replicas needed")
+            else:
+                best[lay] = ans
+        return best
+
+    def check(self, todo: list) -> None:
+        """Simulate each (layout state, count, long) at the target: every seed, or the long run."""
+        def task(st, n, seed, long):
+            return (self.scenario, st.lay[2], self.target, seed, self.requests(n) * (LONG_RUN if long else 1),
+                    self.trace_rate, self.hardware(st.lay, n))
+
+        jobs = [(st, n, seed, long) for st, n, long in todo for seed in ([self.seeds[0]] if long else self.seeds)]
+        recs = run_all(self.executor, evaluate_point, [task(*job) for job in jobs], lambda i, r: self.tick())
+        got: dict = {}
+        for (st, n, seed, long), rec in zip(jobs, recs):
+            got.setdefault((id(st), n, long), []).append(rec)
+            self.points.append({**point_row(f"{st.lay[0]} TP{st.lay[1]}", seed, self.target,
+                                            "at_target_long" if long else "at_target", rec, "layout"),
+                                "policy": st.lay[2], "num_replicas": n})
+        for st, n, long in todo:
+            group = got[(id(st), n, long)]
+            if long:
+                st.long_done(n, group[0])
+            else:
+                st.seeds_done(n, group)
+
+    def fewest_replicas(self, best: dict) -> list[ReplicaCount]:
+        """Step 3: each layout's fewest passing replica count, or its proof of being dearer."""
+        states = []
+        for lay, ans in best.items():
+            price = gpu_price(self.scenario, lay[0]).usd_per_hour * lay[1]
+            states.append(ReplicaCount(lay, price, math.ceil(self.target / ans.mean_rate)))
+        queue = sorted(states, key=lambda st: (st.price * st.guess, st.lay))
+        active: list = []
+        width = max(self.top, LAYOUTS_PER_ROUND)
+        while queue or active:
+            cutoff = self.cutoff(states)
+            for st in [st for st in queue + active if st.prunable(cutoff)]:
+                (queue if st in queue else active).remove(st)
+                self.skip(st.lay, f"pruned: fails with {st.failed} replica{'s' if st.failed != 1 else ''}, so at least "
+                                  f"${st.price * st.lo:,.2f}/h, dearer than {self.top} passing deployments"
+                          if st.failed else f"pruned: at least ${st.price:,.2f}/h, dearer than {self.top} passing "
+                                            "deployments")
+            while queue and len(active) < width:
+                active.append(queue.pop(0))
+            todo = [(st, st.next_check(cutoff, self.max_replicas)) for st in active]
+            for st, nxt in todo:
+                if nxt is None:
+                    active.remove(st)
+            todo = [(st, *nxt) for st, nxt in todo if nxt is not None]
+            if todo:
+                self.check(todo)
+        return states
+
+    def cutoff(self, states: list[ReplicaCount]) -> float:
+        costs = sorted(st.price * st.passed for st in states if st.passed is not None)
+        return costs[self.top - 1] if len(costs) >= self.top else math.inf
+
+    def search_top(self, states: list[ReplicaCount], best: dict) -> list[Deployment]:
+        """Step 4, and the deployments: pinned layouts within the cutoff (dearer ones are skipped)."""
+        cutoff = self.cutoff(states)
+        deployments = []
+        for st in states:
+            if not st.pinned:
+                if st.passed is None and st.lo > self.max_replicas:
+                    self.skip(st.lay, f"fails with {self.max_replicas} replicas (--max-replicas)")
+                continue
+            cost = st.price * st.passed
+            if cost > cutoff * (1 + 1e-12):
+                self.skip(st.lay, f"passes with {st.passed} replicas at ${cost:,.2f}/h, dearer than {self.top} "
+                                  "cheaper deployments")
+                continue
+            price = gpu_price(self.scenario, st.lay[0])
+            ans = best[st.lay]
+            deployments.append(Deployment(
+                st.lay[0], st.lay[1], st.passed, st.lay[1] * st.passed, st.lay[2], True, ans.mean_rate, None, None,
+                None, None, None, cost, math.nan, math.nan, f"{price.source} ({price.date})".replace(" ()", ""),
+                ans.binding, ans.binding_detail, mean_figures(st.records[st.passed])))
+        chosen = sorted(deployments, key=lambda d: (d.usd_per_hour, d.num_gpus, d.gpu))[:self.top]
+        if chosen and self.headroom:
+            labels = [(d.gpu, d.tensor_parallel_size, d.policy, d.num_replicas) for d in chosen]
+            at_target = {(st.lay, st.passed): st.records[st.passed] for st in states if st.pinned}
+            seed_index = {seed: i for i, seed in enumerate(self.seeds)}
+            answers, rows = capacity_search(
+                self.executor, self.scenario, labels, self.seeds, self.resolution, self.tick, start=self.target,
+                num_requests=lambda label: self.requests(label[3]), trace_rate=self.trace_rate,
+                overrides_of=lambda label: self.hardware(label, label[3]), policy_of=lambda label: label[2],
+                key="layout", growth_of=lambda label: max(1.25, label[3] / (label[3] - 1)) if label[3] > 1 else 2.0,
+                known=lambda label, seed: [(self.target, at_target[(label[:3], label[3])][seed_index[seed]])],
+                floor=lambda label: self.target)  # every seed and the long run passed there in step 3
+            for d, ans in zip(chosen, answers):
+                _take(d, ans, self.target)
+            for row in rows:
+                gpu, tp, policy, n = row["layout"]
+                phase = row["phase"]
+                row.update(layout=f"{gpu} TP{tp}", policy=policy, num_replicas=n,
+                           phase="deployment_search" if phase == "search" else f"deployment_{phase}")
+            self.points += rows
+        return deployments
 
 
 def _take(d: Deployment, ans: PolicyCapacity, target: float) -> None:
-    d.max_rate, d.ci_low, d.ci_high = ans.max_rate, ans.ci_low, ans.ci_high
-    d.headroom = ans.max_rate / target - 1.0
+    d.safe_rate, d.mean_rate, d.ci_low, d.ci_high = ans.safe_rate, ans.mean_rate, ans.ci_low, ans.ci_high
+    d.headroom = ans.safe_rate / target - 1.0
     if ans.binding is not None:
         d.binding, d.binding_detail = ans.binding, ans.binding_detail

@@ -12,15 +12,17 @@ from typing import Iterable
 
 from rich.table import Table
 
+from kvsim.results.cells import csv_cell
 from kvsim.results.report import slo_text
 from kvsim.results.verdict import LABELS, percentile_label
 from kvsim.results.writer import ResultsWriter
+from kvsim.planning.capacity import ties
 
 
 def _cell(value):
     if isinstance(value, float) and not math.isfinite(value):
         return ""
-    return "" if value is None else value
+    return "" if value is None else csv_cell(value)
 
 
 def csv_text(rows: list[dict], columns: Iterable[str] | None = None) -> str:
@@ -46,7 +48,7 @@ def _json_safe(value):
 
 
 def json_text(doc: dict) -> str:
-    return json.dumps(_json_safe(doc), indent=2, sort_keys=True) + "\n"
+    return json.dumps(_json_safe(doc), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def write_outputs(out_dir: Path, files: dict[str, str], scenario=None, force: bool = False) -> Path:
@@ -62,10 +64,10 @@ def write_outputs(out_dir: Path, files: dict[str, str], scenario=None, force: bo
 
 def check_out(out_dir: Path, scenario, force: bool = False) -> None:
     """Refuse now, before any simulation, a folder that `write_outputs` would refuse at the end."""
-    from kvsim.results.writer import check_target
+    from kvsim.results.writer import check_target, results_path
     from kvsim.pipeline import input_paths
 
-    check_target(Path(out_dir).expanduser().resolve(), force, input_paths(scenario))
+    check_target(results_path(out_dir), force, input_paths(scenario))
 
 
 def plan_files(result) -> dict[str, str]:
@@ -95,51 +97,80 @@ def plan_lines(result) -> list[str]:
     lines = [f"{m['model']} on {m['gpu']}, TP {m['tensor_parallel_size']} × {m['num_replicas']} replica"
              f"{'s' if m['num_replicas'] > 1 else ''}; scenario rate {m['scenario_rate']:.3g} req/s",
              slo_text(m["slo"]) + f"; sustainable = SLO met and backlog ≤ {m['stability_tolerance']:.0%} at the last arrival",
-             f"{len(m['seeds'])} seeds × {m['num_requests']} requests a point, ±{m['resolution']:.0%} rate resolution; "
-             f"{len(result.points)} points simulated"]
-    best = max(result.policies, key=lambda p: p.max_rate, default=None)
+             f"{len(m['seeds'])} seeds × {m['num_requests']:,} requests a point, ±{m['resolution']:.0%} rate resolution; "
+             f"{len(result.points)} points simulated; safe = every seed and a {m.get('long_run_requests', 0):,}-request "
+             "run sustainable there"]
     for p in result.policies:
-        if p.max_rate == 0:
+        if p.safe_rate == 0:
             lowest = min(pt["rate"] for pt in result.points if pt["policy"] == p.policy)
-            lines.append(f"{p.policy}: not sustainable at any rate tried, down to {lowest:.3g} req/s "
-                         f"(requests alone miss the SLO; at the lowest rate: {p.binding_detail})")
-    if best is not None and best.max_rate > 0:
-        lines.append(f"most: {best.policy} sustains {best.max_rate:.3g} req/s (95% CI {best.ci_low:.3g}–{best.ci_high:.3g}), "
-                     f"{best.headroom:+.0%} against the scenario's rate; binds at the knee: {best.binding_detail}")
+            lines.append(f"{p.policy}: no safe rate found, down to {lowest:.3g} req/s "
+                         f"(requests alone miss the SLO; at the knee: {p.binding_detail})")
+    groups = [g for g in ties([p for p in result.policies if p.safe_rate > 0])]
+    if groups:
+        best = groups[0][0]
+        lines.append(f"best: {best.policy}, safe at {best.safe_rate:.3g} req/s ({best.headroom:+.0%} against the "
+                     f"scenario's rate; knee {best.mean_rate:.3g}, 95% CI {best.ci_low:.3g}–{best.ci_high:.3g}); "
+                     f"binds at the knee: {best.binding_detail}")
+        if len(groups[0]) > 1:
+            lines.append("tied with it (95% intervals overlap, the seeds cannot tell them apart): "
+                         + ", ".join(f"{p.policy} (safe {p.safe_rate:.3g}, CI {p.ci_low:.3g}–{p.ci_high:.3g})"
+                                     for p in groups[0][1:]))
     return lines
 
 
-def _slo_columns(slo: dict) -> list[tuple[str, str]]:
+def _slo_columns(slo: dict, prefix: str = "", suffix: str = " at max") -> list[tuple[str, str]]:
     q = percentile_label(slo.get("percentile", 99.0))
-    return [(f"{k}_at_pct", f"{LABELS[k]} {q} ms at max") for k in LABELS if slo.get(k) is not None]
+    return [(f"{prefix}{k}_at_pct", f"{LABELS[k]} {q} ms{suffix}") for k in LABELS if slo.get(k) is not None]
+
+
+def tied_with(answers: list) -> dict[str, list[str]]:
+    """Each answer's ties (the others in its group of overlapping 95% intervals), by label."""
+    return {a.policy: [b.policy for b in group if b is not a] for group in ties(answers) for a in group}
 
 
 def plan_table(result) -> Table:
-    slo_cols = _slo_columns(result.meta["slo"])
-    table = Table(title="kvsim plan: maximum sustainable rate per policy")
-    labels = ["policy", "max req/s", "95% CI", "headroom", "at scenario rate", *(c[1] for c in slo_cols),
-              "binds at the knee"]
+    slo_cols = _slo_columns(result.meta["slo"], "worst_", " at safe")
+    table = Table(title="kvsim plan: safe rate per policy (every seed and a long run sustainable)")
+    tied = tied_with(result.policies)
+    labels = ["policy", "safe req/s", "knee: mean (95% CI)", "tied with", "headroom", "at scenario rate",
+              *(c[1] for c in slo_cols), "binds at the knee"]
     for i, label in enumerate(labels):
-        table.add_column(label, justify="left" if i in (0, 4, len(labels) - 1) else "right", no_wrap=i == 0)
+        table.add_column(label, justify="left" if i in (0, 3, 5, len(labels) - 1) else "right", no_wrap=i == 0)
     for p in result.policies:
         more = ">" if p.censored else ""
-        table.add_row(p.policy, more + _num(p.max_rate), f"{_num(p.ci_low)}–{_num(p.ci_high)}", _num(p.headroom, pct=True),
+        table.add_row(p.policy, _num(p.safe_rate), f"{more}{_num(p.mean_rate)} ({_num(p.ci_low)}–{_num(p.ci_high)})",
+                      ", ".join(tied[p.policy]) or "–", _num(p.headroom, pct=True),
                       "✓ sustainable" if p.sustainable_at_scenario_rate else "✗ not sustainable",
-                      *(_num(p.at_max_rate.get(c[0]), 0) for c in slo_cols), p.binding or "–")
+                      *(_num(p.at_safe_rate.get(c[0]), 0) for c in slo_cols), p.binding or "–")
+    return table
+
+
+def tuning_table(result) -> Table:
+    table = Table(title="kvsim plan --tune: engine settings that raise the safe rate (vLLM flags)")
+    for i, c in enumerate(["policy", "safe req/s at the scenario's settings", "tuned safe req/s", "gain",
+                           "vllm serve flags", "binds then", "tried"]):
+        table.add_column(c, justify="right" if i in (1, 2, 3) else "left", no_wrap=i in (0, 4))
+    for t in result.tuning:
+        tried = ", ".join(f"{x['max_num_seqs']}/{x['max_num_batched_tokens']}: {_num(x['safe_rate'])}"
+                          + ("" if x["kept"] else " (not kept)") for x in t.tried) or "– (nothing to change)"
+        table.add_row(t.policy, _num(t.baseline_safe_rate), _num(t.safe_rate), _num(t.gain, pct=True), t.flags(),
+                      t.binding or "–", tried)
+    table.caption = "tried: max_num_seqs/max_num_batched_tokens: safe req/s"
     return table
 
 
 def deploy_lines(result) -> list[str]:
     m = result.meta
-    lines = [f"{m['model']}, policy {m['policy']}, target {result.target_rate:g} req/s; " + slo_text(m["slo"]),
-             f"{len(m['seeds'])} seeds × {m['num_requests']} requests a point; {len(result.points)} points simulated; "
+    lines = [f"{m['model']}, target {result.target_rate:g} req/s; " + slo_text(m["slo"]),
+             f"policies compared per GPU and TP (one replica, coarse): {', '.join(m['policies'])}; "
+             f"{len(m['seeds'])} seeds × {m['num_requests']:,} requests a point and a "
+             f"{m['long_run_requests']:,}-request run must sustain the target; {len(result.points)} points simulated",
              f"$/M tokens at the target rate ({m['mean_prompt_tokens']:.0f} input, {m['mean_output_tokens']:.0f} "
              f"output tokens a request on average), each charging the whole hour"]
-    passing = [d for d in result.deployments if d.meets_target]
-    if passing:
-        d = passing[0]
-        lines.append(f"cheapest: {d.label} ({d.num_gpus} GPUs) at ${d.usd_per_hour:.2f}/h, "
-                     f"${d.usd_per_m_output:.3f} per million output tokens")
+    if result.deployments:
+        d = result.deployments[0]
+        lines.append(f"cheapest: {d.answer()}, ${d.usd_per_m_output:.3f} per million output tokens"
+                     + ("" if d.safe_rate is None else f"; safe up to {d.safe_rate:.3g} req/s ({d.headroom:+.0%})"))
     else:
         lines.append("no layout meets the SLO at the target rate")
     return lines
@@ -147,15 +178,14 @@ def deploy_lines(result) -> list[str]:
 
 def deploy_table(result) -> Table:
     table = Table(title=f"kvsim plan: deployments for {result.target_rate:g} req/s, cheapest first")
-    cols = ["GPU", "TP × replicas", "GPUs", "meets", "max req/s", "95% CI", "$/hour", "$/M in", "$/M out", "headroom",
-            "binds"]
+    cols = ["GPU", "TP × replicas", "GPUs", "policy", "safe req/s", "knee: mean (95% CI)", "$/hour", "$/M in",
+            "$/M out", "headroom", "binds"]
     for i, c in enumerate(cols):
-        table.add_column(c, justify="left" if i in (0, 1, 10) else "right", no_wrap=i < 2)
+        table.add_column(c, justify="left" if i in (0, 1, 3, 10) else "right", no_wrap=i < 4)
     for d in result.deployments:
-        ci = "–" if d.ci_low is None else f"{_num(d.ci_low)}–{_num(d.ci_high)}"
-        table.add_row(d.gpu, f"{d.tensor_parallel_size} × {d.num_replicas}", str(d.num_gpus), "✓" if d.meets_target else "✗",
-                      _num(d.max_rate) if d.max_rate is not None else
-                      (f"≥{result.target_rate:g}" if d.meets_target else f"<{result.target_rate:g}"),
-                      ci, _num(d.usd_per_hour), _num(d.usd_per_m_input, 3), _num(d.usd_per_m_output, 3),
+        knee = "–" if d.mean_rate is None else f"{_num(d.mean_rate)} ({_num(d.ci_low)}–{_num(d.ci_high)})"
+        table.add_row(d.gpu, f"{d.tensor_parallel_size} × {d.num_replicas}", str(d.num_gpus), d.policy,
+                      _num(d.safe_rate) if d.safe_rate is not None else f"≥{result.target_rate:g}",
+                      knee, _num(d.usd_per_hour), _num(d.usd_per_m_input, 3), _num(d.usd_per_m_output, 3),
                       _num(d.headroom, pct=True), d.binding or "–")
     return table

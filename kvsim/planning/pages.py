@@ -3,7 +3,8 @@ or against the first numeric swept key, one curve per policy and combination of 
 
 from __future__ import annotations
 
-from kvsim.results.report import _subplots, figures_page, policy_colors, slo_text
+from kvsim.results.figures import _subplots, policy_colors
+from kvsim.results.report import figures_page, slo_text
 from kvsim.results.verdict import LABELS, percentile_label
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")

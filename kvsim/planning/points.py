@@ -4,7 +4,7 @@
 `rate` per second: the Poisson or gamma rate itself, or for a trace a time compression
 (`workload.arrival.time_scale`) relative to the trace's own rate (`base_rate`). `evaluate_point`
 runs one policy of it (a pure function of its arguments: any worker gives the same record) and
-`point_record` keeps the figures a capacity answer needs.
+`point_record` (kvsim.results.verdict.flat_record) keeps the figures a capacity answer needs.
 """
 
 from __future__ import annotations
@@ -13,18 +13,8 @@ from typing import Optional
 
 import numpy as np
 
-from kvsim.results.verdict import judge
+from kvsim.results.verdict import FIGURES, flat_record as point_record  # noqa: F401 (FIGURES: the record's keys)
 from kvsim.scenario.config import scenario_from_dict
-
-# The record's figures, in CSV column order (after the point's own columns).
-FIGURES = (
-    "sustainable", "slo_met", "stable", "slo_margin", "ttft_ms_at_pct", "tpot_ms_at_pct", "itl_ms_at_pct",
-    "e2e_ms_at_pct", "served_fraction", "backlog_fraction", "offered_rps", "throughput_rps",
-    "output_tokens_per_s", "input_tokens_per_s", "goodput_rps", "slo_attainment", "ttft_p50_ms", "ttft_p99_ms",
-    "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms", "peak_running", "kv_peak_fraction", "preemptions", "rejected",
-    "binding", "binding_detail",
-)
-
 
 def base_rate(scenario, num_requests: Optional[int] = None) -> float:
     """The scenario's own arrival rate (requests/s): the configured rate, or a trace's mean rate
@@ -46,10 +36,15 @@ def at_load(scenario, rate: float, seed: Optional[int] = None, num_requests: Opt
             policies: Optional[list[str]] = None, trace_rate: Optional[float] = None, overrides: dict | None = None):
     """The scenario with requests arriving at `rate`/s (see the module docstring), `seed`,
     `num_requests` requests (no duration cut) and only the named policies; `overrides` is a dict
-    of section updates merged in first (e.g. {"hardware": {"gpu": "H200"}})."""
+    of section updates merged in first (e.g. {"hardware": {"gpu": "H200"}}; "policies": keys set on
+    every policy)."""
     data = scenario.model_dump()  # None stays None (an absent SLO bound), not the default
     for section, values in (overrides or {}).items():
-        data.setdefault(section, {}).update(values)
+        if section == "policies":  # the same keys on every policy
+            for p in data["policies"]:
+                p.update(values)
+        else:
+            data.setdefault(section, {}).update(values)
     wl = data["workload"]
     arrival = wl["arrival"]
     if arrival["process"] == "trace":
@@ -65,35 +60,6 @@ def at_load(scenario, rate: float, seed: Optional[int] = None, num_requests: Opt
     if policies is not None:
         data["policies"] = [p for p in data["policies"] if p["name"] in policies]
     return scenario_from_dict(data, scenario.source, scenario.base_dir)
-
-
-def _ms(x) -> Optional[float]:
-    return None if x is None else x * 1e3
-
-
-def point_record(summary: dict) -> dict:
-    """The figures of FIGURES from one policy's summary (times in ms)."""
-    v = judge(summary)
-    slo = summary["slo"]["at_percentile"]
-    thr = summary["throughput"]
-    duration, finished = summary["duration_s"], summary["requests"]["finished"]
-    input_tps = None
-    if thr["total_tokens_per_s"] is not None and thr["output_tokens_per_s"] is not None:
-        input_tps = thr["total_tokens_per_s"] - thr["output_tokens_per_s"]
-    return {
-        "sustainable": v.sustainable, "slo_met": v.met, "stable": v.stable, "slo_margin": v.margin,
-        "ttft_ms_at_pct": slo["ttft_ms"], "tpot_ms_at_pct": slo["tpot_ms"], "itl_ms_at_pct": slo["itl_ms"],
-        "e2e_ms_at_pct": slo["e2e_ms"], "served_fraction": v.served_fraction, "backlog_fraction": v.backlog_fraction,
-        "offered_rps": summary["arrivals"]["offered_rps"], "throughput_rps": thr["requests_per_s"],
-        "output_tokens_per_s": thr["output_tokens_per_s"], "input_tokens_per_s": input_tps,
-        "goodput_rps": summary["goodput_rps"], "slo_attainment": summary["slo_attainment"],
-        "ttft_p50_ms": _ms(summary["ttft_s"]["p50"]), "ttft_p99_ms": _ms(summary["ttft_s"]["p99"]),
-        "tpot_p99_ms": _ms(summary["tpot_s"]["p99"]), "itl_p99_ms": _ms(summary["itl_s"]["p99"]),
-        "e2e_p99_ms": _ms(summary["e2e_s"]["p99"]), "peak_running": summary["peak_running"],
-        "kv_peak_fraction": summary["kv"]["peak_used_fraction"], "preemptions": summary["preemptions"],
-        "rejected": summary["requests"]["rejected"], "binding": v.binding, "binding_detail": v.binding_detail,
-        "_prompt_tokens_per_request": (input_tps * duration / finished) if input_tps is not None and finished else None,
-    }
 
 
 def check_fits(scenario, policies: Optional[list[str]] = None) -> None:

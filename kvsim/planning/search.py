@@ -1,7 +1,8 @@
 """The rate search: bracket, then bisect on a log scale, one search per (policy or layout, seed).
 
 A search starts at the scenario's own rate r0. While every rate tried is sustainable it doubles
-(at most `MAX_DOUBLINGS` times), while none is it halves (at most `MAX_HALVINGS` times: a knee 64x
+(or grows by the search's `growth`, when the caller knows the knee is near; at most
+`MAX_DOUBLINGS` steps), while none is it halves (at most `MAX_HALVINGS` times: a knee 64x
 below r0 is reported as 0, "not sustainable at any rate tried"); once a sustainable rate `lo`
 and an unsustainable one `hi` bracket the knee it tries sqrt(lo * hi) until hi / lo <=
 (1 + res) / (1 - res). The knee is then sqrt(lo * hi): every rate in the bracket lies within
@@ -24,6 +25,7 @@ class Search:
     key: tuple  # who is searched, e.g. (policy, seed)
     start: float
     resolution: float = 0.02
+    growth: float = 2.0  # the step up while nothing tried has failed
     lo: Optional[float] = None  # highest sustainable rate seen
     hi: Optional[float] = None  # lowest unsustainable rate seen
     lo_record: Optional[dict] = None
@@ -36,7 +38,7 @@ class Search:
         if lo is None and hi is None:
             return self.start
         if hi is None:
-            return lo * 2 if lo * 2 <= self.start * 2 ** MAX_DOUBLINGS else None
+            return lo * self.growth if lo * self.growth <= self.start * 2 ** MAX_DOUBLINGS else None
         if lo is None:
             return hi / 2 if hi / 2 >= self.start / 2 ** MAX_HALVINGS else None
         if hi / lo <= (1 + self.resolution) / (1 - self.resolution):

@@ -83,12 +83,17 @@ def points_from_csv(path: Path) -> tuple[list[str], list[list[str]]]:
     if not rows or not rows[0]:
         raise KvsimError(f"{path}: empty points file (expected a header of dotted keys)")
     keys = [k.strip() for k in rows[0]]
+    if "" in keys:
+        raise KvsimError(f"{path}:1: column {keys.index('') + 1} has no key (the header names a dotted key a column)")
     points = []
     for line, row in enumerate(rows[1:], start=2):
         if not any(c.strip() for c in row):
             continue
         if len(row) != len(keys):
             raise KvsimError(f"{path}:{line}: {len(row)} values for {len(keys)} keys")
+        empty = next((k for k, v in zip(keys, row) if not v.strip()), None)
+        if empty is not None:
+            raise KvsimError(f"{path}:{line}: {empty}: empty value (every point gives each key a value)")
         points.append([f"{k}={v.strip()}" for k, v in zip(keys, row)])
     if not points:
         raise KvsimError(f"{path}: no points")

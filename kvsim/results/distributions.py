@@ -88,7 +88,10 @@ class LogHistogram:
         else:  # float weights are exact for counts below 2**53
             self.counts += np.bincount(idx, weights=counts, minlength=self.num_bins).astype(np.int64)
             self.count += int(counts.sum())
-            self.total += float(values @ counts)
+            # Summed exactly (fsum), not with `values @ counts`: BLAS splits a long dot product over
+            # its threads, so that sum's last bits depended on the machine's core count, and the
+            # idle threads spun on the other core after every call.
+            self.total += math.fsum(values * counts)
         self.min = min(self.min, float(values.min()))
         self.max = max(self.max, float(values.max()))
 

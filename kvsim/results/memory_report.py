@@ -1,6 +1,14 @@
 """`kvsim memory`: the per-GPU KV capacity breakdown, bytes and sequences that fit per length and
-policy, and the FLOPs a shared prefix saves, as data rows, as plain records (`memory_records`, behind
-`kvsim.memory` and the dashboard) and as rich tables for the terminal."""
+policy, vLLM's KV cache groups beside the naive "every layer keeps the whole context" figures, and
+the FLOPs a shared prefix saves, as data rows, as plain records (`memory_records`, behind
+`kvsim.memory`, the dashboard and `kvsim memory --json`) and as rich tables for the terminal.
+
+Sequences that fit a paged cache (vLLM v0.11.0): `num_seqs` is vLLM's own "maximum concurrency"
+with max_model_len at that length, each request reserving what it may hold at its peak (a
+sliding-window group keeps the window plus a max_num_batched_tokens prefill chunk);
+`num_seqs_decoding` counts sequences past their prefill, whose windowed groups have handed back
+what left the window; `num_seqs_naive` assumes every layer keeps the whole context.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +16,13 @@ import math
 from dataclasses import asdict, dataclass
 
 from kvsim.errors import KvsimError
-from kvsim.perf.memory import (KV_ELEM_BYTES, GiB, KvCapacity, check_capacity, compute_capacity,
-                               kv_bytes_per_token, max_model_len, prefill_flops, prefill_flops_saved)
+from kvsim.perf.kv_groups import CHUNKED_SPEC, SLIDING_SPEC, KvCacheLayout
+from kvsim.perf.memory import (KV_ELEM_BYTES, GiB, KvCapacity, check_capacity, compute_capacity, engine_limits,
+                               kv_bytes_per_token, max_model_len, policy_layout, prefill_flops, prefill_flops_saved)
 from kvsim.scenario.catalog import GpuSpec, ModelSpec
 from kvsim.scenario.limits import MAX_TOKENS
 
-SEQ_LENS = (1024, 4096, 16384, 32768, 131072)  # lengths of the `kvsim memory` table
+SEQ_LENS = (1024, 4096, 8192, 16384, 32768, 131072)  # lengths of the `kvsim memory` table
 
 
 @dataclass(slots=True, frozen=True)
@@ -26,6 +35,8 @@ class MemoryRow:
     seq_len: int
     bytes_per_seq: int
     num_seqs: int
+    num_seqs_decoding: int = 0  # paged: sequences past their prefill (windowed groups hold only the window)
+    num_seqs_naive: int = 0  # every layer keeping the whole context
 
 
 def table_lengths(max_len: int) -> list[int]:
@@ -50,19 +61,35 @@ def _check_lists(kv_dtypes, seq_lens) -> None:
 def memory_table(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None, seq_lens=None) -> list[MemoryRow]:
     """Rows for every policy (crossed with `kv_dtypes` if given, else its own dtype) and sequence length
     (`seq_lens` capped at max_model_len, default the table's lengths)."""
-    tp, max_len = scenario.hardware.tensor_parallel_size, max_model_len(scenario, model)
+    max_len = max_model_len(scenario, model)
     _check_lists(kv_dtypes, seq_lens)
     lens = table_lengths(max_len) if seq_lens is None else sorted({min(n, max_len) for n in seq_lens})
     rows = []
     for policy in scenario.policies:
         for dtype in kv_dtypes or (policy.kv_cache_dtype,):
             pol = replace_dtype(policy, dtype)
-            cap = compute_capacity(scenario, pol, model, gpu)
-            per_token = kv_bytes_per_token(model, dtype, tp, pol.kv_cache_scales == "per_token")
-            for n in lens:
-                slots = reserved_tokens(pol, n, cap.block_size, max_len)
-                rows.append(MemoryRow(policy.name, policy.allocator, dtype, n, math.ceil(slots * per_token),
-                                      cap.max_tokens // slots))
+            rows += _policy_rows(scenario, pol, model, gpu, lens, max_len)
+    return rows
+
+
+def _policy_rows(scenario, pol, model: ModelSpec, gpu: GpuSpec, lens, max_len: int) -> list[MemoryRow]:
+    cap = compute_capacity(scenario, pol, model, gpu)
+    layout, naive = policy_layout(scenario, pol, model, gpu), policy_layout(scenario, pol, model, gpu, naive=True)
+    chunk = engine_limits(scenario, pol, model, gpu).max_num_batched_tokens
+    naive_blocks = naive.num_blocks(cap.kv)
+    rows = []
+    for n in lens:
+        naive_seqs = naive_blocks // naive.blocks_held(n, n)
+        if pol.allocator == "paged":
+            reserved, held = layout.max_blocks(n, chunk), layout.blocks_held(n)
+            rows.append(MemoryRow(pol.name, pol.allocator, pol.kv_cache_dtype, n, reserved * cap.bytes_per_block,
+                                  cap.num_blocks // reserved, cap.num_blocks // held, naive_seqs))
+        else:  # a slab of every layer, as kvsim's contiguous allocator holds it
+            slots = reserved_tokens(pol, n, cap.block_size, max_len)
+            per_token = naive.block_bytes / naive.block_size
+            seqs = naive_blocks * naive.block_size // slots
+            rows.append(MemoryRow(pol.name, pol.allocator, pol.kv_cache_dtype, n, math.ceil(slots * per_token),
+                                  seqs, seqs, naive_seqs))
     return rows
 
 
@@ -94,16 +121,22 @@ def prefix_savings(scenario, model: ModelSpec) -> tuple[int, int, float, float] 
 
 def capacities(scenario, model: ModelSpec, gpu: GpuSpec,
                kv_dtypes=None) -> list[tuple[str, list, KvCapacity, str | None]]:
-    """(kv dtype, policies using it, per-GPU breakdown, why it cannot serve or None) per kv dtype in
-    use (or each of `kv_dtypes`): the capacity depends on the dtype only."""
-    by_dtype: dict[str, list] = {}
+    """(kv dtype, policies, per-GPU breakdown, why it cannot serve or None) per kv dtype in use (or
+    each of `kv_dtypes`) and activation reserve: a policy's step budget (its own
+    max_num_batched_tokens, chunked prefill or not) sizes the activations, so two policies of one
+    dtype share a column only when their breakdowns are the same."""
+    groups: dict[tuple, tuple[str, list, KvCapacity]] = {}
     for p in scenario.policies:
         for d in kv_dtypes or (p.kv_cache_dtype,):
-            by_dtype.setdefault(d, []).append(p)
+            cap = compute_capacity(scenario, replace_dtype(p, d), model, gpu)
+            key = (d, tuple(sorted(asdict(cap).items())))
+            if key in groups:
+                groups[key][1].append(p)
+            else:
+                groups[key] = (d, [p], cap)
     out = []
-    for dtype, pols in by_dtype.items():
+    for dtype, pols, cap in groups.values():
         pol = replace_dtype(pols[0], dtype)
-        cap = compute_capacity(scenario, pol, model, gpu)
         try:
             check_capacity(scenario, pol, model, gpu, cap)
             problem = None
@@ -116,23 +149,78 @@ def capacities(scenario, model: ModelSpec, gpu: GpuSpec,
 def memory_records(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None, seq_lens=None) -> dict:
     """Everything `kvsim memory` prints, as plain JSON values (bytes, counts, FLOPs): the per-GPU
     breakdown per kv dtype, bytes per token of every kv dtype, the bytes and sequences that fit per
-    policy and length (`seq_lens`, default the table's), and what a shared prefix saves."""
+    policy and length (`seq_lens`, default the table's), each policy's KV cache groups beside the
+    naive every-layer-full figures (`policies`), and what a shared prefix saves."""
     tp = scenario.hardware.tensor_parallel_size
     capacity = [{"kv_cache_dtype": dtype, "policies": [p.name for p in pols], **asdict(cap),
                  "kv_in_blocks": cap.num_blocks * cap.bytes_per_block,
                  "bytes_per_token": kv_bytes_per_token(model, dtype, tp), "problem": problem}
                 for dtype, pols, cap, problem in capacities(scenario, model, gpu, kv_dtypes)]
     saved = prefix_savings(scenario, model)
+    rows = memory_table(scenario, model, gpu, kv_dtypes, seq_lens)
     return {
         "model": model.name, "gpu": gpu.name, "tensor_parallel_size": tp,
         "max_model_len": max_model_len(scenario, model),
         "capacity": capacity,
         "bytes_per_token": [{"kv_cache_dtype": d, "bytes_per_token": kv_bytes_per_token(model, d, tp)}
                             for d in ("auto", *KV_ELEM_BYTES)],
-        "sequences": [asdict(r) for r in memory_table(scenario, model, gpu, kv_dtypes, seq_lens)],
+        "sequences": [asdict(r) for r in rows],
+        "policies": policy_records(scenario, model, gpu, rows, kv_dtypes),
         "prefix": None if saved is None else dict(zip(("prefix_len", "prompt_len", "flops_saved", "flops_full"),
                                                       saved)),
     }
+
+
+def policy_records(scenario, model: ModelSpec, gpu: GpuSpec, rows: list[MemoryRow], kv_dtypes=None) -> list[dict]:
+    """Per policy (and kv dtype): vLLM's KV cache groups, blocks, tokens, bytes per token where one
+    number says it, and sequences that fit keyed by length ("8192": n), with the naive counterparts."""
+    out = []
+    for policy in scenario.policies:
+        for dtype in kv_dtypes or (policy.kv_cache_dtype,):
+            pol = replace_dtype(policy, dtype)
+            mine = [r for r in rows if r.policy == pol.name and r.kv_cache_dtype == dtype]
+            out.append(_policy_record(scenario, pol, model, gpu, mine))
+    return out
+
+
+def _policy_record(scenario, pol, model: ModelSpec, gpu: GpuSpec, rows: list[MemoryRow]) -> dict:
+    tp = scenario.hardware.tensor_parallel_size
+    cap = compute_capacity(scenario, pol, model, gpu)
+    layout, naive = policy_layout(scenario, pol, model, gpu), policy_layout(scenario, pol, model, gpu, naive=True)
+    chunk = engine_limits(scenario, pol, model, gpu).max_num_batched_tokens
+    naive_blocks = naive.num_blocks(cap.kv)
+    per_token = kv_bytes_per_token(model, pol.kv_cache_dtype, tp, pol.kv_cache_scales == "per_token")
+    key = {r.seq_len: str(r.seq_len) for r in rows}
+    return {
+        "policy": pol.name, "allocator": pol.allocator, "kv_cache_dtype": pol.kv_cache_dtype,
+        "block_size": layout.block_size, "hybrid_kv_cache_manager": layout.hybrid,
+        "kv_cache_groups": [group_record(g, [r.seq_len for r in rows], chunk) for g in layout.groups],
+        "layers_per_group": layout.group_size, "padding_layers": layout.padding_layers,
+        "bytes_per_block": layout.block_bytes, "num_blocks": cap.num_blocks, "kv_tokens": cap.max_tokens,
+        "kv_bytes_per_token": None if windowed(layout, max_model_len(scenario, model)) else per_token,
+        "bytes_per_seq": {key[r.seq_len]: r.bytes_per_seq for r in rows},
+        "max_sequences": {key[r.seq_len]: r.num_seqs for r in rows},
+        "max_sequences_decoding": {key[r.seq_len]: r.num_seqs_decoding for r in rows},
+        "num_blocks_naive": naive_blocks, "kv_tokens_naive": naive.tokens(naive_blocks),
+        "kv_bytes_per_token_naive": per_token,
+        "bytes_per_seq_naive": {key[r.seq_len]: naive.blocks_held(r.seq_len, r.seq_len) * naive.block_bytes
+                                for r in rows},
+        "max_sequences_naive": {key[r.seq_len]: r.num_seqs_naive for r in rows},
+    }
+
+
+def group_record(group, lens, max_num_batched_tokens: int) -> dict:
+    """One KV cache group as plain values: its spec, layers, page and the blocks a sequence of each
+    length holds while decoding and has reserved for it (max_model_len at that length)."""
+    return {"spec": group.spec, "window": group.window or None, "layers": list(group.layers),
+            "block_size": group.block_size, "page_bytes": group.page_bytes,
+            "blocks_held": {str(n): group.blocks_held(n) for n in lens},
+            "blocks_reserved": {str(n): group.max_blocks(n, max_num_batched_tokens) for n in lens}}
+
+
+def windowed(layout: KvCacheLayout, max_len: int) -> bool:
+    """Whether some group's window frees blocks before max_len: bytes per token are then no one number."""
+    return any(g.spec in (SLIDING_SPEC, CHUNKED_SPEC) and g.window < max_len for g in layout.groups)
 
 
 def _gib(x: float) -> str:
@@ -144,7 +232,8 @@ def _bytes(x: float) -> str:
 
 
 def render_memory(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> list:
-    """rich Tables for `kvsim memory`: the per-GPU breakdown per kv dtype, then bytes and fits per length."""
+    """rich Tables for `kvsim memory`: the per-GPU breakdown per kv dtype, vLLM's KV cache groups (for
+    a model whose layers do not all keep the whole context in one group), then bytes and fits per length."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -162,12 +251,21 @@ def render_memory(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> l
     head.add_row("bytes per block", *(f"{c.bytes_per_block:,}" for c in caps))
     head.add_row("blocks", *(f"{c.num_blocks:,}" for c in caps))
     head.add_row("max tokens", *(f"{c.max_tokens:,}" for c in caps))
+    layout = policy_layout(scenario, scenario.policies[0], model, gpu)
+    special = len(layout.groups) > 1 or layout.groups[0].spec != "FullAttentionSpec"
+    if special:
+        head.add_row("KV cache groups", *(_groups_text(layout),) * len(caps))
     if notes:
         head.caption = "\n".join(notes)
+    out = [head]
+    if special:
+        out.append(_groups_table(scenario, model, gpu, layout))
 
     rows = memory_table(scenario, model, gpu, kv_dtypes)
     lens = table_lengths(max_model_len(scenario, model))
-    seqs = Table(title="Bytes per sequence (sequences that fit)")
+    naive_differs = any(r.num_seqs_naive != r.num_seqs for r in rows)
+    seqs = Table(title="Bytes per sequence (sequences that fit)" + (
+        "; then sequences past their prefill / every layer keeping the whole context" if naive_differs else ""))
     seqs.add_column("policy")
     seqs.add_column("allocator")
     seqs.add_column("kv dtype")
@@ -177,9 +275,46 @@ def render_memory(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> l
         r = rows[i:i + len(lens)]
         seqs.add_row(escape(r[0].policy), r[0].allocator, r[0].kv_cache_dtype,
                      *(f"{_bytes(x.bytes_per_seq)} ({x.num_seqs:,})" for x in r))
+        if naive_differs:
+            seqs.add_row("", "decoding / naive", "", *(f"{x.num_seqs_decoding:,} / {x.num_seqs_naive:,}" for x in r))
     saved = prefix_savings(scenario, model)
     if saved:
         p_len, total, flops, full = saved
         seqs.caption = (f"FLOPs saved by caching the {p_len}-token shared prefix: {flops / 1e12:,.2f} TFLOP per hit "
                         f"({flops / full:.0%} of a {total}-token prompt's prefill)")
-    return [head, seqs]
+    return [*out, seqs]
+
+
+def _groups_text(layout: KvCacheLayout) -> str:
+    text = f"{len(layout.groups)} × {layout.group_size} layers"
+    return text + (f" ({layout.padding_layers} padding)" if layout.padding_layers else "")
+
+
+def _groups_table(scenario, model: ModelSpec, gpu: GpuSpec, layout: KvCacheLayout):
+    """vLLM's KV cache groups of the first policy: per group its layers, page and the blocks a
+    sequence of each length holds while decoding (and has reserved for it)."""
+    from rich.table import Table
+
+    pol = scenario.policies[0]
+    chunk = engine_limits(scenario, pol, model, gpu).max_num_batched_tokens
+    lens = table_lengths(max_model_len(scenario, model))
+    mode = "hybrid manager" if layout.hybrid else "one block table"
+    t = Table(title=f"vLLM v0.11.0 KV cache groups ({mode}; {pol.name}, block_size {layout.block_size}): "
+                    f"blocks held while decoding (reserved per request)")
+    for col in ("group", "spec", "window", "layers", "page"):
+        t.add_column(col, justify="right" if col in ("window", "page") else "left")
+    for n in lens:
+        t.add_column(f"{n:,} tok", justify="right")
+    for i, g in enumerate(layout.groups):
+        t.add_row(str(i), g.spec, f"{g.window:,}" if g.window else "", _layers_text(g.layers), f"{g.page_bytes:,} B",
+                  *(f"{g.blocks_held(n):,} ({g.max_blocks(n, chunk):,})" for n in lens))
+    t.caption = (f"a pool block is {layout.group_size} pages ({_bytes(layout.block_bytes)}); "
+                 f"every layer full would hold {', '.join(f'{-(-n // layout.block_size):,}' for n in lens)} blocks "
+                 f"of {layout.num_layers} pages")
+    return t
+
+
+def _layers_text(layers) -> str:
+    if len(layers) <= 4:
+        return ", ".join(map(str, layers))
+    return f"{len(layers)}: {layers[0]}, {layers[1]}, ..., {layers[-1]}"

@@ -3,8 +3,10 @@
 Nothing here keeps per-request objects, so a run of a million requests stays small: latencies live
 in `array('d')` (8 bytes a value), the token-level inter-token latency (ITL) distribution in a fixed
 log-spaced histogram, and the time series keeps one row per replica per `timeseries_interval_s`.
-The simulator calls `on_finish`, `on_reject`, `record_run_itl`/`record_itls` and `sample`; `summary`
-gives the dict that goes into `summary.json` under the policy's name. requests.csv holds times with
+`Metrics` is the engine's observer (kvsim.engine.interfaces.EngineObserver): `on_reject(seq)`, then
+per engine event `on_held_back(step)` (when requests wait) and `on_step(step)` with the replica's `StepRecord` (token
+gaps, finished requests, the state after the step); `summary` gives the dict that goes into
+`summary.json` under the policy's name. requests.csv holds times with
 12 significant digits (0.1 µs on a day-long run): shortest-repr floats cost 3 s a million rows.
 
 SLO figures (`summary["slo"]`, judged by kvsim.results.verdict): a request is good when it meets
@@ -23,17 +25,22 @@ import io
 import math
 from array import array
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvsim.results.cells import csv_cell
 from kvsim.results.distributions import LogHistogram, nearest_rank, stats_of
-from kvsim.scenario.config import SloConfig
 from kvsim.sequence import Sequence
+
+if TYPE_CHECKING:
+    from kvsim.engine.records import StepRecord
+    from kvsim.scenario.config import SloConfig
 
 REQUEST_COLUMNS = (
     "policy", "request_id", "status", "reject_reason", "arrival_s", "first_scheduled_s", "first_token_s",
     "finish_s", "ttft_s", "mean_itl_s", "e2e_s", "prompt_tokens", "output_tokens", "prefix_hit_tokens",
-    "preemptions",
+    "preemptions", "preempted_s",
 )
 TIMESERIES_COLUMNS = (
     "policy", "replica", "time_s", "running", "waiting", "swapped", "kv_blocks_used", "kv_blocks_cached",
@@ -79,15 +86,18 @@ class Metrics:
         self.interval = timeseries_interval_s
         self.requests_file = requests_file
         self.requests_csv = csv.writer(requests_file) if requests_file is not None else None
+        self._csv_policy = csv_cell(policy)  # a name a spreadsheet would run as a formula starts with '
         cell = io.StringIO()
-        csv.writer(cell).writerow((policy,))  # quoted as the csv module would; a '%' in it is not a format
+        csv.writer(cell).writerow((self._csv_policy,))  # quoted as the csv module would; a '%' is not a format
         self._finished_row = (cell.getvalue().rstrip("\r\n").replace("%", "%%") + ",%d,finished,,"
                               + ",".join([TIME] * 5)
-                              + ",%s," + TIME + ",%d,%d,%d,%d\r\n")
+                              + ",%s," + TIME + ",%d,%d,%d,%d," + TIME + "\r\n")
         self.ttft = array("d")
         self.e2e = array("d")
         self.tpot = array("d")  # per-request mean ITL, requests with >= 2 output tokens only
         self.first_scheduled = array("d")  # of finished requests, for the backlog at the last arrival
+        self._preempted_s = array("d")  # per finished request, for the report's "why it missed"
+        self._missed = array("b")  # per finished request: 1 when it misses a per-request SLO bound
         self.itl = LogHistogram()
         self._itl_runs: list = []  # (gap, count, gap, count) records not yet binned, flat
         self._itl_gaps: list[float] = []  # single gaps not yet binned
@@ -112,6 +122,30 @@ class Metrics:
         # (Scheduler.admission_limit: kv_cache, max_num_seqs, token_budget).
         self.admission_blocked_s: dict[str, float] = {}
 
+    # ---- the engine's observer (kvsim.engine.interfaces.EngineObserver)
+
+    def on_held_back(self, step: StepRecord) -> None:
+        """A step is planned while requests wait: held back for its duration by what stopped admission."""
+        self.held_back(step.admission_limit, step.duration)
+
+    def on_step(self, step: StepRecord) -> None:
+        """A step ran: its token gaps, its finished requests, the replica's state (and inside a fused
+        run, the state at the last step of each sampling interval it crossed)."""
+        if step.itl_gaps:
+            self.record_itls(step.itl_gaps)
+        size = step.cohort_size
+        if size:
+            self.record_run_itl(step.cohort_first_gap, size, step.cohort_later_gap, size * (step.num_steps - 1))
+        for seq in step.finished:
+            self.on_finish(seq)
+        r = self._replicas.get(step.replica) or self.series(step.replica)
+        if step.peak_used >= 0:
+            for sample, batch_tokens in step.marks:
+                self._record_sample(r, sample, batch_tokens, 0.0)
+            self.note_used(r, step.peak_used)
+        self._record_sample(r, step.sample, step.batch_tokens, step.used_block_s)
+        step.sample_boundary = r.bucket_end
+
     # ---- requests
 
     def on_finish(self, seq: Sequence) -> None:
@@ -135,8 +169,12 @@ class Metrics:
             self.tpot.append(tpot)
         self.first_scheduled.append(seq.first_scheduled_time)
         self.num_finished += 1
+        self._preempted_s.append(seq.preempted_s)
         if ttft * 1e3 <= self._ttft_ms and e2e * 1e3 <= self._e2e_ms and (tpot is None or tpot * 1e3 <= self._tpot_ms):
             self.num_good += 1  # meets every per-request bound (an absent one is infinite); one token has no TPOT to miss
+            self._missed.append(0)
+        else:
+            self._missed.append(1)
         self.prompt_tokens += seq.request.prompt_len
         self.output_tokens += n_out
         self.prefix_hit_tokens += seq.num_cached_tokens
@@ -146,7 +184,7 @@ class Metrics:
             self.requests_file.write(self._finished_row % (
                 r.request_id, arrival, seq.first_scheduled_time, seq.first_token_time, seq.finish_time, ttft,
                 "" if tpot is None else TIME % tpot, e2e, r.prompt_len, n_out, seq.num_cached_tokens,
-                seq.num_preemptions))
+                seq.num_preemptions, seq.preempted_s))
 
     def _arrived(self, t: float) -> None:
         if t < self.first_arrival:
@@ -166,11 +204,11 @@ class Metrics:
             return
         r = seq.request
         self.requests_csv.writerow((
-            self.policy, r.request_id, "rejected", seq.reject_reason, TIME % r.arrival_time,
+            self._csv_policy, r.request_id, "rejected", seq.reject_reason, TIME % r.arrival_time,
             "" if seq.first_scheduled_time < 0 else TIME % seq.first_scheduled_time,
             "" if seq.first_token_time < 0 else TIME % seq.first_token_time,
             "" if seq.finish_time < 0 else TIME % seq.finish_time, "", "", "",
-            r.prompt_len, seq.num_output_tokens, seq.num_cached_tokens, seq.num_preemptions))
+            r.prompt_len, seq.num_output_tokens, seq.num_cached_tokens, seq.num_preemptions, TIME % seq.preempted_s))
 
     def _itlstats_of(self) -> dict:
         self._flush_itl()
@@ -222,13 +260,18 @@ class Metrics:
         """The replica's state after an engine step ending at t (`r`: `series(replica)`).
         `used_block_s`: the KV block-seconds since the previous sample, when the engine knows them
         exactly (a fused run); by default the previous sample's use held until t."""
+        self._record_sample(r, (t, running, waiting, swapped, blocks_used, blocks_cached, blocks_free,
+                                reserved_unused_tokens, external_fragmentation), batch_tokens, used_block_s)
+
+    def _record_sample(self, r: _ReplicaSeries, sample: tuple, batch_tokens: int, used_block_s: float) -> None:
+        """`sample` laid out as kvsim.engine.records.SAMPLE_FIELDS (kept as the open bucket's last)."""
+        t, running, waiting, _, blocks_used, _, _, _, external_fragmentation = sample
         if t >= r.bucket_end:
             self._next_bucket(r, t, batch_tokens)
         elif batch_tokens > r.batch_max:
             r.batch_max = batch_tokens
         r.used_seconds += r.last_used * (t - r.last_t) if used_block_s < 0 else used_block_s
-        r.last = (t, running, waiting, swapped, blocks_used, blocks_cached, blocks_free,
-                  reserved_unused_tokens, external_fragmentation)
+        r.last = sample
         if external_fragmentation > r.peak_external_fragmentation:
             r.peak_external_fragmentation = external_fragmentation
         r.last_t, r.last_used = t, blocks_used
@@ -274,10 +317,17 @@ class Metrics:
         return sorted(self._rows + open_rows, key=lambda row: (row[2], row[1]))
 
     def latencies(self) -> dict[str, np.ndarray]:
-        """The finished requests' TTFT, mean ITL and E2E, named as requests.csv's columns."""
-        return {"ttft_s": np.frombuffer(self.ttft, dtype=np.float64),
-                "mean_itl_s": np.frombuffer(self.tpot, dtype=np.float64),
-                "e2e_s": np.frombuffer(self.e2e, dtype=np.float64)}
+        """The finished requests' TTFT, mean ITL and E2E, named as requests.csv's columns (mean_itl_s:
+        requests with two or more output tokens only); and, a value per finished request in finishing
+        order, where its time went (queued_s, prefill_s: first scheduled to first token, decode_s,
+        preempted_s: part of those two) and whether it missed a per-request SLO bound (missed)."""
+        ttft, e2e = np.frombuffer(self.ttft, dtype=np.float64), np.frombuffer(self.e2e, dtype=np.float64)
+        arrival = np.frombuffer(self._finish_times, dtype=np.float64) - e2e
+        queued = np.frombuffer(self.first_scheduled, dtype=np.float64) - arrival
+        return {"ttft_s": ttft, "mean_itl_s": np.frombuffer(self.tpot, dtype=np.float64), "e2e_s": e2e,
+                "queued_s": queued, "prefill_s": ttft - queued, "decode_s": e2e - ttft,
+                "preempted_s": np.frombuffer(self._preempted_s, dtype=np.float64),
+                "missed": np.frombuffer(self._missed, dtype=np.int8).astype(bool)}
 
     # ---- summary
 
@@ -302,7 +352,7 @@ class Metrics:
         """Fractions are of one replica's blocks: the peak is the largest one replica reached; the
         mean is time-weighted over each replica's samples (a value holds until the next sample) and
         averaged over replicas by time."""
-        reps = [r for r in self._replicas.values() if r.last]  # replicas that ran a step
+        reps = [r for _, r in sorted(self._replicas.items()) if r.last]  # replicas that ran a step, in order
         per_replica = num_blocks // num_replicas
         peak = max((r.peak_used for r in reps), default=0)
         span = sum(r.last_t - r.first_t for r in reps)

@@ -10,7 +10,10 @@
   `STABILITY_TOLERANCE` (5%) of the requests received were still waiting to be scheduled for the
   first time. A queue that grows over the arrival window leaves far more than that.
 - **sustainable** (what `kvsim plan` searches for): meets the SLO and stable.
-- **binding constraint**: what held the engine back. When the figure with the least margin is a
+- **binding constraint**: what held the engine back. When requests were rejected (they can never
+  run: longer than `max_model_len`, or more KV blocks than the cache holds) and so few were served
+  that the SLO cannot be met at its percentile, the rejections bind: `max_model_len` or `kv_cache`,
+  whichever rejected more. Otherwise, when the figure with the least margin is a
   pace of decoding (TPOT or token ITL) and the engine kept up, admission limits only delay first
   tokens: preemptions mean the KV cache binds, else the engine's own step time (`step_time`:
   compute or HBM bandwidth). Otherwise waiting requests are held back by one limit at a time
@@ -33,6 +36,7 @@ BINDING_NAMES = {
     "max_num_seqs": "max_num_seqs",
     "token_budget": "token budget (max_num_batched_tokens)",
     "step_time": "step time (compute/bandwidth)",
+    "max_model_len": "max_model_len (requests too long are rejected)",
     "compute": "compute (step time)",  # named by kvsim plan's what-if at the knee
     "bandwidth": "HBM bandwidth (step time)",
 }
@@ -134,9 +138,36 @@ def checks(summary: dict) -> tuple[Check, ...]:
     return tuple(out)
 
 
+def rejection_binding(summary: dict) -> tuple[str, str] | None:
+    """(name, evidence) when rejections alone keep the SLO from being met, else None."""
+    req = summary.get("requests") or {}
+    rejected, received = req.get("rejected") or 0, req.get("received") or 0
+    slo = summary.get("slo") or {}
+    q = float(slo.get("percentile", 99.0))
+    if not rejected or not received or (received - rejected) / received >= q / 100.0 - 1e-12:
+        return None
+    by_kind: dict[str, int] = {}
+    for reason, n in (req.get("rejected_by_reason") or {}).items():
+        kind = "max_model_len" if "max_model_len" in reason else "kv_cache" if "KV blocks" in reason else "other"
+        by_kind[kind] = by_kind.get(kind, 0) + n
+    name = max(sorted(by_kind), key=by_kind.get) if by_kind else "max_model_len"
+    name = "max_model_len" if name == "other" else name
+    example = next((r for r in sorted(req.get("rejected_by_reason") or {}) if
+                    (name == "max_model_len") == ("max_model_len" in r)), "")
+    held = (f"{rejected:,} of {received:,} requests rejected ({rejected / received:.1%}), so at most "
+            f"{(received - rejected) / received:.1%} can be served against the SLO's {q:g}%"
+            + (f"; e.g. {example}" if example else ""))
+    why = ("raise engine.max_model_len or cut the longest requests" if name == "max_model_len"
+           else "a bigger KV cache (more memory, fp8 KV or a higher tensor_parallel_size)")
+    return name, f"{BINDING_NAMES.get(name, name)}: {held} ({why})"
+
+
 def binding_constraint(summary: dict, pace: bool = False) -> tuple[str, str]:
     """(name, one-line evidence) of the limit that held the engine back; `pace`: the tightest SLO
     figure is a decoding pace (TPOT, ITL) and the engine kept up. See the module docstring."""
+    rejections = rejection_binding(summary)
+    if rejections is not None:
+        return rejections
     replicas = summary.get("num_replicas") or 1
     span = (summary.get("duration_s") or 0.0) * replicas
     blocked = summary.get("admission_blocked_s") or {}
@@ -176,3 +207,51 @@ def judge(summary: dict, stability_tolerance: float = STABILITY_TOLERANCE) -> Ve
     worst = min(cks, key=lambda c: -float("inf") if c.margin is None else c.margin, default=None)
     name, detail = binding_constraint(summary, stable and worst is not None and worst.key in ("tpot_ms", "itl_ms"))
     return Verdict(all(c.met for c in cks) and enough_served, stable, q, cks, served, backlog, name, detail)
+
+
+# A flat record of one policy's run, in CSV column order: the verdict, then the figures.
+FIGURES = (
+    "sustainable", "slo_met", "stable", "slo_margin", "ttft_ms_at_pct", "tpot_ms_at_pct", "itl_ms_at_pct",
+    "e2e_ms_at_pct", "served_fraction", "backlog_fraction", "offered_rps", "throughput_rps",
+    "output_tokens_per_s", "input_tokens_per_s", "goodput_rps", "slo_attainment", "ttft_p50_ms", "ttft_p99_ms",
+    "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms", "peak_running", "kv_peak_fraction", "preemptions", "rejected",
+    "binding", "binding_detail",
+)
+
+
+def _ms(x) -> Optional[float]:
+    return None if x is None else x * 1e3
+
+
+def flat_record(summary: dict) -> dict:
+    """The figures of FIGURES from one policy's summary (times in ms): a plan's point, a row of
+    `kvsim.run(...).to_frame()`."""
+    v = judge(summary)
+    slo = summary["slo"]["at_percentile"]
+    thr = summary["throughput"]
+    duration, finished = summary["duration_s"], summary["requests"]["finished"]
+    input_tps = None
+    if thr["total_tokens_per_s"] is not None and thr["output_tokens_per_s"] is not None:
+        input_tps = thr["total_tokens_per_s"] - thr["output_tokens_per_s"]
+    return {
+        "sustainable": v.sustainable, "slo_met": v.met, "stable": v.stable, "slo_margin": v.margin,
+        "ttft_ms_at_pct": slo["ttft_ms"], "tpot_ms_at_pct": slo["tpot_ms"], "itl_ms_at_pct": slo["itl_ms"],
+        "e2e_ms_at_pct": slo["e2e_ms"], "served_fraction": v.served_fraction, "backlog_fraction": v.backlog_fraction,
+        "offered_rps": summary["arrivals"]["offered_rps"], "throughput_rps": thr["requests_per_s"],
+        "output_tokens_per_s": thr["output_tokens_per_s"], "input_tokens_per_s": input_tps,
+        "goodput_rps": summary["goodput_rps"], "slo_attainment": summary["slo_attainment"],
+        "ttft_p50_ms": _ms(summary["ttft_s"]["p50"]), "ttft_p99_ms": _ms(summary["ttft_s"]["p99"]),
+        "tpot_p99_ms": _ms(summary["tpot_s"]["p99"]), "itl_p99_ms": _ms(summary["itl_s"]["p99"]),
+        "e2e_p99_ms": _ms(summary["e2e_s"]["p99"]), "peak_running": summary["peak_running"],
+        "kv_peak_fraction": summary["kv"]["peak_used_fraction"], "preemptions": summary["preemptions"],
+        "rejected": summary["requests"]["rejected"], "binding": v.binding, "binding_detail": v.binding_detail,
+        "_prompt_tokens_per_request": (input_tps * duration / finished) if input_tps is not None and finished else None,
+    }
+
+
+def summary_frame(summaries: dict[str, dict]):
+    """A pandas DataFrame, a row per policy: `policy` and the figures of FIGURES."""
+    import pandas as pd
+
+    return pd.DataFrame([{"policy": name, **{k: flat_record(s)[k] for k in FIGURES}}
+                         for name, s in summaries.items()], columns=["policy", *FIGURES])

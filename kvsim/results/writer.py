@@ -1,13 +1,16 @@
-"""The results folder: written into a hidden temporary sibling, renamed into place on commit.
+"""The results folder: written into a hidden temporary sibling, put in place in one step on commit.
 
 `ResultsWriter` fills the temporary folder (requests.csv is streamed there while the simulation
-runs) and renames it into place on `commit`, so a crash, a signal or a full disk never leaves a
+runs) and puts it in place on `commit`, so a crash, a signal or a full disk never leaves a
 half-written results folder, and an earlier result stays as it was until the new one is complete.
+What may be replaced, and how leftovers of killed runs are recovered, is kvsim.results.target's.
 
-kvsim never deletes what it did not write: every results folder holds a marker file
-(`.kvsim-results.json`, listing the files kvsim wrote), and the target is replaced only when it is
-new, empty, or such a folder holding nothing else. `force` replaces any other folder, but never one
-that holds the working directory, the home folder or one of the run's input files.
+Putting in place: a new target is taken with a rename that never replaces (RENAME_NOREPLACE); an
+existing one is swapped with the new folder in one step (RENAME_EXCHANGE), so that at every instant
+the target holds the old or the new results; then what was swapped out is checked to be what was
+vetted (else swapped back) and removed. Without renameat2 (kvsim.scenario.files) the swap is two
+renames, and a run killed between them leaves the target missing and the old results in a hidden
+`.NAME.old-*` sibling, which the next run puts back (kvsim.results.target.recover_leftovers).
 `ResultsWriter(out_dir, streams=False).commit_files({...})` writes other outputs (plan and sweep
 tables) the same way.
 """
@@ -21,72 +24,19 @@ import secrets
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.guard import deferred_signals
+from kvsim.results.cells import csv_cell
 from kvsim.results.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS
-from kvsim.results.report import timeseries_arrays, write_report_html
-from kvsim.scenario.files import read_text
-
-MARKER = ".kvsim-results.json"
-FORMAT = 1
-LEGACY_FILES = frozenset({"summary.json", "requests.csv", "timeseries.csv", "report.html"})
-
-
-def _is_within(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
-
-
-def _marker_files(folder: Path, present: set[str]) -> set[str] | None:
-    """The files kvsim wrote into `folder`, from its marker (None: not a kvsim results folder). A
-    folder from before markers is recognised by holding nothing but LEGACY_FILES."""
-    if MARKER not in present:
-        return LEGACY_FILES if "summary.json" in present and present <= LEGACY_FILES else None
-    try:
-        doc = json.loads(read_text(folder / MARKER, "results marker", limit=1 << 20))
-        files = doc["files"] if doc.get("format") == "kvsim-results" else None
-    except (KvsimError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return set(files) | {MARKER} if isinstance(files, list) and all(isinstance(f, str) for f in files) else None
-
-
-def _held_folders(inputs) -> list[tuple[Path, str]]:
-    """Folders a results folder must never swallow: where the user stands, their home, the inputs."""
-    held = []
-    for where, what in ((Path.cwd, "the current directory"), (Path.home, "your home folder")):
-        try:
-            held.append((where(), what))
-        except (OSError, RuntimeError):  # a deleted working directory, no home
-            pass
-    return held + [(Path(os.path.abspath(p)), f"input {p}") for p in inputs]
-
-
-def check_target(out_dir: Path, force: bool = False, inputs=()) -> None:
-    """Raise unless `out_dir` may be (re)placed by a results folder (see the module docstring)."""
-    if out_dir.parent == out_dir:
-        raise KvsimError(f"{out_dir}: refusing to write results over the root folder")
-    if not os.path.lexists(out_dir):
-        return
-    if out_dir.is_symlink() or not out_dir.is_dir():
-        raise KvsimError(f"{out_dir}: results path exists and is not a folder")
-    try:
-        present = {p.name for p in out_dir.iterdir()}
-    except OSError as exc:
-        raise KvsimError(f"{out_dir}: cannot read results folder ({exc.strerror})") from None
-    for held, what in _held_folders(inputs):
-        if _is_within(held.resolve(), out_dir):
-            raise KvsimError(f"{out_dir}: refusing to replace a folder that holds {what}: pick another --out")
-    if not present or force:
-        return
-    ours = _marker_files(out_dir, present)
-    if ours is None:
-        raise KvsimError(f"{out_dir}: folder exists and is not a kvsim results folder: pass --force to replace "
-                         f"it, or choose another --out")
-    strangers = sorted(present - ours)
-    if strangers:
-        raise KvsimError(f"{out_dir}: results folder also holds files kvsim did not write ({', '.join(strangers[:3])}"
-                         f"{', ...' if len(strangers) > 3 else ''}): move them, pass --force, or choose another --out")
+from kvsim.results.figures import timeseries_arrays
+from kvsim.results.report import write_report_html
+from kvsim.results.target import (FORMAT, HOST, LEGACY_FILES, MARKER, Vetted, check_target,  # noqa: F401
+                                  recover_leftovers, results_path)
+from kvsim.scenario.files import identity, rename_exchange, rename_noreplace
 
 
 def _cannot_write(out_dir: Path, exc: OSError) -> KvsimError:
@@ -125,20 +75,18 @@ class _GuardedFile:
 
 
 class ResultsWriter:
-    """Writes a run's results into a temporary sibling of `out_dir`, renamed into place on commit."""
+    """Writes a run's results into a temporary sibling of `out_dir`, put in place on commit."""
 
     def __init__(self, out_dir: Path, *, force: bool = False, inputs=(), streams: bool = True):
         """`streams`: open requests.csv and timeseries.csv for a run (False: `commit_files` only)."""
-        try:
-            self.out_dir = Path(out_dir).expanduser().resolve()
-        except (OSError, RuntimeError) as exc:
-            raise KvsimError(f"{out_dir}: cannot use as results folder ({exc})") from None
+        self.out_dir = results_path(out_dir)
         self.force, self.inputs = force, list(inputs)
-        check_target(self.out_dir, force, self.inputs)
         self.committed = False
         self._created: list[Path] = []  # parent folders made here, removed again on abort
         self.tmp_dir = None
         self.requests_file = self._timeseries_file = None
+        recover_leftovers(self.out_dir)
+        check_target(self.out_dir, force, self.inputs)
         with self._aborting():
             self._make_parents(self.out_dir.parent)
             self.tmp_dir = self._fresh_dir("tmp")
@@ -155,17 +103,21 @@ class ResultsWriter:
 
     def _make_parents(self, folder: Path) -> None:
         missing = []
-        while not os.path.lexists(folder):
+        while not os.path.lexists(folder):  # a dangling link above the target stops here: mkdir fails under it
             missing.append(folder)
             folder = folder.parent
         for d in reversed(missing):
             d.mkdir()
             self._created.append(d)
 
+    def _hidden(self, kind: str) -> Path:
+        """A hidden sibling name of out_dir, naming this process and machine (see recover_leftovers)."""
+        return self.out_dir.parent / f".{self.out_dir.name[:100]}.{kind}-{os.getpid()}-{HOST}-{secrets.token_hex(4)}"
+
     def _fresh_dir(self, kind: str) -> Path:
         """A new hidden sibling of out_dir (never an existing one: kvsim deletes only what it made)."""
         while True:
-            path = self.out_dir.parent / f".{self.out_dir.name[:100]}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
+            path = self._hidden(kind)
             try:
                 path.mkdir()
                 return path
@@ -174,7 +126,8 @@ class ResultsWriter:
 
     def add_timeseries(self, policy: str, rows: list[tuple]) -> None:
         """Append one policy's time-series rows (as from `Metrics.timeseries_rows`)."""
-        self._timeseries_csv.writerows(rows)
+        name = csv_cell(policy)
+        self._timeseries_csv.writerows(rows if name == policy else ((name, *row[1:]) for row in rows))
         self._series.update(timeseries_arrays(rows))
         self._series_policies.add(policy)
 
@@ -188,10 +141,11 @@ class ResultsWriter:
                 f.close()
 
     def commit(self, scenario_name: str, summaries: dict[str, dict], meta: dict, *, report_html: bool = True) -> Path:
-        """Write summary.json (and report.html) and the marker, then swap the folder in for `out_dir`."""
+        """Write summary.json (and report.html) and the marker, then put the folder in place at `out_dir`."""
         def write() -> None:
             doc = {"scenario": scenario_name, "meta": meta, "policies": summaries}
-            (self.tmp_dir / "summary.json").write_text(json.dumps(doc, sort_keys=True, indent=2) + "\n")
+            text = json.dumps(doc, sort_keys=True, indent=2, allow_nan=False) + "\n"
+            (self.tmp_dir / "summary.json").write_text(text, encoding="utf-8")
             if report_html:
                 write_report_html(self.tmp_dir / "report.html", scenario_name, summaries,
                                   self.tmp_dir / "requests.csv", self.tmp_dir / "timeseries.csv",
@@ -200,7 +154,7 @@ class ResultsWriter:
         return self._commit(write)
 
     def commit_files(self, files: dict[str, str]) -> Path:
-        """Write each named text file and the marker, then swap the folder in for `out_dir` (as `commit`)."""
+        """Write each named text file and the marker, then put the folder in place at `out_dir` (as `commit`)."""
         def write() -> None:
             for name, text in files.items():
                 (self.tmp_dir / name).write_text(text, encoding="utf-8")
@@ -213,9 +167,10 @@ class ResultsWriter:
             files = sorted(p.name for p in self.tmp_dir.iterdir())
             marker = {"format": "kvsim-results", "version": FORMAT, "files": files}
             (self.tmp_dir / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-            check_target(self.out_dir, self.force, self.inputs)  # again: the run took a while
-            self._swap_in()
+            old = self._swap_in()
         self.committed = True
+        if old is not None:
+            self._remove_old(*old)
         return self.out_dir
 
     @contextmanager
@@ -230,23 +185,74 @@ class ResultsWriter:
             self.abort()
             raise
 
-    def _swap_in(self) -> None:
-        if not os.path.lexists(self.out_dir):
-            os.rename(self.tmp_dir, self.out_dir)
-            return
-        old = self._fresh_dir("old")
+    def _swap_in(self) -> Optional[tuple[Path, Vetted]]:
+        """Put tmp_dir in place at out_dir; (where the replaced target now is, what was vetted), or None.
+        The target is vetted again right before (the run took a while) and whenever it changed meanwhile."""
+        for _ in range(3):
+            vetted = check_target(self.out_dir, self.force, self.inputs)
+            if vetted.kind == "absent":
+                try:
+                    with deferred_signals():  # the rename and knowing it happened go together
+                        rename_noreplace(self.tmp_dir, self.out_dir)
+                        self.tmp_dir = None
+                except FileExistsError:
+                    continue  # something appeared at out_dir since the check: vet it
+                return None
+            with deferred_signals():
+                if not rename_exchange(self.tmp_dir, self.out_dir):
+                    return self._two_step_swap(vetted)
+                old, self.tmp_dir = self.tmp_dir, None  # the new results stand; old holds what was at out_dir
+            if self._is_vetted(old, vetted):
+                return old, vetted
+            with deferred_signals():
+                rename_exchange(old, self.out_dir)  # replaced since the check: put it back, ours back to tmp
+                self.tmp_dir = old
+        raise KvsimError(f"{self.out_dir}: kept changing while kvsim wrote its results; nothing replaced")
+
+    @staticmethod
+    def _is_vetted(path: Path, vetted: Vetted) -> bool:
+        """Whether `path` is what `check_target` vetted: the same file, holding no name it did not vet."""
         try:
-            os.rename(self.out_dir, old)  # onto the empty `old`: allowed for folders
+            if identity(os.lstat(path)) != vetted.ident:
+                return False
+            return vetted.ours is None or set(os.listdir(path)) <= vetted.ours
+        except OSError:
+            return False
+
+    def _two_step_swap(self, vetted: Vetted) -> Optional[tuple[Path, Vetted]]:
+        """The fallback without renameat2: out_dir renamed aside, then tmp_dir renamed in; between the two
+        out_dir is missing (a killed run is recovered by the next one: recover_leftovers)."""
+        old = self._hidden("old")
+        os.rename(self.out_dir, old)
+        try:
+            if not self._is_vetted(old, vetted):
+                os.rename(old, self.out_dir)
+                raise KvsimError(f"{self.out_dir}: changed while kvsim wrote its results; nothing replaced")
             os.rename(self.tmp_dir, self.out_dir)
-        except BaseException:  # an error or a signal: the state says how far the swap got
-            if not os.path.lexists(self.out_dir):
+        except BaseException:
+            if not os.path.lexists(self.out_dir) and os.path.lexists(old):
                 os.rename(old, self.out_dir)  # put the previous results back
-            elif os.path.lexists(self.tmp_dir):
-                old.rmdir()  # nothing moved yet
-            else:
-                shutil.rmtree(old, ignore_errors=True)  # swapped: the new results stand
             raise
-        shutil.rmtree(old, ignore_errors=True)
+        self.tmp_dir = None
+        return old, vetted
+
+    def _remove_old(self, old: Path, vetted: Vetted) -> None:
+        """Remove what the new results replaced: a link, a forced folder whole, else the vetted names."""
+        try:
+            if vetted.kind == "link":
+                os.unlink(old)
+            elif vetted.ours is None:
+                shutil.rmtree(old)
+            else:
+                for name in vetted.ours:
+                    try:
+                        os.unlink(old / name)
+                    except FileNotFoundError:
+                        pass
+                os.rmdir(old)
+        except OSError as exc:
+            raise KvsimError(f"results written to {self.out_dir}, but the earlier results it replaced could not be "
+                             f"removed from {old} ({exc.strerror or exc})") from None
 
     def abort(self) -> None:
         """Drop everything written so far; `out_dir` is left as it was. Never raises."""
@@ -258,6 +264,7 @@ class ResultsWriter:
                 pass
         if self.tmp_dir is not None:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            self.tmp_dir = None
         for d in reversed(self._created):
             try:
                 d.rmdir()

@@ -1,7 +1,9 @@
 """Model and GPU presets: the shapes and datasheet figures every sizing and timing model starts from.
 
-`ModelSpec` uses Hugging Face `config.json` field names, so a preset and a loaded config are the same
-object. `GpuSpec` holds dense (non-sparse) datasheet rates and the memory the device reports.
+`ModelSpec` (kvsim/scenario/models.py) uses Hugging Face `config.json` field names, so a preset and a
+loaded config (kvsim/scenario/hf_config.py) are the same object: dense and mixture-of-experts models,
+full, sliding-window, chunked-local and latent attention. `GpuSpec` holds dense (non-sparse)
+datasheet rates and the memory the device reports.
 `model_spec(scenario)` and `gpu_spec(scenario)` turn a scenario's [model] and [hardware] sections
 into specs, or raise `KvsimError` naming the file and key at fault.
 """
@@ -9,170 +11,67 @@ into specs, or raise `KvsimError` naming the file and key at fault.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 
 from kvsim.errors import KvsimError
-from kvsim.scenario.files import read_json_object
-from kvsim.scenario.limits import MAX_MODEL_LEN
-
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
+from kvsim.scenario.hf_config import load_hf_config  # noqa: F401  (re-exported)
+from kvsim.scenario.models import CHUNKED, DTYPE_BYTES, FULL, SLIDING, MlaSpec, ModelSpec, MoeSpec  # noqa: F401
 
 
-@dataclass(slots=True, frozen=True)
-class ModelSpec:
-    """A dense decoder-only transformer (Llama / Qwen / Mistral family: GQA attention, SwiGLU MLP)."""
-
-    name: str
-    num_hidden_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    max_position_embeddings: int
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-5
-    tie_word_embeddings: bool = False
-    qk_norm: bool = False  # Qwen3: RMSNorm on q and k per head
-    dtype: str = "bfloat16"  # weights dtype (from ModelConfig.dtype)
-
-    @property
-    def attn_params_per_layer(self) -> int:
-        """q, k, v and o projections (no biases)."""
-        q_out = self.num_attention_heads * self.head_dim
-        kv_out = self.num_key_value_heads * self.head_dim
-        return self.hidden_size * (q_out + 2 * kv_out) + q_out * self.hidden_size
-
-    @property
-    def mlp_params_per_layer(self) -> int:
-        """gate, up and down projections."""
-        return 3 * self.hidden_size * self.intermediate_size
-
-    @property
-    def lm_head_params(self) -> int:
-        return self.vocab_size * self.hidden_size
-
-    @property
-    def num_params(self) -> int:
-        norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
-        per_layer = self.attn_params_per_layer + self.mlp_params_per_layer + norms
-        head = 0 if self.tie_word_embeddings else self.lm_head_params
-        return self.lm_head_params + self.num_hidden_layers * per_layer + self.hidden_size + head
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.num_params * DTYPE_BYTES[self.dtype]
-
-    @property
-    def activation_bytes(self) -> int:
-        """Bytes per activation element: fp8 models still compute in 16-bit, fp32 models in fp32."""
-        return 4 if self.dtype == "float32" else 2
-
-    @property
-    def params_per_token_flops(self) -> int:
-        """FLOPs of every matmul for one token: 2 x (layer projections + lm_head); embedding is a gather."""
-        return 2 * (self.num_hidden_layers * (self.attn_params_per_layer + self.mlp_params_per_layer)
-                    + self.lm_head_params)
-
-    def gemm_flops(self, num_tokens: int, num_logits: int) -> float:
-        """Matmul FLOPs of a forward pass: every token goes through the layers, but only the
-        `num_logits` rows that get sampled go through lm_head (one per scheduled sequence)."""
-        lm_head = 2 * self.lm_head_params
-        return (self.params_per_token_flops - lm_head) * num_tokens + lm_head * num_logits
-
-    def attention_flops(self, attn_pairs: int) -> float:
-        """QK^T and PV: 2 multiply-adds per query-key pair per head dimension, in every layer."""
-        return 4.0 * self.num_hidden_layers * self.num_attention_heads * self.head_dim * attn_pairs
-
-
-def _preset(name, layers, hidden, heads, kv_heads, head_dim, inter, vocab, max_pos, theta, eps, tie=False, qk=False):
+def _preset(name, layers, hidden, heads, kv_heads, head_dim, inter, vocab, max_pos, theta, eps, tie=False, qk=False,
+            **more):
     return ModelSpec(name=name, num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                      num_key_value_heads=kv_heads, head_dim=head_dim, intermediate_size=inter,
                      vocab_size=vocab, max_position_embeddings=max_pos, rope_theta=theta, rms_norm_eps=eps,
-                     tie_word_embeddings=tie, qk_norm=qk)
+                     tie_word_embeddings=tie, qk_norm=qk, **more)
 
 
-# Shapes from each model's config.json on the Hugging Face Hub.
+def _every(n: int, layers: int, other: str, nth: str = FULL) -> tuple[str, ...]:
+    """Layer types with every n-th layer (1-based) `nth` and the rest `other`."""
+    return tuple(other if (i + 1) % n else nth for i in range(layers))
+
+
+_DEEPSEEK_V3 = dict(mla=MlaSpec(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                                q_lora_rank=1536),
+                    moe=MoeSpec(256, 8, 2048, shared_expert_intermediate_size=2048, dense_layers=(0, 1, 2),
+                                router_bias=True),
+                    quantization="fp8")
+_GPT_OSS = dict(sliding_window=128, attention_bias=True, quantization="mxfp4")
+_GPT_OSS_MOE = dict(router_bias=True, expert_bias=True)
+_GEMMA = dict(tie=True, sandwich_norms=True)
+# Vision encoders vLLM loads with the multimodal checkpoints (hf_config's ViT estimate from vision_config):
+# SigLIP (gemma-3: 27 layers of 1152) and Llama-4's (34 layers of 1408), each with its projector.
+GEMMA3_VISION_PARAMS, LLAMA4_VISION_PARAMS = 423_059_184, 832_082_304
+
+# Shapes from each model's config.json on the Hugging Face Hub (copies in tests/fixtures/hf_configs/).
 MODELS: dict[str, ModelSpec] = {m.name: m for m in (
     _preset("Llama-3.1-8B", 32, 4096, 32, 8, 128, 14336, 128256, 131072, 500000.0, 1e-5),
     _preset("Llama-3.1-70B", 80, 8192, 64, 8, 128, 28672, 128256, 131072, 500000.0, 1e-5),
     _preset("Qwen3-0.6B", 28, 1024, 16, 8, 128, 3072, 151936, 40960, 1000000.0, 1e-6, tie=True, qk=True),
     _preset("Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936, 40960, 1000000.0, 1e-6, qk=True),
     _preset("Mistral-7B", 32, 4096, 32, 8, 128, 14336, 32768, 32768, 1000000.0, 1e-5),  # v0.3
+    _preset("Mistral-7B-v0.1", 32, 4096, 32, 8, 128, 14336, 32000, 32768, 10000.0, 1e-5,
+            layer_types=(SLIDING,) * 32, sliding_window=4096),
+    _preset("Mixtral-8x7B", 32, 4096, 32, 8, 128, 14336, 32000, 32768, 1000000.0, 1e-5, moe=MoeSpec(8, 2, 14336)),
+    _preset("Qwen3-30B-A3B", 48, 2048, 32, 4, 128, 6144, 151936, 40960, 1000000.0, 1e-6, qk=True,
+            moe=MoeSpec(128, 8, 768)),
+    _preset("Qwen3-235B-A22B", 94, 4096, 64, 4, 128, 12288, 151936, 40960, 1000000.0, 1e-6, qk=True,
+            moe=MoeSpec(128, 8, 1536)),
+    _preset("DeepSeek-V3", 61, 7168, 128, 128, 192, 18432, 129280, 163840, 10000.0, 1e-6, **_DEEPSEEK_V3),
+    _preset("DeepSeek-R1", 61, 7168, 128, 128, 192, 18432, 129280, 163840, 10000.0, 1e-6, **_DEEPSEEK_V3),
+    _preset("gpt-oss-20b", 24, 2880, 64, 8, 64, 2880, 201088, 131072, 150000.0, 1e-5,
+            layer_types=(SLIDING, FULL) * 12, moe=MoeSpec(32, 4, 2880, **_GPT_OSS_MOE), **_GPT_OSS),
+    _preset("gpt-oss-120b", 36, 2880, 64, 8, 64, 2880, 201088, 131072, 150000.0, 1e-5,
+            layer_types=(SLIDING, FULL) * 18, moe=MoeSpec(128, 4, 2880, **_GPT_OSS_MOE), **_GPT_OSS),
+    _preset("Llama-4-Scout", 48, 5120, 40, 8, 128, 16384, 202048, 10485760, 500000.0, 1e-5,
+            layer_types=_every(4, 48, CHUNKED), attention_chunk_size=8192,
+            moe=MoeSpec(16, 1, 8192, shared_expert_intermediate_size=8192), encoder_params=LLAMA4_VISION_PARAMS),
+    _preset("gemma-2-9b", 42, 3584, 16, 8, 256, 14336, 256000, 8192, 10000.0, 1e-6,
+            layer_types=_every(2, 42, SLIDING), sliding_window=4096, **_GEMMA),
+    _preset("gemma-2-27b", 46, 4608, 32, 16, 128, 36864, 256000, 8192, 10000.0, 1e-6,
+            layer_types=_every(2, 46, SLIDING), sliding_window=4096, **_GEMMA),
+    _preset("gemma-3-27b", 62, 5376, 32, 16, 128, 21504, 262208, 131072, 1000000.0, 1e-6, qk=True,
+            layer_types=_every(6, 62, SLIDING), sliding_window=1024, encoder_params=GEMMA3_VISION_PARAMS, **_GEMMA),
 )}
-
-
-_WANT = {int: "a positive integer", float: "a positive number", bool: "true or false"}
-# Upper bounds of the config.json integers kvsim reads: far above any published model.
-_MAX_INT = {"num_hidden_layers": 1024, "hidden_size": 2**20, "num_attention_heads": 2**14,
-            "num_key_value_heads": 2**14, "head_dim": 2**14, "intermediate_size": 2**22, "vocab_size": 2**24,
-            "max_position_embeddings": MAX_MODEL_LEN}
-_MAX_FLOAT = {"rope_theta": 1e15, "rms_norm_eps": 1.0}
-
-
-def _get(cfg: dict, key: str, source: str, kind: type, default=None):
-    """cfg[key] checked against `kind`, positive and within its bound; a missing key needs a default."""
-    value = cfg.get(key)
-    if value is None:
-        if default is None:
-            raise KvsimError(f"{source}: missing key '{key}'")
-        return default
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    bad_bool = isinstance(value, bool) and kind is not bool
-    if bad_bool or not isinstance(value, kind) or (kind is not bool and not value > 0):
-        raise KvsimError(f"{source}: {key}: must be {_WANT[kind]}, got {str(value)[:40]}")
-    bound = _MAX_INT.get(key) if kind is int else _MAX_FLOAT.get(key)
-    if bound is not None and value > bound:
-        raise KvsimError(f"{source}: {key}: must be at most {bound:,}, got {value:,}")
-    return value
-
-
-# config.json keys of architectures kvsim does not model: a dense reading would misstate weights or KV bytes.
-_NOT_DENSE = {"num_local_experts": "mixture-of-experts", "num_experts": "mixture-of-experts",
-              "n_routed_experts": "mixture-of-experts", "kv_lora_rank": "multi-head latent attention (MLA)"}
-
-
-def _check_dense(cfg: dict, source: str) -> None:
-    for key, kind in _NOT_DENSE.items():
-        value = cfg.get(key)
-        if value not in (None, 0, 1, False):
-            raise KvsimError(f"{source}: {key}: {kind} models are not supported (kvsim models dense decoder-only "
-                             f"transformers)")
-
-
-def load_hf_config(path: Path, name: str | None = None) -> ModelSpec:
-    """A ModelSpec from a Hugging Face config.json (or a folder holding one), checked for consistency."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    cfg = read_json_object(path, "model config (model.hf_config)")
-    src = str(path)
-    hidden = _get(cfg, "hidden_size", src, int)
-    heads = _get(cfg, "num_attention_heads", src, int)
-    kv_heads = _get(cfg, "num_key_value_heads", src, int, heads)
-    if cfg.get("head_dim") is None and hidden % heads:
-        raise KvsimError(f"{src}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
-                         f"(give head_dim)")
-    if heads % kv_heads:
-        raise KvsimError(f"{src}: num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}")
-    _check_dense(cfg, src)
-    return ModelSpec(
-        name=name or (path.parent.name if path.name == "config.json" and path.parent.name else path.stem),
-        num_hidden_layers=_get(cfg, "num_hidden_layers", src, int),
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=_get(cfg, "head_dim", src, int, hidden // heads),
-        intermediate_size=_get(cfg, "intermediate_size", src, int),
-        vocab_size=_get(cfg, "vocab_size", src, int),
-        max_position_embeddings=_get(cfg, "max_position_embeddings", src, int),
-        rope_theta=_get(cfg, "rope_theta", src, float, 10000.0),
-        rms_norm_eps=_get(cfg, "rms_norm_eps", src, float, 1e-5),
-        tie_word_embeddings=_get(cfg, "tie_word_embeddings", src, bool, False),
-        qk_norm=cfg.get("model_type") == "qwen3",
-    )
 
 
 def tp_problem(model: ModelSpec, tp: int) -> str:

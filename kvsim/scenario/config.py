@@ -90,7 +90,8 @@ class ModelConfig(_Section):
         "Model preset (case-insensitive). Give this or hf_config, not both."))
     hf_config: Optional[PathText] = Field(None, description=(
         "Path to a Hugging Face config.json (or the folder holding one), relative to the scenario file: "
-        "a dense decoder-only model (Llama, Qwen, Mistral family). Give this or name."))
+        "a decoder-only model, dense or mixture-of-experts, with full, sliding-window, chunked-local or "
+        "latent (MLA) attention (linear-attention and Mamba hybrids are refused). Give this or name."))
     dtype: Literal["bfloat16", "float16", "float32", "fp8"] = Field("bfloat16", description=(
         "Weight dtype: sets weight memory and the GEMM rate (fp8 uses the GPU's fp8 TFLOP/s). "
         "vLLM: --dtype (fp8 weights: --quantization fp8)."))
@@ -113,10 +114,12 @@ class HardwareConfig(_Section):
     num_replicas: Annotated[int, Field(ge=1, le=L.MAX_REPLICAS)] = Field(1, description=(
         "Independent engine replicas (data parallel), each with tensor_parallel_size GPUs, behind one router. "
         "vLLM: --data-parallel-size, or separate servers behind a load balancer."))
-    # prefix_affinity: to the replica whose prefix cache holds most of the prompt, load permitting
+    # prefix_affinity: the router's own view of the replicas' caches (kvsim.engine.router)
     router: Literal["least_loaded", "round_robin", "prefix_affinity"] = Field("least_loaded", description=(
         "How requests are spread over replicas: least_loaded (fewest unfinished requests), round_robin, or "
-        "prefix_affinity (the replica whose prefix cache holds most of the prompt, load permitting)."))
+        "prefix_affinity (the replica the router sent the longest prefix of the prompt to, load permitting; "
+        "the router's own LRU view of the replicas' caches, as the Gateway API Inference Extension's "
+        "approximate prefix-cache scorer)."))
     gpu_memory_utilization: Fraction = Field(0.9, description=(
         "Share of each GPU's memory the engine may use for weights, activations and KV cache, in (0, 1]. "
         "vLLM: --gpu-memory-utilization (default 0.9)."))
@@ -268,15 +271,57 @@ class PrefixConfig(_Section):
         return self
 
 
-class TraceConfig(_Section):
-    """A request trace to replay: its arrival times, lengths, or both."""
+ColumnName = Annotated[str, Field(min_length=1, max_length=L.MAX_NAME_CHARS), AfterValidator(_one_line(L.MAX_NAME_CHARS))]
 
-    format: Literal["azure", "mooncake", "csv"] = Field(description=(
+
+class TraceColumns(_Section):
+    """Which columns of your own CSV log hold what ([workload.trace.columns], format = "csv")."""
+
+    arrival: Optional[ColumnName] = Field(None, description=(
+        "The column holding each request's arrival time. Leave it out for a log of lengths only, replayed "
+        "at a synthetic arrival rate."))
+    arrival_unit: Literal["s", "ms", "us", "ns", "datetime"] = Field("s", description=(
+        "The arrival column's unit: seconds, milliseconds, microseconds or nanoseconds (any origin: the first "
+        "arrival becomes 0), or datetime (e.g. 2024-05-01 12:00:03.25 or 2024-05-01T12:00:03)."))
+    prompt_tokens: ColumnName = Field(description="The column of prompt (input) token counts.")
+    output_tokens: ColumnName = Field(description="The column of output (generated) token counts.")
+
+
+class TraceConfig(_Section):
+    """A request trace to replay: its arrival times, lengths, or both; or a dataset of lengths."""
+
+    format: Literal["azure", "mooncake", "csv", "sharegpt", "vllm_bench"] = Field(description=(
         "azure: Azure LLM 2023 CSV (TIMESTAMP, ContextTokens, GeneratedTokens); mooncake: JSONL with "
-        "timestamp (ms), input_length, output_length, hash_ids; csv: arrival_s, prompt_tokens, output_tokens."))
+        "timestamp (ms), input_length, output_length, hash_ids; csv: your own CSV log, columns named by "
+        "[workload.trace.columns] (default arrival_s, prompt_tokens, output_tokens); sharegpt: a ShareGPT-style "
+        "JSON list of conversations (lengths only: the first two turns, as vllm bench serve --dataset-name "
+        "sharegpt samples them); vllm_bench: a vllm bench serve --save-result --save-detailed JSON (lengths "
+        "only: its input_lens and output_lens)."))
     path: PathText = Field(description="The trace file, relative to the scenario file.")
     max_requests: Optional[Annotated[int, Field(ge=1, le=L.MAX_REQUESTS)]] = Field(None, description=(
         "Replay only the first this many rows (in arrival order). Default: all."))
+    columns: Optional[TraceColumns] = Field(None, description=(
+        "format csv: which columns hold the arrival time, prompt and output tokens. Default: the header "
+        "arrival_s, prompt_tokens, output_tokens, times in seconds."))
+    bytes_per_token: Optional[Annotated[float, Field(ge=0.5, le=64)]] = Field(None, description=(
+        "format sharegpt: a turn's tokens are estimated as its UTF-8 bytes / this (about 4 for Llama-3-class "
+        "tokenizers, in English and in CJK text alike); default 4. For exact counts, tokenize the dataset "
+        "yourself and give a csv with the columns."))
+
+    @model_validator(mode="after")
+    def _format_keys(self):
+        if self.columns is not None and self.format != "csv":
+            raise ValueError(f"columns: only for format \"csv\", not {self.format!r}")
+        if self.bytes_per_token is not None and self.format != "sharegpt":
+            raise ValueError(f"bytes_per_token: only for format \"sharegpt\", not {self.format!r}")
+        return self
+
+    @property
+    def has_times(self) -> bool:
+        """Whether the file holds arrival times (a dataset of lengths does not)."""
+        if self.format in ("sharegpt", "vllm_bench"):
+            return False
+        return self.format != "csv" or self.columns is None or self.columns.arrival is not None
 
 
 class WorkloadConfig(_Section):
@@ -300,6 +345,9 @@ class WorkloadConfig(_Section):
                       or self.output_len.dist == "trace")
         if uses_trace and self.trace is None:
             raise ValueError("arrival process or lengths come from a trace, but [workload.trace] is missing")
+        if self.arrival.process == "trace" and not self.trace.has_times:
+            raise ValueError(f"arrival.process: the {self.trace.format} trace has no arrival times: use poisson, "
+                             "gamma or deterministic arrivals, with prompt_len and output_len dist = \"trace\"")
         if self.trace is None and self.num_requests is None and self.duration_s is None:
             raise ValueError("give num_requests or duration_s")
         if self.num_requests is None and self.duration_s is not None and self.arrival.process != "trace":
@@ -414,6 +462,11 @@ class Scenario(_Section):
     def source(self) -> str:
         return self._source
 
+    def located(self, source: str, base_dir: Path) -> "Scenario":
+        """The scenario as read from `source`, its relative paths starting at `base_dir`."""
+        self._base_dir, self._source = base_dir, source
+        return self
+
     @model_validator(mode="after")
     def _unique_policy_names(self):
         names = [p.name for p in self.policies]
@@ -474,8 +527,7 @@ def scenario_from_dict(data: dict, source: str = "<scenario>", base_dir: Path = 
         sc = Scenario.model_validate(data)
     except ValidationError as err:
         raise KvsimError(format_validation_error(source, err)) from None
-    sc._base_dir, sc._source = base_dir, source
-    return sc
+    return sc.located(source, base_dir)
 
 
 def name_from_stem(stem: str) -> str:

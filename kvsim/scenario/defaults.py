@@ -36,6 +36,12 @@ def vllm_default_limits(gpu: GpuSpec) -> tuple[int, int]:
     return 2048, 256
 
 
+def step_budget(max_num_batched_tokens: int, max_model_len: int, enable_chunked_prefill: bool) -> int:
+    """Tokens one step may schedule: the budget, or without chunked prefill at least max_model_len
+    (a whole prompt must fit one step; vLLM raises the budget so when chunking is off)."""
+    return max_num_batched_tokens if enable_chunked_prefill else max(max_num_batched_tokens, max_model_len)
+
+
 def max_model_len(scenario, model: ModelSpec) -> int:
     return scenario.engine.max_model_len or model.max_position_embeddings
 
@@ -47,4 +53,4 @@ def engine_limits(scenario, policy, model: ModelSpec, gpu: GpuSpec) -> EngineLim
     seqs = engine.max_num_seqs or min(default_seqs, tokens)
     mml = max_model_len(scenario, model)
     chunked = policy.enable_chunked_prefill
-    return EngineLimits(seqs, tokens, tokens if chunked else max(tokens, mml), mml, chunked)
+    return EngineLimits(seqs, tokens, step_budget(tokens, mml, chunked), mml, chunked)

@@ -40,7 +40,8 @@ import numpy as np
 
 from kvsim.scenario.config import ArrivalConfig, LengthDist, PrefixConfig
 from kvsim.scenario.limits import MAX_MODEL_LEN, MAX_TOKENS
-from kvsim.scenario.traces import MOONCAKE_BLOCK_SIZE, VOCAB_SIZE, Trace, block_token_ids, load_trace
+from kvsim.scenario.trace_rows import MOONCAKE_BLOCK_SIZE, VOCAB_SIZE, Trace, block_token_ids
+from kvsim.scenario.traces import load_trace
 from kvsim.sequence import KeyedTokens, Request
 
 CHUNK = 65536

@@ -16,6 +16,7 @@ what `gpu_memory_utilization` leaves after weights, activations and non-torch me
 from __future__ import annotations
 
 import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Optional
@@ -23,9 +24,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from backends.triton_engine.decode_attention import choose_num_splits
-from backends.triton_engine.kv_quant import LayerKVCache, allocate_kv_cache, resolve_kv_dtype
-from backends.triton_engine.model import TORCH_DTYPES, AttentionMetadata, PagedAttention, Transformer
+from kvsim.backends.triton_engine.decode_attention import choose_num_splits
+from kvsim.backends.triton_engine.kv_quant import LayerKVCache, allocate_kv_cache, resolve_kv_dtype
+from kvsim.backends.triton_engine.model import TORCH_DTYPES, AttentionMetadata, PagedAttention, Transformer
 from kvsim.errors import KvsimError
 from kvsim.perf.roofline import VLLM_GRAPH_SIZES
 from kvsim.sequence import Sequence
@@ -149,6 +150,17 @@ class ModelRunner:
     def graph_sizes(self) -> list[int]:
         """Decode batch sizes with a captured CUDA graph (empty: eager only)."""
         return list(self._graphs)
+
+    @contextmanager
+    def eager(self, enabled: bool = True):
+        """Steps inside run eagerly (no CUDA graph replayed) when `enabled`; the graphs stay captured."""
+        graphs = self._graphs
+        if enabled:
+            self._graphs = {}
+        try:
+            yield self
+        finally:
+            self._graphs = graphs
 
     def _allocate(self, num_blocks: int) -> list[LayerKVCache]:
         s = self.spec

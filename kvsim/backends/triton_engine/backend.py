@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import gc
+import math
 import os
 import sys
 import time
@@ -128,26 +129,25 @@ def _release_previous() -> None:
 
 class TritonBackend:
     name = "triton"
-    fuses_decode_runs = False
+    fuses_decode_runs = False  # every step runs on the device
+    prices_longest_decode = True
 
-    def __init__(self, scenario, policy, model, gpu, capacity):
+    def __init__(self, scenario, policy, model, gpu, capacity, settings):
         _check_scenario(scenario, model)
         try:
             torch = _import_torch()
         except KvsimError as exc:
             raise KvsimError(f"{scenario.source}: backend.name: {exc}") from None
-        from backends.triton_engine.runner import ModelRunner, RunnerConfig
-        from kvsim.scenario.defaults import engine_limits
+        from kvsim.backends.triton_engine.runner import ModelRunner, RunnerConfig
 
         _release_previous()
-        engine, self._torch = scenario.engine, torch
-        limits = engine_limits(scenario, policy, model, gpu)
+        self._torch = torch
         self.device = torch.device(scenario.backend.device)
-        cfg = RunnerConfig(block_size=engine.block_size, max_num_seqs=limits.max_num_seqs,
-                           max_num_batched_tokens=limits.step_budget,
-                           max_model_len=limits.max_model_len, kv_cache_dtype=policy.kv_cache_dtype,
+        cfg = RunnerConfig(block_size=settings.block_size, max_num_seqs=settings.max_num_seqs,
+                           max_num_batched_tokens=settings.step_budget,
+                           max_model_len=settings.max_model_len, kv_cache_dtype=policy.kv_cache_dtype,
                            gpu_memory_utilization=scenario.hardware.gpu_memory_utilization,
-                           enforce_eager=getattr(scenario.backend, "enforce_eager", False),
+                           enforce_eager=scenario.backend.enforce_eager,
                            device=str(self.device), seed=scenario.backend.seed)
         try:
             with torch.cuda.device(self.device):
@@ -167,6 +167,12 @@ class TritonBackend:
         took = time.perf_counter() - t0
         self.step_log.add(batch, took)
         return took
+
+    def decode_run(self, shape, max_steps: int, budget_s: float = math.inf):
+        raise NotImplementedError("the triton backend runs every step (fuses_decode_runs is False)")
+
+    def decode_run_time(self, shape, k: int) -> float:
+        raise NotImplementedError("the triton backend runs every step (fuses_decode_runs is False)")
 
     def free(self, seq) -> None:
         self.runner.free(seq)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.triton_engine.kv_quant import (DOT_F32, KV_KIND, LayerKVCache, attend_tile, attention_args,
+from kvsim.backends.triton_engine.kv_quant import (DOT_F32, KV_KIND, LayerKVCache, attend_tile, attention_args,
                                              check_cache, load_kv_tile)
 from kvsim.perf.roofline import decode_splits
 

@@ -27,10 +27,10 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from backends.triton_engine.decode_attention import paged_decode_attention
-from backends.triton_engine.kv_quant import LayerKVCache
-from backends.triton_engine.prefill_attention import paged_prefill_attention
-from backends.triton_engine.store_kvcache import store_kvcache
+from kvsim.backends.triton_engine.decode_attention import paged_decode_attention
+from kvsim.backends.triton_engine.kv_quant import LayerKVCache
+from kvsim.backends.triton_engine.prefill_attention import paged_prefill_attention
+from kvsim.backends.triton_engine.store_kvcache import store_kvcache
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.triton_engine.kv_quant import KV_KIND, QMAX, LayerKVCache, check_cache, store_args
+from kvsim.backends.triton_engine.kv_quant import KV_KIND, QMAX, LayerKVCache, check_cache, store_args
 
 
 @triton.jit

@@ -1,0 +1,120 @@
+"""What the Answer page says, computed from the library's answers (`kvsim.plan`, `kvsim.deploy`,
+`kvsim.memory`): a card per policy, what to change when the model does not fit, and the line that
+answers a target rate. No Streamlit here but the caches: the page draws.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+from kvdash import plans
+from kvsim.errors import KvsimError
+from kvsim.scenario.catalog import GPUS, gpu_price, gpu_spec, model_spec
+from kvsim.scenario.config import scenario_from_toml
+
+CLI = plans.DEFAULT  # `kvsim plan`'s own defaults: the page's numbers are the command line's
+GIB = 2**30
+BREAKDOWN = (("weights", "weights"), ("activations", "activations"), ("reserve", "fixed reserve"),
+             ("kv", "KV cache"))
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    """One policy's answer in a few lines."""
+
+    policy: str
+    color: str
+    best: bool
+    meets: bool  # every seed sustainable at the scenario's rate
+    safe_rate: float
+    headroom: float
+    knee: str  # "23.8 (95% CI 22.0–25.6)"
+    tied: tuple[str, ...]
+    usd_per_hour: float | None
+    usd_per_m_output: float | None  # at the safe rate
+    binding: str
+    binding_detail: str
+    note: str = ""  # a label for the figures' provenance (e.g. measured or estimated), when there is one
+
+
+def cards(result, colors: dict, tied: dict, usd_per_hour: float | None, output_tokens: float) -> list[Card]:
+    """A card per policy of a `kvsim.plan` result; the best is the first of the highest safe rates."""
+    best = max(result.policies, key=lambda p: (p.safe_rate, p.mean_rate), default=None)
+    out = []
+    for p in result.policies:
+        per_m = (usd_per_hour / (p.safe_rate * 3600 * output_tokens) * 1e6
+                 if usd_per_hour and p.safe_rate > 0 and output_tokens else None)
+        out.append(Card(p.policy, colors[p.policy], p is best and p.safe_rate > 0, p.sustainable_at_scenario_rate,
+                        p.safe_rate, p.headroom, f"{p.mean_rate:.3g} (95% CI {p.ci_low:.3g}–{p.ci_high:.3g})",
+                        tuple(tied.get(p.policy, ())), usd_per_hour, per_m, p.binding or "–",
+                        p.binding_detail or ""))
+    return out
+
+
+def hourly_cost(scenario) -> tuple[float, str] | None:
+    """($/hour of the scenario's GPUs, the price's source), or None without a price."""
+    price = gpu_price(scenario, scenario.hardware.gpu)
+    if price is None:
+        return None
+    hw = scenario.hardware
+    return price.usd_per_hour * hw.tensor_parallel_size * hw.num_replicas, price.source
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def mean_tokens(toml_text: str, source: str, base_dir: str, inputs_digest: str) -> tuple[float, float]:
+    """Mean prompt and output tokens of the requests a plan point replays (as `kvsim.deploy` prices them)."""
+    from kvsim.planning.capacity import default_requests
+    from kvsim.planning.deploy import tokens_per_request
+
+    scenario = scenario_from_toml(toml_text, source, Path(base_dir))
+    return tokens_per_request(scenario, default_requests(scenario))
+
+
+def fit_problem(scenario) -> str | None:
+    """Why the model does not fit (one line), or None."""
+    from kvsim.perf.memory import check_fits
+
+    try:
+        check_fits(scenario, model_spec(scenario), gpu_spec(scenario), scenario.policies)
+    except KvsimError as exc:
+        return str(exc)
+    return None
+
+
+def fixes(scenario) -> list[tuple[str, dict]]:
+    """Layouts that fit, as (button label, {scenario key: value}): the smallest TP degree that fits on
+    this GPU, else the smallest GPU preset that fits at this TP degree (or the next)."""
+    from kvsim.perf.memory import smallest_tp
+
+    model, policies = model_spec(scenario), scenario.policies
+    gpu = gpu_spec(scenario)
+    out = []
+    tp = smallest_tp(scenario, model, gpu, policies)
+    hw = scenario.hardware
+    if tp is not None and tp != hw.tensor_parallel_size:
+        out.append((f"Use TP {tp} ({tp * hw.num_replicas} × {gpu.name})", {"hardware.tensor_parallel_size": tp}))
+    for other in sorted(GPUS.values(), key=lambda g: g.memory_gib):
+        if other.name == gpu.name or other.memory_gib <= gpu.memory_gib:
+            continue
+        other_tp = smallest_tp(scenario.model_copy(update={"hardware": hw.model_copy(update={"gpu": other.name})}),
+                               model, other, policies)
+        if other_tp is not None:
+            out.append((f"Use {other.name}" + (f" at TP {other_tp}" if other_tp != hw.tensor_parallel_size else ""),
+                        {"hardware.gpu": other.name, "hardware.tensor_parallel_size": other_tp}))
+            break
+    return out
+
+
+def breakdown_figure(cap: dict, gpu: str) -> dict:
+    """One stacked bar per GPU: weights, activations, reserve, KV cache (none when negative: the
+    shortfall is drawn past the budget) and what utilization leaves out."""
+    parts = [(label, cap[key]) for key, label in BREAKDOWN] + [("not used (gpu_memory_utilization)",
+                                                                 cap["total"] - cap["budget"])]
+    data = [{"type": "bar", "orientation": "h", "name": label, "y": [gpu], "x": [value / GIB],
+             "hovertemplate": f"{label}: %{{x:.2f}} GiB<extra></extra>"} for label, value in parts]
+    return {"data": data, "layout": {"barmode": "relative", "height": 260,
+                                     "title": {"text": "Memory per GPU (GiB)"}, "margin": {"l": 90},
+                                     "legend": {"orientation": "h", "y": -0.3, "traceorder": "normal"}}}

@@ -1,0 +1,119 @@
+"""Answer: the dashboard's first screen. For the question above it (model, GPU, TP x replicas,
+arrival rate, SLO), a card per policy: does it meet the SLO at that rate, its safe rate (every seed
+and a run four times longer sustainable there), $/hour and $ per million output tokens at the safe
+rate, and what binds; then what serves a target rate on this GPU ("N × GPU as TP t × r replicas,
+$X/h") with the best policy. The numbers are `kvsim plan`'s and `kvsim plan --target-rate`'s with
+their default settings (kvdash.answers.CLI), cached by scenario. When the model does not fit, the page
+shows where the memory goes and a button for a layout that fits.
+"""
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from kvdash import answers, errors, plans, settings
+from kvsim.planning.output import tied_with
+from kvsim.scenario.catalog import GPUS
+from kvsim.results.figures import policy_colors
+from kvsim.results.report import slo_text
+
+cur = settings.current()
+CARDS_PER_ROW = 5
+
+
+def apply(changes: dict) -> None:
+    """A fix's button: set the question's widgets to a layout that fits."""
+    for key, value in changes.items():
+        st.session_state[f"{cur.base.digest}:{key}"] = value
+
+
+def does_not_fit(problem: str) -> None:
+    st.error(errors.one_line(problem))
+    from kvsim.results.memory_report import memory_records
+    from kvsim.scenario.catalog import gpu_spec, model_spec
+
+    scenario = cur.scenario
+    fixes = answers.fixes(scenario)
+    cols = st.columns(max(1, len(fixes)) + 2)
+    for col, (label, changes) in zip(cols, fixes):
+        col.button(label, on_click=apply, args=(changes,), type="primary", key=f"kvsim.answer.fix_{label}")
+    try:
+        cap = memory_records(scenario, model_spec(scenario), gpu_spec(scenario), seq_lens=())["capacity"][0]
+    except Exception:  # noqa: BLE001 (nothing to draw: the error above says why)
+        return
+    st.plotly_chart(go.Figure(answers.breakdown_figure(cap, scenario.hardware.gpu)), theme=None,
+                    key="kvsim.answer_breakdown")
+    st.caption("Per GPU: the weights alone (split over the TP degree) exceed what gpu_memory_utilization leaves; "
+               "the Memory page has the whole breakdown once it fits.")
+
+
+def card(c: answers.Card, r0: float) -> None:
+    box = st.container(border=True)
+    star = "★ " if c.best else ""
+    box.markdown(f"<span style='color:{c.color};font-size:1.3em'>■</span> **{star}{c.policy}**",
+                 unsafe_allow_html=True)
+    verdict = "✓ meets the SLO" if c.meets else "✗ misses the SLO"
+    box.markdown(f"{verdict} at {r0:.3g} req/s  \n"
+                 f"safe up to **{c.safe_rate:.3g} req/s** ({c.headroom:+.0%})  \n"
+                 f"knee {c.knee}" + (f"  \n= tie with {', '.join(c.tied)}" if c.tied else ""))
+    money = ("no price: set cost.gpu_hour_usd" if c.usd_per_hour is None else
+             f"**${c.usd_per_hour:,.2f}/hour**" + ("" if c.usd_per_m_output is None else
+                                                    f" · ${c.usd_per_m_output:,.3f} per M output tokens"))
+    box.markdown(f"{money}  \nbinds: **{c.binding}**", help=c.binding_detail or None)
+    if c.note:
+        box.caption(c.note)
+
+
+def target_answer(scenario, plan_result, here: tuple, r0: float) -> None:
+    st.subheader("What serves a target rate")
+    names = [p.policy for p in plan_result.policies]
+    best = max(plan_result.policies, key=lambda p: (p.safe_rate, p.mean_rate)).policy
+    cols = st.columns([1, 1.4, 3], vertical_alignment="bottom")
+    rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, float(f"{r0:.4g}"), step=1.0, format="%g",
+                                key=f"kvsim.answer.target:{cur.base.digest}",
+                                help="The SLO must be met at this arrival rate (`kvsim plan --target-rate R`). "
+                                     "Default: the scenario's own rate (a trace's: its mean rate).")
+    policy = cols[1].selectbox("policy", names, index=names.index(best), key=f"kvsim.answer.policy:{cur.base.digest}",
+                               format_func=lambda n: f"{n} (best)" if n == best else n,
+                               help="Default: the policy with the highest safe rate above.")
+    gpu = scenario.hardware.gpu
+    targets = plans.Targets(float(rate), policy, (gpu,), plans.TP_DEGREES, top=1, headroom=False)
+    result = plans.deploy(*here, answers.CLI, targets)
+    if result.deployments:
+        d = result.deployments[0]
+        cols[2].success(f"**{d.answer()}**  \n${d.usd_per_m_output:,.3f} per M output tokens; every seed and a "
+                        f"{result.meta['long_run_requests']:,}-request run meet the SLO at {rate:g} req/s")
+    else:
+        cols[2].warning(f"No layout of {gpu} (TP 1, 2, 4, 8; up to {targets.max_replicas} replicas) meets the SLO "
+                        f"at {rate:g} req/s with {policy}; the Capacity page searches every GPU.")
+    st.caption("Same numbers: `python -m kvsim plan "
+               f"{cur.arguments(policies=False) or 'SCENARIO.toml'} {targets.cli(tuple(GPUS))}`; other GPUs: the "
+               "Capacity page's deployment search.")
+
+
+with errors.caught(st):
+    scenario = cur.scenario
+    st.caption(f"{settings.workload_text(scenario)} · {slo_text(scenario.slo.model_dump())} · policies compared: "
+               f"{', '.join(cur.policies)} (change them under Advanced)")
+    problem = answers.fit_problem(scenario)
+    if problem:
+        does_not_fit(problem)
+        st.stop()
+    toml = cur.toml()
+    here = (toml, cur.base.source, str(cur.base.base_dir), cur.base.digest)
+    result = plans.plan(*here, answers.CLI)
+    r0 = result.meta["scenario_rate"]
+    cost = answers.hourly_cost(scenario)
+    _, out_tokens = answers.mean_tokens(*here)
+    colors = policy_colors(result.meta["policy_order"])
+    shown = answers.cards(result, colors, tied_with(result.policies), cost[0] if cost else None, out_tokens)
+    st.subheader(f"Each policy at {r0:.3g} req/s, and how far it goes")
+    for start in range(0, len(shown), CARDS_PER_ROW):
+        for col, c in zip(st.columns(CARDS_PER_ROW), shown[start:start + CARDS_PER_ROW]):
+            with col:
+                card(c, r0)
+    st.caption(f"Safe: every one of {len(result.meta['seeds'])} seeds × {result.meta['num_requests']:,} requests "
+               f"and a {result.meta['long_run_requests']:,}-request run meet the SLO and keep up there; the knee is "
+               "the seeds' mean, ties overlap in their 95% intervals. "
+               + (f"$ from {cost[1]}. " if cost else "")
+               + f"Same numbers: `python -m kvsim plan {cur.arguments() or 'SCENARIO.toml'}`.")
+    target_answer(scenario, result, here, r0)  # a trace's own mean rate, as the plan replays it

@@ -1,0 +1,99 @@
+"""The safe rate: the highest arrival rate that every seed of a plan sustains, and a run
+`LONG_RUN` times longer too, each simulated there.
+
+The seeds' knees are a cliff, not a slope: at their mean about half the seeds fail, and a knee
+found on N requests sits above the one a longer run finds (a queue needs time to grow, and a real
+trace's later rows may be burstier than its first N). So the rate a planner should provision is
+checked, not averaged. A rate *passes* when one run of LONG_RUN x N requests (the first seed;
+near the knee it is the one that fails) and then every seed are sustainable there. Start at the
+lowest of the seeds' highest sustainable rates; while nothing has passed, step down by one
+resolution step (x (1 - res) / (1 + res)), then two, four, eight... (so a long run far below the
+knee is found in a few rounds); once a rate has passed below one that failed, bisect (on a log
+scale) until the two are within the resolution. The safe rate is the highest rate that passed (0
+when none did in `MAX_STEPS` rounds). Every label (policy or deployment) has its own ladder; a
+round simulates every label still searching at once, so the answers do not depend on the executor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from kvsim.planning.executors import run_all
+from kvsim.planning.points import evaluate_point
+
+LONG_RUN = 4
+MAX_STEPS = 12
+
+
+@dataclass(slots=True)
+class SafeCheck:
+    """One label's ladder: the rate to try next, the highest that passed and the lowest that failed."""
+
+    label: object
+    rate: float
+    steps: int = 0
+    done: bool = False
+    passed: Optional[float] = None  # the highest rate that passed
+    failed: Optional[float] = None  # the lowest rate that failed
+    records: list = field(default_factory=list)  # the seeds' records at `passed`
+    long_record: Optional[dict] = None  # the long run's record at `passed`
+    tried: list = field(default_factory=list)  # (rate, seed or None for the long run, record)
+
+    @property
+    def safe_rate(self) -> float:
+        return self.passed or 0.0
+
+    def next_rate(self, shrink: float, floor: float) -> Optional[float]:
+        """The rate to try after the last result, or None when done (module docstring)."""
+        if self.passed is None:
+            return max(self.failed * shrink ** (2 ** (self.steps - 1)), floor)
+        if self.failed is None or self.failed / self.passed <= 1 / shrink:
+            return None
+        return (self.passed * self.failed) ** 0.5
+
+
+def first_candidate(searches) -> float:
+    """The lowest of the seeds' highest sustainable rates (0 when a seed sustained none)."""
+    los = [s.lo for s in searches]
+    return 0.0 if not los or any(lo is None for lo in los) else min(los)
+
+
+def verify(executor, items: list, seeds: list[int], task: Callable[[object, int, bool], tuple],
+           tick) -> list[tuple[list, Optional[dict]]]:
+    """For each item, (the seeds' records, the long run's record): the long run first (near a knee it
+    is the one that fails), then every seed of the items whose long run passed (an empty list for the
+    others: it could not change the answer). `task(item, seed, long)` gives the arguments of
+    `evaluate_point`."""
+    longs = run_all(executor, evaluate_point, [task(item, seeds[0], True) for item in items], lambda i, r: tick())
+    passing = [i for i, rec in enumerate(longs) if rec["sustainable"]]
+    tasks = [task(items[i], seed, False) for i in passing for seed in seeds]
+    recs = run_all(executor, evaluate_point, tasks, lambda i, r: tick())
+    per = {i: recs[k * len(seeds):(k + 1) * len(seeds)] for k, i in enumerate(passing)}
+    return [(per.get(i, []), longs[i]) for i in range(len(items))]
+
+
+def safe_rates(executor, candidates: dict, seeds: list[int], resolution: float,
+               task: Callable[[object, float, int, bool], tuple], tick, floor=lambda label: 0.0) -> dict:
+    """{label: SafeCheck} down each label's ladder from its candidate rate (module docstring).
+    `task(label, rate, seed, long)` gives the arguments of `evaluate_point` for one simulated point;
+    `floor(label)`: a rate already known to pass this check, below which the ladder does not go."""
+    checks = {label: SafeCheck(label, rate, done=rate <= 0) for label, rate in candidates.items()}
+    shrink = (1 - resolution) / (1 + resolution)
+    while True:
+        todo = [c for c in checks.values() if not c.done]
+        if not todo:
+            return checks
+        results = verify(executor, todo, seeds, lambda c, seed, long: task(c.label, c.rate, seed, long), tick)
+        for c, (records, long_record) in zip(todo, results):
+            c.tried += [(c.rate, None, long_record)] + [(c.rate, seed, rec) for seed, rec in zip(seeds, records)]
+            c.steps += 1
+            if records and all(r["sustainable"] for r in records):
+                c.passed, c.records, c.long_record = c.rate, records, long_record
+            else:
+                c.failed = c.rate
+            rate = c.next_rate(shrink, floor(c.label))
+            if rate is None or c.steps >= MAX_STEPS:
+                c.done = True
+            else:
+                c.rate = rate

@@ -1,0 +1,116 @@
+"""The Answer page (the dashboard's first screen) under AppTest: its cards are `kvsim plan`'s numbers
+for the scenario file the dashboard offers, its target-rate line is `kvsim plan --target-rate`'s, a
+model that does not fit shows where the memory goes and a button to a layout that fits; and the
+fixes around it: a trace's own rate as the default target, an uploaded scenario without its trace,
+"Run all" on a model that does not fit, captions and downloads that follow the settings."""
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+
+from tests.test_dashboard import (FIXTURES, GOOD_TOML, ROOT, assert_clean, cli, downloaded_toml,
+                                  downloaded_toml_from_state, one_error, open_app, upload, widget)
+from tests.test_dashboard_capacity import keyed
+
+from kvsim.planning.points import base_rate
+
+
+def small(at):
+    """Two policies on 300 requests: a plan of a few seconds."""
+    widget(at, "multiselect", "policies").set_value(["paged", "paged-fp8"])
+    widget(at, "number_input", "workload.num_requests").set_value(300)
+    return at
+
+
+def answer(at):
+    return at.switch_page("views/answer.py").run()
+
+
+def card_text(at, policy: str) -> str:
+    """The markdown of one policy's card, joined."""
+    texts = [m.value for m in at.main.markdown]
+    start = next(i for i, t in enumerate(texts) if t.endswith(f"**{policy}**") or t.endswith(f"★ {policy}**"))
+    return "\n".join(texts[start:start + 3])
+
+
+def test_the_cards_are_kvsim_plan_and_the_target_line_kvsim_plan_target_rate(tmp_path):
+    at = answer(small(open_app()))
+    assert_clean(at)
+    assert [t.value for t in at.title] == ["Answer"]
+    plan_cmd = next(c.value for c in at.caption if "Safe: every one of" in c.value).split("`")[1]
+    assert plan_cmd == "python -m kvsim plan scenarios/chat.toml --set workload.num_requests=300 --policy paged " \
+                       "--policy paged-fp8"
+    cli(tmp_path, downloaded_toml_from_state(at), "--quiet", "--out", "out", command="plan")
+    plan = json.loads((tmp_path / "out/plan.json").read_text())
+    best = max(plan["policies"], key=lambda p: p["safe_rate"])["policy"]
+    for p in plan["policies"]:
+        text = card_text(at, p["policy"])
+        assert f"safe up to **{p['safe_rate']:.3g} req/s** ({p['headroom']:+.0%})" in text
+        assert ("✓ meets the SLO at 14 req/s" if p["sustainable_at_scenario_rate"] else "✗ misses") in text
+        assert f"knee {p['mean_rate']:.3g} (95% CI {p['ci_low']:.3g}–{p['ci_high']:.3g})" in text
+        assert f"binds: **{p['binding']}**" in text and "**$2.99/hour**" in text  # one H100 at its list price
+        assert ("★" in text) == (p["policy"] == best)
+    # the target rate: the scenario's own by default, with the best policy; the line is the CLI's cheapest
+    assert keyed(at, "number_input", "kvsim.answer.target").value == 14.0
+    assert keyed(at, "selectbox", "kvsim.answer.policy").value == best
+    command = next(c.value for c in at.caption if "--target-rate" in c.value).split("`")[1]
+    assert command.endswith(f"--target-rate 14 --policy {best} --gpu H100-SXM --top 1 --no-headroom")
+    subprocess.run([sys.executable, *shlex.split(command)[1:], "--quiet", "--out", str(tmp_path / "deploy")],
+                   cwd=ROOT, check=True, capture_output=True)
+    d = json.loads((tmp_path / "deploy/plan.json").read_text())["deployments"][0]
+    [shown] = [s.value for s in at.success]
+    assert shown.startswith(f"**{d['num_gpus']} × H100-SXM as TP {d['tensor_parallel_size']} × {d['num_replicas']} "
+                            f"replica{'s' if d['num_replicas'] > 1 else ''}, ${d['usd_per_hour']:,.2f}/h (policy {best})**")
+    keyed(at, "number_input", "kvsim.answer.target").set_value(60.0).run()  # a target one GPU cannot serve
+    [more] = [s.value for s in at.success]
+    gpus = int(re.match(r"\*\*(\d+) ×", more).group(1))
+    assert gpus > d["num_gpus"]
+
+
+def test_a_model_that_does_not_fit_shows_its_memory_and_a_layout_that_fits():
+    at = small(open_app())
+    widget(at, "selectbox", "model.name").set_value("Llama-3.1-70B")
+    answer(at)
+    assert one_error(at).startswith("scenarios/chat.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at tp=1) "
+                                    "does not fit on H100-SXM")
+    [chart] = at.get("plotly_chart")
+    weights = json.loads(chart.proto.spec)["data"][0]
+    assert weights["name"] == "weights" and weights["x"][0] > 71.3  # more than H100's budget at 0.9
+    fix = next(b for b in at.button if b.label.startswith("Use TP 2"))
+    fix.click().run()
+    assert_clean(at)
+    assert widget(at, "selectbox", "hardware.tensor_parallel_size").value == 2
+    assert at.success  # now it answers: cards and the target line
+
+
+def test_a_traces_own_rate_is_the_default_target_and_an_uploaded_trace_scenario_asks_for_its_trace():
+    at = open_app()
+    at.sidebar.radio(key="kvsim.source").set_value("uploaded TOML").run()
+    with_trace = GOOD_TOML.replace(b'arrival = { process = "poisson", rate = 5.0 }',
+                                   b'arrival = { process = "trace" }\ntrace = { format = "csv", path = "mine.csv" }')
+    upload(at, "kvsim.upload_toml", "mine.toml", with_trace)
+    assert one_error(at) == ("mine.toml: workload.trace.path names mine.csv: upload the trace too (Upload a trace or "
+                             "a model config, in the sidebar)")
+    upload(at, "kvsim.upload_trace", "mine.csv", (FIXTURES / "generic_small.csv").read_bytes())
+    answer(at)
+    assert_clean(at)
+    scenario = at.session_state["kvsim.current"].scenario
+    assert keyed(at, "number_input", "kvsim.answer.target").value == float(f"{base_rate(scenario):.4g}") == 3.0
+    assert widget(at, "number_input", "workload.arrival.time_scale").value == 1.0  # the question's rate, for a trace
+
+
+def test_run_all_on_a_model_that_does_not_fit_is_its_error_and_captions_follow_the_settings():
+    at = open_app()
+    widget(at, "selectbox", "model.name").set_value("Llama-3.1-70B").run()
+    message = one_error(at)
+    assert "does not fit on H100-SXM" in message
+    assert not [b for b in at.button if b.key == "kvsim.full_run_button"] and not at.get("progress")
+    widget(at, "selectbox", "model.name").set_value("Qwen3-8B")
+    widget(at, "selectbox", "hardware.gpu").set_value("A100-80GB").run()
+    assert_clean(at)
+    assert at.caption[0].value.startswith("Qwen3-8B on 1 × A100-80GB (TP 1 × 1 replica)")
+    toml = downloaded_toml(at)
+    assert 'description = "Qwen3-8B on 1 × A100-80GB (TP 1 × 1 replica) (from chat.toml, changed in the dashboard)"' \
+        in toml and "Llama-3.1-8B" not in toml

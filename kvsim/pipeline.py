@@ -68,7 +68,9 @@ class ScenarioResult:
 def run_meta(scenario, model, gpu) -> dict:
     """What ran, for summary.json and the report's opening lines."""
     hw = scenario.hardware
-    return {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": hw.tensor_parallel_size,
+    parallel = {"data_parallel_size": hw.data_parallel_size, "enable_expert_parallel": hw.enable_expert_parallel} \
+        if hw.data_parallel_size > 1 or hw.enable_expert_parallel else {}
+    return {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": hw.tensor_parallel_size, **parallel,
             "num_replicas": hw.num_replicas, "backend": scenario.backend.name, "seed": scenario.workload.seed,
             "description": scenario.description, "arrival": scenario.workload.arrival.model_dump(),
             "slo": scenario.slo.model_dump(), "policy_order": [p.name for p in scenario.policies]}
@@ -146,7 +148,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     check_fits(scenario, model, gpu, chosen)  # a model that does not fit fails before any output
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
     interval = timeseries_interval(scenario)
-    overhead = request_overhead_s(scenario, gpu)  # the API server, on TTFT and E2E (measured pricing)
+    overhead = request_overhead_s(scenario, gpu, model)  # the API server, on TTFT and E2E (measured pricing)
     if out_dir is None:
         out_dir = results_dir(scenario)
     out_dir = user_path(out_dir, "out_dir")

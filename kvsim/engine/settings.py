@@ -50,4 +50,5 @@ def engine_settings(scenario, policy, limits, bytes_per_block: int, kv_windows: 
         enable_chunked_prefill=limits.enable_chunked_prefill, preemption_mode=engine.preemption_mode,
         num_host_blocks=int(engine.swap_space * GIB // bytes_per_block), allocator=policy.allocator,
         enable_prefix_caching=scenario.prefix_caching(policy), contiguous_reserve=policy.contiguous_reserve,
-        num_replicas=hw.num_replicas, router=hw.router, kv_windows=kv_windows)
+        num_replicas=hw.num_replicas * hw.data_parallel_size,  # every data-parallel rank is an engine
+        router=hw.router, kv_windows=kv_windows)

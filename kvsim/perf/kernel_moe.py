@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from kvsim.perf.kernel_curves import AttentionGrid, Curve, at, cut, fill_along
+from kvsim.perf.kernel_curves import AttentionGrid, Curve, ModelKernels, Roofline, at, cut, fill_along
 from kvsim.perf.kernels import Grid, MoeTable
 
 MOE_HELD_EP = (4, 16, 64)
@@ -191,3 +191,117 @@ def mla_errors(grid: Grid, family: str, roof: MlaRoof) -> tuple[list, list]:
                 if not np.isnan(truth[bi, si]):
                     (outside if pred.flags[bi, si] else inside).append(pred.s[bi, si] / truth[bi, si] - 1)
     return inside, outside
+
+
+# ---- a model with MoE layers and/or MLA attention -------------------------------------------------
+MOE_TABLE_DTYPE = {"fp8": "fp8_block", "mxfp4": "mxfp4"}  # by ModelSpec.quantization; else by weight dtype
+
+
+def routing_code(skew: float) -> int:
+    """The tables' routing of a model's expert_skew: 0 balanced, else the power law's exponent x 100."""
+    return 0 if not skew else round(100 * skew)
+
+
+class MoeMlaKernels(ModelKernels):
+    """ModelKernels of a mixture-of-experts and/or MLA model, deployed over `dp` data-parallel attention
+    ranks with the experts whole over tp x dp GPUs (`expert_parallel`) or sliced over them:
+
+    - a MoE layer: attention GEMMs (MLA: in the module), the router (replicated), the shared experts
+      (sliced over tp), and the fused MoE at the tokens entering it (dp x the rank's, all gathered);
+      the first dense layers: a dense MLP. With dp > 1 a MoE layer's output is reduced by an
+      all-gather and a reduce-scatter over the tp x dp GPUs (the roofline's link estimate: the tables
+      time no all-gather), and attention alone is all-reduced over tp;
+    - MLA attention: the module tables at the rank's query heads (prefill and decode).
+    """
+
+    def __init__(self, tables, model, gpu, tp: int, kv_cache_dtype: str, calibration, dp: int = 1,
+                 expert_parallel: bool = False, expert_skew: float = 0.0):
+        self.model, self.dp = model, dp
+        super().__init__(tables, model, gpu, tp, kv_cache_dtype, calibration)
+        moe = model.moe
+        self.dense_layers, self.moe_layers = model.num_dense_layers, model.num_moe_layers
+        self.moe_curve, self.moe_cfg = None, None
+        if moe:
+            dtype = MOE_TABLE_DTYPE.get(model.quantization, "fp8" if model.dtype == "fp8" else "bfloat16")
+            wb = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "mxfp4": 0.5}[dtype]
+            ep = tp * dp if expert_parallel else 1
+            self.moe_cfg = (model.hidden_size, moe.moe_intermediate_size, moe.num_experts_per_tok,
+                            moe.n_routed_experts, 1 if expert_parallel else tp * dp, ep)
+            roof = Roofline(gpu, calibration, 1.0 if wb < 2 else 2.0)
+            self.moe_roof = lambda t, cfg=self.moe_cfg, wb=wb, roof=roof: moe_roof(roof, t, *cfg, wb)
+            self.moe_curve = moe_curve(tables.moe[dtype], *self.moe_cfg, routing_code(expert_skew), roof, wb)
+            if dp > 1:
+                self.allreduce_calls = 2 * self.dense_layers + self.moe_layers + 1
+                c, per_token = calibration, model.hidden_size * model.activation_bytes
+                link = gpu.nvlink_gbps * 1e9 * c.allreduce_efficiency
+                self.a2a_fixed = 2 * self.moe_layers * c.allreduce_latency_s
+                self.a2a_per_token = 2 * self.moe_layers * (tp * dp - 1) / (tp * dp) * dp * per_token / link
+
+    def layer_shapes(self, model, tp: int) -> list[tuple[int, int]]:
+        """Attention's (none for MLA: the module) and, per layer kind, the MLP's or MoE's own GEMMs."""
+        h = model.hidden_size
+        attn = [] if model.mla else super().layer_shapes(model, tp)[:2]
+        inter = -(-model.intermediate_size // tp)
+        self.dense_shapes = [(2 * inter, h), (h, inter)]
+        moe, shared = model.moe, -(-(model.moe.shared_expert_intermediate_size if model.moe else 0) // tp)
+        self.moe_shapes = ([(moe.n_routed_experts, h)] + ([(2 * shared, h), (h, shared)] if shared else [])) if moe else []
+        self.n_attn = len(attn)
+        return attn + self.dense_shapes + self.moe_shapes
+
+    def attention_grids(self, tables, model):
+        if not model.mla:
+            return super().attention_grids(tables, model)
+        gemm = "fp8_block" if model.quantization == "fp8" else "bfloat16"
+        mroof = MlaRoof(Roofline(self.roof.gpu, self.roof.calibration, 1.0 if gemm != "bfloat16" else 2.0),
+                        model.mla, model.hidden_size, self.kv_bytes, 1.0 if gemm != "bfloat16" else 2.0)
+        return tuple(mla_grid(tables.mla[(family, self.kv_table, gemm)], family, self.heads, mroof)
+                     for family in ("mla_context", "mla_generation"))
+
+    def _groups(self, times: list) -> tuple:
+        """Per-layer-kind sums of the layer GEMM times (attention, dense MLP, MoE's router and shared)."""
+        a, d = self.n_attn, self.n_attn + len(self.dense_shapes)
+        return sum(times[:a], 0.0), sum(times[a:d], 0.0), sum(times[d:], 0.0)
+
+    def step_gemms(self, m: float) -> tuple[float, bool]:
+        times, flag = [], False
+        for (n, k), curve in zip(self.gemm_shapes, self.layer_gemms_curves):
+            t, f = at(curve, m, True, True, lambda x, a, n=n, k=k: self.roof.gemm(x, n, k) / self.roof.gemm(a, n, k))
+            times.append(t)
+            flag |= f
+        attn, dense, moe = self._groups(times)
+        total = self.layers * attn + self.dense_layers * dense
+        if self.moe_curve is not None:
+            t, f = moe_at(self.moe_curve, self.dp * m, lambda x, a: float(self.moe_roof(x) / self.moe_roof(a)))
+            total += self.moe_layers * (moe + t)
+            flag |= f
+        return total, flag
+
+    def step_gemms_many(self, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = [self.step_gemms(float(x)) for x in m]
+        return np.array([t for t, _ in out]), np.array([f for _, f in out], dtype=bool)
+
+    def a2a_s(self, rows):
+        return self.a2a_fixed + self.a2a_per_token * rows if self.moe_curve is not None and self.dp > 1 else 0.0
+
+
+def model_kernels(tables, model, gpu, tp: int, kv_cache_dtype: str, calibration, dp: int = 1,
+                  expert_parallel: bool = False, expert_skew: float = 0.0) -> ModelKernels:
+    """The kernels of `model`: ModelKernels for a dense GQA model, MoeMlaKernels otherwise."""
+    if model.moe is None and model.mla is None:
+        return ModelKernels(tables, model, gpu, tp, kv_cache_dtype, calibration)
+    return MoeMlaKernels(tables, model, gpu, tp, kv_cache_dtype, calibration, dp, expert_parallel, expert_skew)
+
+
+def unsupported(tables, model) -> str:
+    """Why these tables cannot price `model` ('' if they can): the tables it needs are missing."""
+    if model.moe:
+        dtype = MOE_TABLE_DTYPE.get(model.quantization, "fp8" if model.dtype == "fp8" else "bfloat16")
+        if dtype not in tables.moe:
+            return f"no {dtype} fused-MoE table in vLLM {tables.vllm_version}'s"
+    if model.mla:
+        gemm = "fp8_block" if model.quantization == "fp8" else "bfloat16"
+        if not any(key[2] == gemm for key in tables.mla):
+            return f"no MLA module table in vLLM {tables.vllm_version}'s"
+    if any(model.layer_type(i) != "full_attention" for i in range(model.num_hidden_layers)):
+        return "the tables time full attention only: sliding-window layers"
+    return ""

@@ -31,7 +31,7 @@ import numpy as np
 
 from kvsim.batch import DecodeShape
 from kvsim.errors import KvsimError
-from kvsim.perf.kernel_curves import ModelKernels
+from kvsim.perf.kernel_moe import model_kernels, unsupported
 from kvsim.perf.kernels import GPU_STEMS, load_tables
 from kvsim.perf.pricing import DecodeRunPrice
 from kvsim.perf.roofline import activation_bytes_per_token
@@ -96,9 +96,11 @@ class MeasuredStepModel:
     prices_longest_decode = False  # vLLM's FlashAttention splits long sequences: no serial term
 
     def __init__(self, model, gpu, tp: int, kv_cache_dtype: str, tables_path, terms: ServerTerms,
-                 calibration, graph_sizes: tuple = (), swap_bytes_per_block: float = 0.0, max_rows: int = 8192):
+                 calibration, graph_sizes: tuple = (), swap_bytes_per_block: float = 0.0, max_rows: int = 8192,
+                 dp: int = 1, expert_parallel: bool = False, expert_skew: float = 0.0):
         self.tables = load_tables(str(tables_path))
-        self.kernels = ModelKernels(self.tables, model, gpu, tp, kv_cache_dtype, calibration)
+        self.kernels = model_kernels(self.tables, model, gpu, tp, kv_cache_dtype, calibration, dp, expert_parallel,
+                                     expert_skew)
         self.terms, self.tp, self.gpu = terms, tp, gpu
         self.layers = model.num_hidden_layers
         self.hidden = model.hidden_size
@@ -142,14 +144,14 @@ class MeasuredStepModel:
         """rows_time's parts for every row count up to `top`, graph and eager, computed at once:
         {graph: (seconds, GEMM extrapolated, all-reduce extrapolated) lists indexed by rows}."""
         m = np.arange(1, top + 1, dtype=float)
-        gemm, gflag = self.kernels.layer_gemms_many(m)
+        gemm, gflag = self.kernels.step_gemms_many(m)
         out = {}
         for graph in (True, False):
-            t = self.layers * gemm + self.elementwise_fixed_s + m * self.elementwise_s_per_token
+            t = gemm + self.elementwise_fixed_s + m * self.elementwise_s_per_token + self.kernels.a2a_s(m)
             aflag = np.zeros(top, dtype=bool)
             if self.tp > 1:
                 ar, aflag = self.kernels.allreduce_many(m * self.hidden, graph)
-                t = t + (2 * self.layers + 1) * ar
+                t = t + self.kernels.allreduce_calls * ar
             out[graph] = ([0.0, *t.tolist()], [False, *gflag.tolist()], [False, *aflag.tolist()])
         return out
 
@@ -162,9 +164,9 @@ class MeasuredStepModel:
                 t, gflag, aflag = (part[rows] for part in self._rows_pre[graph])
             else:  # past the rows computed at the start
                 k = self.kernels
-                gemm, gflag = k.layer_gemms(rows)
+                gemm, gflag = k.step_gemms(rows)
                 ar, aflag = k.allreduce_s(rows * self.hidden, graph) if self.tp > 1 else (0.0, False)
-                t = (self.layers * (gemm + 2 * ar) + ar + self.elementwise_fixed_s
+                t = (gemm + k.allreduce_calls * ar + k.a2a_s(rows) + self.elementwise_fixed_s
                      + rows * self.elementwise_s_per_token)
             self._note("gemm", rows, gflag)
             if self.tp > 1:
@@ -383,24 +385,42 @@ def measured_tables(scenario, gpu):
     return shipped_path(gpu.name, version)
 
 
-def measured_step_model(scenario, policy, model, gpu, calibration, settings, capacity) -> MeasuredStepModel | None:
-    """The measured pricer of the scenario's policy under its `settings` (kvsim.engine.settings) and KV
-    `capacity` (kvsim.perf.memory.KvCapacity), or None: the roofline prices it (see measured_tables)."""
+def measured_path(scenario, model, gpu):
+    """measured_tables, unless the tables cannot price `model` (a fused-MoE or MLA table they lack,
+    sliding-window layers): then the roofline prices it ("auto"), or one line (backend.pricing measured)."""
     path = measured_tables(scenario, gpu)
     if path is None:
         return None
+    why = unsupported(load_tables(str(path)), model)
+    if not why:
+        return path
+    if scenario.backend.pricing == "auto" and scenario.engine.vllm_version is None:
+        return None
+    raise KvsimError(f"{scenario.source}: backend.pricing: the measured kernel tables cannot price {model.name} "
+                     f"({why}): use backend.pricing = \"roofline\"")
+
+
+def measured_step_model(scenario, policy, model, gpu, calibration, settings, capacity) -> MeasuredStepModel | None:
+    """The measured pricer of the scenario's policy under its `settings` (kvsim.engine.settings) and KV
+    `capacity` (kvsim.perf.memory.KvCapacity), or None: the roofline prices it (see measured_path)."""
+    path = measured_path(scenario, model, gpu)
+    if path is None:
+        return None
     terms, _ = shipped_terms(gpu.name)
-    tp = scenario.hardware.tensor_parallel_size
+    hw = scenario.hardware
     graphs = () if scenario.backend.enforce_eager else vllm_capture_sizes(settings.max_num_seqs,
                                                                           settings.max_num_batched_tokens)
-    return MeasuredStepModel(model, gpu, tp, policy.kv_cache_dtype, path, terms, calibration, graphs,
-                             capacity.bytes_per_block, min(settings.step_budget, 32768))
+    return MeasuredStepModel(model, gpu, hw.tensor_parallel_size, policy.kv_cache_dtype, path, terms, calibration,
+                             graphs, capacity.bytes_per_block, min(settings.step_budget, 32768),
+                             hw.data_parallel_size, hw.enable_expert_parallel, scenario.model.expert_skew)
 
 
-def request_overhead_s(scenario, gpu) -> float:
+def request_overhead_s(scenario, gpu, model=None) -> float:
     """Seconds the API server adds to each request's TTFT and E2E (ServerTerms.api_server_s) when measured
     kernels price the run (runs the roofline prices stay as they were)."""
-    if scenario.backend.name != "analytic" or measured_tables(scenario, gpu) is None:
+    if scenario.backend.name != "analytic":
+        return 0.0
+    if (measured_tables(scenario, gpu) if model is None else measured_path(scenario, model, gpu)) is None:
         return 0.0
     return shipped_terms(gpu.name)[0].api_server_s
 

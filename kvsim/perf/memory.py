@@ -198,14 +198,14 @@ def compute_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, limits=No
     those of vLLM's shared pool (`policy_layout`): one page in each layer of a group. `limits`: the
     policy's engine_limits, when the caller has them."""
     hw, engine = scenario.hardware, scenario.engine
-    tp = hw.tensor_parallel_size
+    tp, dp = hw.tensor_parallel_size, hw.data_parallel_size
     limits = limits or engine_limits(scenario, policy, model, gpu)
     total = gpu.cuda_memory_gib * GiB
     budget = total * hw.gpu_memory_utilization
-    weights = weights_per_gpu(model, tp).total
+    weights = weights_per_gpu(model, tp, dp, hw.enable_expert_parallel).total
     activations = (engine.activation_reserve_gib * GiB if engine.activation_reserve_gib is not None
                    else float(activation_estimate(model, limits.step_budget, limits.max_num_seqs, tp)))
-    reserve = (engine.fixed_reserve_gib if engine.fixed_reserve_gib is not None else NON_TORCH_GIB[tp > 1]) * GiB
+    reserve = (engine.fixed_reserve_gib if engine.fixed_reserve_gib is not None else NON_TORCH_GIB[tp * dp > 1]) * GiB
     kv = budget - weights - activations - reserve
     layout = policy_layout(scenario, policy, model, gpu)
     num_blocks = layout.num_blocks(kv)

@@ -39,6 +39,7 @@ from kvsim.batch import Batch, DecodeShape
 from kvsim.perf.calibration import Calibration, load_calibration  # noqa: F401  (re-exported)
 from kvsim.perf.memory import QUANTIZED_KV, bytes_per_block, kv_bytes_per_token, kv_elements_per_token, \
     kv_heads_per_gpu
+from kvsim.perf.moe import busiest_touched, expert_parallel_ranks, moe_load, ring_fraction
 from kvsim.perf.pricing import DecodeRunPrice
 from kvsim.perf.weights import weights_per_gpu
 from kvsim.scenario.catalog import GpuSpec, ModelSpec
@@ -149,8 +150,13 @@ class StepModel:
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, kv_cache_dtype: str,
                  calibration: Calibration, block_size: int = 16, graph_sizes: tuple = VLLM_GRAPH_SIZES,
-                 max_model_len: int = 0, per_token_scales: bool = False, window: int = 0):
+                 max_model_len: int = 0, per_token_scales: bool = False, window: int = 0, dp: int = 1,
+                 expert_parallel: bool = False, expert_skew: float = 0.0):
         self.model, self.gpu, self.tp = model, gpu, tp
+        # Data-parallel attention ranks sharing the MoE layers (each rank's step sees dp x its tokens
+        # enter them), experts whole over tp x dp GPUs or sliced, and the routing's skew (kvsim.perf.moe)
+        self.dp, self.expert_skew = dp, expert_skew
+        self.ep_ranks = expert_parallel_ranks(tp, dp, expert_parallel)
         # Sliding-window layers (a window shorter than max_model_len): their share of the layers,
         # whose attention reads at most `window` keys a query (priced apart, `window_attention_lines`)
         self.window = window
@@ -162,19 +168,30 @@ class StepModel:
         c, layers = calibration, model.num_hidden_layers
         peak = (gpu.fp8_tflops if model.gemm_dtype == "fp8" else gpu.bf16_tflops) * 1e12
         bandwidth = gpu.hbm_bandwidth_gbps * 1e9 * c.memory_efficiency
-        w = weights_per_gpu(model, tp)
+        w = weights_per_gpu(model, tp, dp, expert_parallel)
         self.kv_bytes_per_token = kv_bytes_per_token(model, kv_cache_dtype, tp, per_token_scales)
         self.bytes_per_block = bytes_per_block(model, kv_cache_dtype, block_size, tp, per_token_scales)
         # Seconds per unit of work, per GPU.
         gemm_s_per_flop = 1.0 / (tp * peak * c.compute_efficiency)
         self.gemm_pad = c.gemm_pad_tokens
         self.layers_s_per_token = model.gemm_flops(1, 0) * gemm_s_per_flop
+        moe = model.moe
+        self.moe_s_per_token = (2 * model.num_moe_layers * moe.num_experts_per_tok * model.expert_params
+                                * gemm_s_per_flop) if moe else 0.0  # the routed experts' share of the above
         self.lm_head_s_per_seq = model.gemm_flops(0, 1) * gemm_s_per_flop  # only sampled rows go through lm_head
         layer_bytes = w.attn + w.attn_kv + w.attn_replicated + w.dense_mlp + w.shared_experts
         self.layers_weights_s = layer_bytes / bandwidth  # read by every step (norm weights left out: tiny)
         self.expert_weights_s = w.experts / bandwidth  # all routed experts; a step reads those its tokens touch
         self.lm_head_weights_s = (w.lm_head or w.embed) / bandwidth  # the embedding, when tied
         self.attn_s_per_pair = model.attention_flops(1) / (tp * peak * c.attention_efficiency)
+        # MLA: decode runs absorbed (each head's query against the latent: kv_lora_rank + rope for the
+        # keys, kv_lora_rank for the values); prefill expanded (attention_flops), kv_b_proj expanding the
+        # cached context's latent for every head besides the new tokens'
+        m = model.mla
+        self.decode_pair_s = (2.0 * layers * model.num_attention_heads * (m.latent_dim + m.kv_lora_rank)
+                              / (tp * peak * c.attention_efficiency)) if m else self.attn_s_per_pair
+        self.mla_expand_s_per_token = (2.0 * layers * m.kv_lora_rank * model.num_attention_heads
+                                       * (m.qk_nope_head_dim + m.v_head_dim) * gemm_s_per_flop) if m else 0.0
         quant = c.quantized_prefill_factor if kv_cache_dtype in QUANTIZED_KV else 1.0
         self.prefill_attn_s_per_pair = self.attn_s_per_pair * quant
         self.prefill_key_s = layers * c.prefill_key_s * quant
@@ -184,7 +201,7 @@ class StepModel:
             per_elem = c.dequant_flops_per_element * (2 if kv_cache_dtype == "int4" else 1)
             dequant = kv_elements_per_token(model, tp) * per_elem / (gpu.fp32_tflops * 1e12)
         self.dequant_s_per_kv_token = dequant
-        self.decode_s_per_pair = self.attn_s_per_pair + dequant  # decode attention's compute, dequantization included
+        self.decode_s_per_pair = self.decode_pair_s + dequant  # decode attention's compute, dequantization included
         self.kv_s_per_token = self.kv_bytes_per_token / bandwidth
         self.attn_floor_s = layers * c.attention_floor_s
         self.decode_floor_line = (self.attn_floor_s, 0.0)  # decode attention's floor, flat in a run
@@ -199,9 +216,15 @@ class StepModel:
         # Two all-reduces per layer (after attention and after the MLP) and one after the vocab-parallel
         # embedding, each of the step's hidden states.
         calls = 2 * layers + 1 if tp > 1 else 0
-        self.allreduce_fixed_s = calls * allreduce_seconds(0, tp, gpu, c)
         per_token = model.hidden_size * model.activation_bytes
+        if dp > 1 and moe:  # MoE layers: one all-reduce (attention's), then an all-gather and a reduce-scatter
+            calls = (2 * model.num_dense_layers + model.num_moe_layers + 1) if tp > 1 else 0
+        self.allreduce_fixed_s = calls * allreduce_seconds(0, tp, gpu, c)
         self.allreduce_s_per_token = calls * (allreduce_seconds(per_token, tp, gpu, c) - allreduce_seconds(0, tp, gpu, c))
+        if dp > 1 and moe:  # vLLM's allgather_reducescatter all2all over the tp x dp GPUs, of dp x the tokens
+            link = gpu.nvlink_gbps * 1e9 * c.allreduce_efficiency
+            self.allreduce_fixed_s += 2 * model.num_moe_layers * c.allreduce_latency_s
+            self.allreduce_s_per_token += (2 * model.num_moe_layers * ring_fraction(tp * dp) * dp * per_token / link)
         self._decode_base: dict[int, tuple] = {}
         self._last_lines: tuple = (-1, -1, -1, None, -1)
 
@@ -212,16 +235,27 @@ class StepModel:
 
     def gemm_time(self, num_tokens: int, num_seqs: int) -> float:
         layers = (num_tokens + self.gemm_pad) * self.layers_s_per_token
+        if self.expert_skew:  # the busiest expert-parallel GPU computes more than its share
+            layers += (num_tokens + self.gemm_pad) * self.moe_s_per_token * (self.moe_load(num_tokens)[1] - 1.0)
         head = (num_seqs + self.gemm_pad) * self.lm_head_s_per_seq
         return (max(layers, self.layers_weights_time(num_tokens)) if num_tokens else 0.0) + \
             (max(head, self.lm_head_weights_s) if num_seqs else 0.0)
 
     def layers_weights_time(self, num_tokens: int) -> float:
-        """Seconds to stream the layers' weights a step of num_tokens tokens reads."""
-        moe = self.model.moe
-        if moe is None:
+        """Seconds to stream the layers' weights a step of num_tokens tokens reads: of the routed
+        experts, those the tokens entering the MoE layers touch (dp x num_tokens with DP attention)."""
+        if self.model.moe is None:
             return self.layers_weights_s
-        return self.layers_weights_s + self.expert_weights_s * moe.expected_experts(num_tokens) / moe.n_routed_experts
+        return self.layers_weights_s + self.expert_weights_s * self.moe_load(num_tokens)[0]
+
+    def moe_load(self, num_tokens: int) -> tuple[float, float]:
+        """(share of this GPU's experts streamed, the busiest GPU's work over its share) (kvsim.perf.moe)."""
+        moe, skew, ranks = self.model.moe, self.expert_skew, self.ep_ranks
+        tokens = self.dp * num_tokens
+        touched, factor = moe_load(moe.n_routed_experts, moe.num_experts_per_tok, tokens, skew, ranks)
+        if skew and ranks > 1:
+            touched = busiest_touched(moe.n_routed_experts, moe.num_experts_per_tok, tokens, skew, ranks)
+        return touched, factor
 
     def decode_splits(self, rows: int) -> int:
         """The decode kernel's programs per (sequence, KV head) for a batch of `rows` (padded) sequences."""
@@ -272,6 +306,8 @@ class StepModel:
         if not num_prefill:
             return 0.0
         compute = attn_pairs * self.prefill_attn_s_per_pair + kv_tokens * self.dequant_s_per_kv_token
+        if self.mla_expand_s_per_token:  # MLA expands the cached context's latent (the new tokens' is a layer GEMM)
+            compute += (kv_tokens - new_tokens) * self.mla_expand_s_per_token
         serial = kv_tokens / num_prefill * self.prefill_key_s
         return max(compute, kv_tokens * self.kv_s_per_token, serial, self.attn_floor_s) + \
             new_tokens * self.quantized_prefill_token_s

@@ -158,3 +158,25 @@ def test_triton_backend_refuses_moe_mla_and_sliding_models_in_one_line(model, wh
                                          rf"{model} has .*{what}") as err:
         run_scenario(sc, write=False)
     assert "\n" not in str(err.value)
+
+
+# ---- the layouts plan --target-rate searches ---------------------------------------------------------
+def test_plan_searches_tp_dp_and_ep_for_moe_models_only():
+    from kvsim.planning.deploy import Deployment, _hardware
+    from kvsim.planning.parallel import Parallel, candidates
+
+    assert candidates(LLAMA, (1, 2, 4)) == [1, 2, 4]
+    got = candidates(MODELS["Mixtral-8x7B"], (1, 4))
+    assert [str(p) for p in got] == ["1", "1 DP 2", "1 DP 2 EP", "1 DP 4", "1 DP 4 EP", "1 DP 8", "1 DP 8 EP",
+                                     "4", "4 EP", "4 DP 2", "4 DP 2 EP"]
+    assert [int(p) for p in got] == [1, 2, 2, 4, 4, 8, 8, 4, 4, 8, 8]  # GPUs a replica: what prices multiply
+    dp_ep = Parallel(1, 8, True)
+    assert dp_ep != Parallel(1, 8, False) and dp_ep != 8 and Parallel(4, 1, False) == 4
+    assert len({dp_ep, Parallel(1, 8, False), Parallel(8, 1, False), 8}) == 3
+    sc = make_scenario(model={"name": "DeepSeek-V3"})
+    assert _hardware(sc, "H200", dp_ep, 2) == {"gpu": "H200", "tensor_parallel_size": 1, "data_parallel_size": 8,
+                                               "enable_expert_parallel": True, "num_replicas": 2}
+    assert _hardware(sc, "H100-SXM", 4, 1) == {"gpu": "H100-SXM", "tensor_parallel_size": 4, "num_replicas": 1}
+    d = Deployment("H200", dp_ep, 2, dp_ep * 2, "paged", True, 1.0, None, None, None, None, None, 1.0, 0.0, 0.0, "")
+    assert (d.tensor_parallel_size, d.data_parallel_size, d.enable_expert_parallel, d.num_gpus) == (1, 8, True, 16)
+    assert d.answer().startswith("16 × H200 as TP 1 DP 8 EP × 2 replicas") and d.layout == dp_ep

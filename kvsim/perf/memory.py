@@ -96,6 +96,13 @@ def kv_bytes_per_token(model: ModelSpec, kv_cache_dtype: str, tp: int = 1, per_t
     return model.num_hidden_layers * kv_bytes_per_token_layer(model, kv_cache_dtype, tp, per_token_scales)
 
 
+def mha_bytes_per_token(model: ModelSpec, kv_cache_dtype: str, tp: int = 1) -> float:
+    """What an MLA model's token would take on one GPU with multi-head attention instead: each head's key
+    (qk_nope + qk_rope dims) and value (v_head_dim) in every layer, the heads split over TP."""
+    heads = max(1, model.num_attention_heads // tp)
+    return model.num_hidden_layers * heads * (model.head_dim + model.v_head_dim) * kv_elem_bytes(model, kv_cache_dtype)
+
+
 def bytes_per_block(model: ModelSpec, kv_cache_dtype: str, block_size: int, tp: int = 1,
                     per_token_scales: bool = False) -> int:
     return math.ceil(kv_bytes_per_token(model, kv_cache_dtype, tp, per_token_scales) * block_size)

@@ -214,6 +214,7 @@ class HybridMachine(RuleBasedStateMachine):
             return
         for j in range(n):
             freed = [a.release(t, c0 + j) for a, t in zip((self.fast, self.ref), pair)]
+            assert freed[0] == freed[1]  # the blocks freed, and the count at which the next release comes
             for a in (self.fast, self.ref):
                 a.reserve(groups if (c0 + j) % BS == 0 else 0)
         for a, t in zip((self.fast, self.ref), pair):

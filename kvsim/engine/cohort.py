@@ -129,7 +129,8 @@ class DecodeCohort:
             return sum(self.crossings[c0:c0 + steps])
         a, b = divmod(steps, bs)
         c0 = self.clock % bs
-        return a * self.size + sum(self.crossings[c0:c0 + b]) if b else a * self.size
+        whole = a * self.size * self.groups  # every member crosses once a period, taking a block a group
+        return whole + sum(self.crossings[c0:c0 + b]) if b else whole
 
     def crossing_moments(self, steps: int) -> tuple[int, int, int]:
         """(sum of c_j, of j * c_j, of j * j * c_j) over the next steps j = 1..`steps`, c_j the

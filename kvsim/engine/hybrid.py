@@ -403,6 +403,8 @@ class HybridBlockManager:
         lo, hi = ht.skipped, (num_computed_tokens - self.window + 1) // self.block_size
         if hi <= lo:
             return 0
+        if lo >= ht.shared and len(self.window_groups) == 1:
+            return self._skip_unique(ht, lo, hi)
         shared, freed, last = ht.shared, 0, {}
         for g in self.window_groups:
             table = ht.tables[g]
@@ -426,9 +428,34 @@ class HybridBlockManager:
             ht.last = (max(lo, shared), hi, last)
         return freed
 
-    def release(self, seq: Sequence, num_computed_tokens: int) -> int:
-        """A cohort member's remove_skipped_blocks at its count `num_computed_tokens`; the blocks freed."""
-        return self._skip(seq, self._tables[seq], num_computed_tokens)
+    def _skip_unique(self, ht: HybridTable, lo: int, hi: int) -> int:
+        """_skip's usual case, one windowed group and unique content only (the decode cohort's releases)."""
+        g = self.window_groups[0]
+        table = ht.tables[g]
+        n = len(table)
+        if hi > n:  # a cohort member's blocks not claimed yet: reserved ones, the last position first
+            unique = self._reserved_front(hi - n)
+            if n > lo:
+                part = table[lo:n]
+                part.reverse()
+                unique.extend(part)
+            table.extend(array("i", [NULL]) * (hi - n))
+        else:
+            unique = table[lo:hi]
+            unique.reverse()
+        ht.skipped = hi
+        if self.enable_prefix_caching:
+            ht.last = (lo, hi, {g: self.queue.append(unique, 0)})
+        else:
+            self.queue.append_uncached(unique)
+        return len(unique)
+
+    def release(self, seq: Sequence, num_computed_tokens: int) -> tuple[int, int]:
+        """A cohort member's remove_skipped_blocks at its count `num_computed_tokens`: (blocks freed, the
+        count at which it next frees)."""
+        ht = self._tables[seq]
+        freed = self._skip(seq, ht, num_computed_tokens)
+        return freed, self.window - 1 + self.block_size * (ht.skipped + 1)
 
     def reserve(self, n: int) -> None:
         if n > self.queue.num_free:

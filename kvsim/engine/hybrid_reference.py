@@ -200,7 +200,8 @@ class HybridReference:
 
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
         """allocate_slots' check, after its remove_skipped_blocks (which frees even when it fails)."""
-        self.release(seq, seq.num_computed_tokens)
+        if seq in self.tables:
+            self.release(seq, seq.num_computed_tokens)
         return self.num_blocks_needed(seq, num_new_tokens) <= len(self.free)
 
     # ---- taking and freeing ---------------------------------------------------------------------
@@ -237,13 +238,13 @@ class HybridReference:
         self.written += self.num_groups * num_new_tokens
         self._cache(seq, min(seq.num_computed_tokens + num_new_tokens, seq.num_tokens) // self.block_size)
 
-    def release(self, seq: Sequence, num_computed_tokens: int) -> int:
+    def release(self, seq: Sequence, num_computed_tokens: int) -> tuple[int, int]:
         """remove_skipped_blocks at `num_computed_tokens` (a cohort member's count, or the sequence's
         own): each sliding group frees the blocks wholly before the window, the last first. Returns
-        the blocks that joined the free queue."""
+        (the blocks that joined the free queue, the count at which it next frees)."""
         tables, bs = self.tables.get(seq), self.block_size
         if tables is None:
-            return 0
+            return 0, 0
         total = 0
         # A cohort member's full blocks were cached when their steps were scheduled: before they leave
         self._cache(seq, min([num_computed_tokens // bs] + [len(t) for t in tables]))
@@ -264,7 +265,7 @@ class HybridReference:
                 table[i] = NULL
             self.written -= bs * len(freed)
             total += self._release(freed)
-        return total
+        return total, self.next_release(seq)
 
     def reserve(self, n: int) -> None:
         if n > len(self.free):

@@ -70,23 +70,41 @@ class WindowedCohort(DecodeCohort):
         super()._leave(seq)
 
     # ---- releases --------------------------------------------------------------------------------
-    def _release_next(self) -> int:
-        """The release at the top of the heap (a live member's): blocks freed."""
-        t, order, serial, seq = heapq.heappop(self._releases)
-        if self._serials.get(seq) != serial:
-            return 0
-        c = seq.num_computed_tokens + t - seq.cohort_clock
-        freed = self.allocator.release(seq, c)
-        nxt = self.allocator.next_release(seq)
-        heapq.heappush(self._releases, (t + nxt - c, order, serial, seq))
+    def _releases_before(self, clock: int, run_order: int, counts=None) -> int:
+        """Take the releases at clocks below `clock` (and, at clock - 1, of members ahead of run_order in
+        the running queue), in order; their blocks, per step from the cohort's clock into `counts`."""
+        heap, serials, release, now = self._releases, self._serials, self.allocator.release, self.clock
+        freed = 0
+        while heap:
+            t, order, serial, seq = heap[0]
+            if t >= clock or (t == clock - 1 and order >= run_order):
+                break
+            heapq.heappop(heap)
+            if serials.get(seq) != serial:
+                continue
+            c = seq.num_computed_tokens + t - seq.cohort_clock
+            n, nxt = release(seq, c)
+            if counts is not None:
+                counts[t - now] += n
+            freed += n
+            heapq.heappush(heap, (t + nxt - c, order, serial, seq))
         return freed
+
+    def releases_due(self) -> bool:
+        """Whether some member releases blocks at the current step."""
+        return bool(self._releases) and self._releases[0][0] <= self.clock
 
     def release_until(self, run_order: int) -> None:
         """The current step's releases of members ahead of `run_order` in the running queue."""
-        heap, clock, freed = self._releases, self.clock, 0
-        while heap and heap[0][0] <= clock and heap[0][1] < run_order:
-            freed += self._release_next()
-        self.step_freed += freed
+        self.step_freed += self._releases_before(self.clock + 1, run_order)
+
+    def plan_releases(self, steps: int) -> None:
+        """Release what the run's steps after the first free (clocks clock+1 .. clock+steps-1), in step
+        order; `run_releases` then holds each step's blocks, the first step's (step_freed) first."""
+        counts = [0] * steps
+        self._releases_before(self.clock + steps, NEVER, counts)
+        counts[0] = self.step_freed
+        self.run_releases = counts
 
     def steps_to_next_release(self) -> int:
         """Steps from the current one to the next whose start releases blocks (at least 1)."""
@@ -95,23 +113,12 @@ class WindowedCohort(DecodeCohort):
             heapq.heappop(heap)
         return max(1, heap[0][0] - self.clock) if heap else NEVER
 
-    def plan_releases(self, steps: int) -> None:
-        """Release what the run's steps after the first free (clocks clock+1 .. clock+steps-1), in step
-        order; `run_releases` then holds each step's blocks, the first step's (step_freed) first."""
-        heap, clock = self._releases, self.clock
-        counts = [0] * steps
-        counts[0] = self.step_freed
-        while heap and heap[0][0] < clock + steps:
-            t = heap[0][0]
-            counts[t - clock] += self._release_next()
-        self.run_releases = counts
-
     # ---- what the windowed layers read -----------------------------------------------------------
     def begin_step(self) -> None:
         """At a cohort step's start: members whose reads reach the window now count as whole windows."""
         self.step_freed = 0
         heap, clock = self._saturate, self.clock
-        while heap and heap[0][0] <= clock:
+        while heap and heap[0][0] <= clock:  # (no work when no member is short of its window)
             _, serial, seq = heapq.heappop(heap)
             if self._serials.get(seq) == serial:
                 self.short_offsets -= self._short.pop(seq)
@@ -123,20 +130,15 @@ class WindowedCohort(DecodeCohort):
         return (self.size - short) * self.window + self.short_offsets + short * (self.clock + 1), short
 
     def steps_to_next_finish(self) -> int:
+        finish = self._finish[0][0] - self.clock if self._finish else NEVER
         heap = self._saturate
+        if not heap:
+            return finish
         while heap and self._serials.get(heap[0][2]) != heap[0][1]:
             heapq.heappop(heap)
-        saturate = heap[0][0] - self.clock if heap else NEVER
-        return min(super().steps_to_next_finish(), saturate)
+        return min(finish, heap[0][0] - self.clock) if heap else finish
 
     # ---- a run's blocks, releases netted ---------------------------------------------------------
-    def blocks_needed(self, steps: int) -> int:
-        if steps < self.block_size:
-            return super().blocks_needed(steps)
-        a, b = divmod(steps, self.block_size)
-        c0 = self.clock % self.block_size
-        return a * self.size * self.groups + (sum(self.crossings[c0:c0 + b]) if b else 0)
-
     def released_after(self, step: int) -> int:
         """Blocks the planned run releases at its steps after `step` (already released)."""
         return sum(self.run_releases[step:])
@@ -146,13 +148,27 @@ class WindowedCohort(DecodeCohort):
 
     def crossing_moments(self, steps: int) -> tuple[int, int, int]:
         m0, m1, m2 = super().crossing_moments(steps)
-        for j, r in enumerate(self.run_releases[:steps], 1):
+        releases = self.run_releases[:steps]
+        if not any(releases):
+            return m0, m1, m2
+        for j, r in enumerate(releases, 1):
             m0, m1, m2 = m0 - r, m1 - j * r, m2 - j * j * r
         return m0, m1, m2
 
     def peak_net(self, steps: int) -> int:
-        """The most of net_blocks(j) over j = 1..steps (releases make it rise and fall)."""
-        return max(self.net_blocks(j) for j in range(1, steps + 1)) if steps else 0
+        """The most of net_blocks(j) over j = 1..steps (releases make it rise and fall): one pass over
+        the steps, the members' crossings repeating every block_size steps."""
+        releases = self.run_releases
+        if not any(releases[:steps]):
+            return self.blocks_needed(steps)
+        bs, c0 = self.block_size, self.clock % self.block_size
+        window = self.crossings[c0:c0 + bs]
+        net, top = 0, -(1 << 62)
+        for j in range(steps):
+            net += window[j % bs] - (releases[j] if j < len(releases) else 0)
+            if net > top:
+                top = net
+        return top
 
 
 class WindowedScheduler(Scheduler):
@@ -164,13 +180,16 @@ class WindowedScheduler(Scheduler):
         alloc, cohort = self.allocator, self.cohort
         cohort.begin_step()
         budget = self._cohort_step(batch, budget, alloc, cohort, cohort.size)
+        due = cohort.releases_due()
         for seq in self.running:  # running order: the members before each release first
-            cohort.release_until(seq.run_order)
+            if due:
+                cohort.release_until(seq.run_order)
             n = seq.num_tokens - seq.num_computed_tokens
             alloc.append(seq, n)
             batch.add(seq, n)
             budget -= n
-        cohort.release_until(NEVER)
+        if due:
+            cohort.release_until(NEVER)
         batch.cohort_step_releases = cohort.step_freed
         batch.decode_window_tokens, batch.decode_window_growth = cohort.window_reads()
         return budget

@@ -90,6 +90,14 @@ def allreduce_seconds(size_bytes: float, workers: int, gpu: GpuSpec, c: Calibrat
         gpu.nvlink_gbps * 1e9 * c.allreduce_efficiency)
 
 
+def _undominated(lines: list) -> list:
+    """The first line (the floor, kept) and the others no other line is at least as high as at every step."""
+    rest = lines[1:]
+    keep = [ln for k, ln in enumerate(rest)
+            if not any(o[0] >= ln[0] and o[1] >= ln[1] and (o != ln or j < k) for j, o in enumerate(rest) if j != k)]
+    return [lines[0], *keep]
+
+
 def _line_sum(a: float, b: float, lo: int, hi: int) -> float:
     """sum of a + b*i for i in [lo, hi)."""
     n = hi - lo
@@ -401,8 +409,10 @@ class StepModel:
 
     def _blend(self, full: list, windowed: list) -> list:
         """The lines of (1 - share) x max(full) + share x max(windowed): every pair's weighted sum, the
-        two floors' first (the eager step adds the host time to that one)."""
+        two floors' first (the eager step adds the host time to that one); lines that another beats at
+        every step (no lower start, no lower slope) are left out first."""
         a, b = 1.0 - self.window_share, self.window_share
+        full, windowed = _undominated(full), _undominated(windowed)
         pairs = [(a * fa + b * wa, a * fb + b * wb) for i, (fa, fb) in enumerate(full)
                  for j, (wa, wb) in enumerate(windowed) if i or j]
         return [(a * full[0][0] + b * windowed[0][0], 0.0), *pairs]

@@ -24,6 +24,7 @@ the running sequences' appends, and its fused runs take their releases when plan
 from __future__ import annotations
 
 import heapq
+from heapq import heappop, heapreplace
 
 from kvsim.engine.cohort import DecodeCohort
 from kvsim.engine.records import DecodeRunPlan
@@ -79,15 +80,15 @@ class WindowedCohort(DecodeCohort):
             t, order, serial, seq = heap[0]
             if t >= clock or (t == clock - 1 and order >= run_order):
                 break
-            heapq.heappop(heap)
             if serials.get(seq) != serial:
+                heappop(heap)
                 continue
             c = seq.num_computed_tokens + t - seq.cohort_clock
             n, nxt = release(seq, c)
             if counts is not None:
                 counts[t - now] += n
             freed += n
-            heapq.heappush(heap, (t + nxt - c, order, serial, seq))
+            heapreplace(heap, (t + nxt - c, order, serial, seq))  # its next release: one sift, not two
         return freed
 
     def releases_due(self) -> bool:

@@ -381,6 +381,9 @@ class StepModel:
         w = self.window
         dec, pairs, kv = batch.window_reads(w)
         longest = min(batch.decode_max_context, w)
+        if (dec, pairs, kv, longest) == (batch.decode_read_tokens, batch.prefill_attn_pairs, batch.prefill_context_tokens
+                                         + batch.num_prefill_tokens, batch.decode_max_context):
+            return decode + prefill  # no sequence past the window: the windowed layers read what the others do
         windowed = (self.decode_attention_time(nd, dec, longest, padded)
                     + self.prefill_attention_time(np_, pairs, kv, batch.num_prefill_tokens))
         return (1.0 - share) * (decode + prefill) + share * windowed
@@ -430,7 +433,7 @@ class StepModel:
             base = self._decode_base[n] = self._decode_constants(n)
         fixed, top, host, rows = base
         attention = self.decode_attention_lines(n, x0, longest, rows)
-        if self.window_share:
+        if self.window_share and not (window_x0 == x0 and window_growth == n and longest < self.window):
             attention = self._blend(attention, self.window_attention_lines(n, window_x0, window_growth, longest, rows))
         if top is None:  # a graph: fixed + max(attention terms)
             lines = _envelope(fixed, attention)

@@ -454,8 +454,33 @@ class HybridBlockManager:
         """A cohort member's remove_skipped_blocks at its count `num_computed_tokens`: (blocks freed, the
         count at which it next frees)."""
         ht = self._tables[seq]
-        freed = self._skip(seq, ht, num_computed_tokens)
+        lo = ht.skipped
+        if len(self.window_groups) == 1 and lo >= ht.shared \
+                and (num_computed_tokens - self.window + 1) // self.block_size == lo + 1:
+            freed = self._release_one(ht, lo)  # the usual release: one unique block
+        else:
+            freed = self._skip(seq, ht, num_computed_tokens)
         return freed, self.window - 1 + self.block_size * (ht.skipped + 1)
+
+    def _release_one(self, ht: HybridTable, lo: int) -> int:
+        """_skip_unique for one position, whose block is in the table or, when the table ends there
+        (a cohort member's position not claimed yet), the first reserved block."""
+        g = self.window_groups[0]
+        table = ht.tables[g]
+        n = len(table)
+        if n > lo:
+            block = table[lo:lo + 1]
+        elif n == lo:
+            block = self._reserved_front(1)
+            table.append(NULL)
+        else:
+            return self._skip_unique(ht, lo, lo + 1)
+        ht.skipped = lo + 1
+        if self.enable_prefix_caching:
+            ht.last = (lo, lo + 1, {g: self.queue.append(block, 0)})
+        else:
+            self.queue.append_uncached(block)
+        return 1
 
     def reserve(self, n: int) -> None:
         if n > self.queue.num_free:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import heapq
 from heapq import heappop, heapreplace
+from itertools import accumulate, chain, cycle, islice, repeat
+from operator import mul, sub
 
 from kvsim.engine.cohort import DecodeCohort
 from kvsim.engine.records import DecodeRunPlan
@@ -150,11 +152,11 @@ class WindowedCohort(DecodeCohort):
     def crossing_moments(self, steps: int) -> tuple[int, int, int]:
         m0, m1, m2 = super().crossing_moments(steps)
         releases = self.run_releases[:steps]
-        if not any(releases):
+        r0 = sum(releases)
+        if not r0:
             return m0, m1, m2
-        for j, r in enumerate(releases, 1):
-            m0, m1, m2 = m0 - r, m1 - j * r, m2 - j * j * r
-        return m0, m1, m2
+        js = range(1, len(releases) + 1)
+        return m0 - r0, m1 - sum(map(mul, releases, js)), m2 - sum(map(mul, releases, map(mul, js, js)))
 
     def peak_net(self, steps: int) -> int:
         """The most of net_blocks(j) over j = 1..steps (releases make it rise and fall): one pass over
@@ -162,14 +164,9 @@ class WindowedCohort(DecodeCohort):
         releases = self.run_releases
         if not any(releases[:steps]):
             return self.blocks_needed(steps)
-        bs, c0 = self.block_size, self.clock % self.block_size
-        window = self.crossings[c0:c0 + bs]
-        net, top = 0, -(1 << 62)
-        for j in range(steps):
-            net += window[j % bs] - (releases[j] if j < len(releases) else 0)
-            if net > top:
-                top = net
-        return top
+        c0 = self.clock % self.block_size
+        taken = islice(cycle(self.crossings[c0:c0 + self.block_size]), steps)
+        return max(accumulate(map(sub, taken, chain(releases, repeat(0)))))
 
 
 class WindowedScheduler(Scheduler):

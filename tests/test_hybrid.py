@@ -2,22 +2,15 @@
 (kvsim.engine.hybrid_reference: vLLM v0.11.0's coordinator written plainly), and the specification
 against hand-worked cases of vLLM's rules."""
 
-from array import array
-
-import numpy as np
 import pytest
-from hypothesis import settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant, precondition, rule
+from twin_machine import TwinMachine, computed, seq_of
 
 from kvsim.engine.block_manager import AllocationError
 from kvsim.engine.hybrid import HybridBlockManager
 from kvsim.engine.hybrid_reference import NULL, HybridReference, contiguous_needed
-from kvsim.sequence import Request, Sequence
-
-
-def seq_of(rid, prompt_len, tokens=None, output_len=8):
-    ids = None if tokens is None else np.asarray(tokens, dtype=np.int32)
-    return Sequence(Request(rid, 0.0, prompt_len, output_len, ids))
 
 
 def table(alloc, seq, g):
@@ -27,13 +20,6 @@ def table(alloc, seq, g):
         t = list(ht.tables[g])
         return [NULL] * min(ht.skipped, len(t)) + t[ht.skipped:] if alloc.windows[g] else t
     return list(alloc.tables[seq][g])
-
-
-def computed(s, n):
-    s.num_computed_tokens += n
-    if s.num_computed_tokens == s.num_tokens:
-        s.num_output_tokens += 1
-        s.num_tokens += 1
 
 
 # ---- the specification against vLLM's rules, by hand ---------------------------------------------
@@ -135,7 +121,7 @@ PREFIXES = [list(range(k * 100, k * 100 + 40)) for k in range(3)]
 BS = 4
 
 
-class HybridMachine(RuleBasedStateMachine):
+class HybridMachine(TwinMachine):
     """Random admissions (with shared prefixes), prefill chunks, decodes, decode-cohort runs (blocks
     reserved at once, releases at every step, claims on leaving), preemptions, re-admissions and
     finishes against a tiny cache, driven the same on HybridBlockManager and on HybridReference (each
@@ -144,20 +130,8 @@ class HybridMachine(RuleBasedStateMachine):
     windows = (0, 8)
 
     def __init__(self):
-        super().__init__()
-        self.fast = HybridBlockManager(40, BS, self.windows, max_num_batched_tokens=16)
-        self.ref = HybridReference(40, BS, self.windows, max_num_batched_tokens=16)
-        self.live, self.preempted, self.next_id = [], [], 0
-
-    def _both(self, pair, call):
-        out = []
-        for alloc, seq in zip((self.fast, self.ref), pair):
-            try:
-                out.append(call(alloc, seq))
-            except AllocationError:
-                out.append(AllocationError)
-        assert out[0] == out[1], out
-        return out[0]
+        super().__init__(HybridBlockManager(40, BS, self.windows, max_num_batched_tokens=16),
+                         HybridReference(40, BS, self.windows, max_num_batched_tokens=16))
 
     def _admit(self, pair, chunk):
         hits = [a.get_computed_blocks(s) for a, s in zip((self.fast, self.ref), pair)]
@@ -185,21 +159,6 @@ class HybridMachine(RuleBasedStateMachine):
         self._admit(pair, chunk)
 
     @precondition(lambda self: self.live)
-    @rule(i=st.integers(0, 100), n=st.integers(1, 9))
-    def step(self, i, n):
-        pair = self.live[i % len(self.live)]
-        for _ in range(n):
-            s = pair[0]
-            chunk = min(n, s.num_tokens - s.num_computed_tokens)
-            if not self._both(pair, lambda a, t: a.can_append(t, chunk)):
-                return
-            for a, t in zip((self.fast, self.ref), pair):
-                a.append(t, chunk)
-                computed(t, chunk)
-            if chunk > 1:
-                return
-
-    @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 100), n=st.integers(1, 24))
     def cohort_run(self, i, n):
         """n decode steps as the decode cohort takes them: at each step the member's releases, then
@@ -224,40 +183,9 @@ class HybridMachine(RuleBasedStateMachine):
             t.num_tokens += n
             a.claim(t)
 
-    def _free(self, i):
-        pair = self.live.pop(i % len(self.live))
-        for a, t in zip((self.fast, self.ref), pair):
-            a.deallocate(t)
-        return pair
-
-    @precondition(lambda self: self.live)
-    @rule(i=st.integers(0, 100))
-    def preempt(self, i):
-        self.preempted.append(self._free(i))
-
-    @precondition(lambda self: self.preempted)
-    @rule(i=st.integers(0, 100))
-    def readmit(self, i):
-        pair = self.preempted[i % len(self.preempted)]
-        if self._admit(pair, 1000):
-            self.preempted.remove(pair)
-
-    @precondition(lambda self: self.live)
-    @rule(i=st.integers(0, 100))
-    def finish(self, i):
-        for t in self.live[i % len(self.live)]:
-            t.num_output_tokens = t.request.output_len
-        self._free(i)
-
     @invariant()
-    def same_blocks_as_the_specification(self):
+    def same_tables_as_the_specification(self):
         fast, ref = self.fast, self.ref
-        assert fast.free_block_ids() == ref.free_block_ids()
-        assert fast.block_counts() == ref.block_counts()
-        assert fast.num_shared_refs == ref.num_shared_refs
-        assert fast.reserved_unused_tokens == ref.reserved_unused_tokens
-        counts = list(range(0, fast.num_free_blocks + 1, 3))
-        assert fast.evictions_ahead(counts) == ref.evictions_ahead(counts)
         for a, b in self.live:
             for g in range(len(self.windows)):
                 assert table(fast, a, g) == table(ref, b, g), (a.seq_id, g)

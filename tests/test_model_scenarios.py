@@ -68,7 +68,7 @@ def test_model_scenarios_simulate_every_request(name, policies):
     sc = scenario(name, "workload.num_requests=60")
     out = run_scenario(sc, write=False).summaries
     assert tuple(out) == policies
-    for pol, s in out.items():
+    for s in out.values():
         assert s["requests"]["finished"] == 60 and s["requests"]["rejected"] == 0
         kv = s["kv"]
         assert 0 < kv["peak_used_blocks"] <= kv["num_blocks"]

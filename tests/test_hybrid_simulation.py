@@ -10,10 +10,9 @@ from kvsim.engine.hybrid import HybridBlockManager
 from kvsim.engine.hybrid_reference import HybridReference
 from kvsim.perf.memory import kv_capacity
 from kvsim.pipeline import run_scenario
-from kvsim.results.metrics import Metrics
 from kvsim.scenario.catalog import gpu_spec, model_spec
 
-from conftest import make_scenario
+from conftest import assert_same_requests, make_scenario, per_request
 
 GPT_OSS = {"name": "gpt-oss-20b"}  # sliding window 128 on every other layer: two KV cache groups
 BUSY = {"num_requests": 250, "arrival": {"rate": 80.0},
@@ -41,31 +40,6 @@ CASES = {
 }
 
 
-def results(monkeypatch, scenario) -> tuple[dict, dict]:
-    """Every finished request's (TTFT, E2E, outputs, preemptions, cached tokens), and the summaries
-    with each policy's time-series rows."""
-    rows, series = {}, {}
-    on_finish, summary = Metrics.on_finish, Metrics.summary
-
-    def spy(self, seq):
-        arrival = seq.request.arrival_time
-        rows[seq.seq_id] = (seq.first_token_time - arrival, seq.finish_time - arrival, seq.num_output_tokens,
-                            seq.num_preemptions, seq.num_cached_tokens)
-        on_finish(self, seq)
-
-    def keep(self, **kw):
-        series[self.policy] = self.timeseries_rows()
-        return summary(self, **kw)
-
-    monkeypatch.setattr(Metrics, "on_finish", spy)
-    monkeypatch.setattr(Metrics, "summary", keep)
-    out = run_scenario(scenario, write=False).summaries
-    for name, s in out.items():
-        s["timeseries"] = series[name]
-        s.pop("backend", None)
-    return rows, out
-
-
 def test_sliding_window_models_simulate_with_the_hybrid_allocator():
     sc = make_scenario(**CASES["gpt-oss, preemptions"])
     cap = kv_capacity(sc, sc.policies[0], model_spec(sc), gpu_spec(sc))
@@ -84,15 +58,11 @@ def test_sliding_window_models_simulate_with_the_hybrid_allocator():
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_cohort_over_windows_matches_step_by_step(monkeypatch, case):
     sc = make_scenario(**CASES[case])
-    fused, fused_sum = results(monkeypatch, sc)
+    fused, fused_sum = per_request(monkeypatch, sc)
     monkeypatch.setattr(AnalyticBackend, "fuses_decode_runs", False)  # no cohort: every sequence every step
-    plain, plain_sum = results(monkeypatch, sc)
-    assert fused.keys() == plain.keys() and len(fused) > 100
-    for key, (ttft, e2e, *counts) in plain.items():
-        f_ttft, f_e2e, *f_counts = fused[key]
-        assert f_counts == counts, key
-        assert f_ttft == pytest.approx(ttft, rel=1e-9, abs=1e-12), key
-        assert f_e2e == pytest.approx(e2e, rel=1e-9, abs=1e-12), key
+    plain, plain_sum = per_request(monkeypatch, sc)
+    assert_same_requests(fused, plain)
+    assert len(fused) > 100
     for name, s in plain_sum.items():
         f = fused_sum[name]
         assert f["engine_steps"] == s["engine_steps"] and f["engine_events"] < s["engine_events"]
@@ -106,11 +76,13 @@ def test_the_cohort_over_windows_matches_step_by_step(monkeypatch, case):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_simulations_on_the_specification_match_the_hybrid_allocator(monkeypatch, case):
     sc = make_scenario(**CASES[case])
-    fast, fast_sum = results(monkeypatch, sc)
+    fast, fast_sum = per_request(monkeypatch, sc)
     monkeypatch.setitem(replica.ALLOCATORS, "paged", lambda settings, num_blocks: HybridReference(
         num_blocks, settings.block_size, settings.kv_windows, settings.enable_prefix_caching, settings.step_budget))
-    spec, spec_sum = results(monkeypatch, sc)
+    spec, spec_sum = per_request(monkeypatch, sc)
     assert fast == spec and len(fast) > 100
-    assert fast_sum == spec_sum
+    for name, s in fast_sum.items():
+        assert s.pop("backend") == spec_sum[name].pop("backend")
+        assert s == spec_sum[name], name
     figures = next(iter(fast_sum.values()))
     assert figures["preemptions"] > 0 or figures["prefix_hit_rate"] > 0.1  # something to get wrong

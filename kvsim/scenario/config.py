@@ -170,6 +170,10 @@ class EngineConfig(_Section):
         "The vLLM release whose measured kernel timings (NVIDIA AIConfigurator's tables) price each step, "
         "e.g. \"0.24.0\". Default: the newest shipped for the GPU (H100-SXM, H200, A100-80GB, B200); GPUs "
         "without tables are priced by the roofline."))
+    async_scheduling: Optional[bool] = Field(None, description=(
+        "The scheduler plans step n+1 while the GPU runs step n, so a request arriving during a step first "
+        "runs a step later. vLLM: --async-scheduling / --no-async-scheduling. Default: the priced release's "
+        "default (on with measured kernel tables, vLLM >= 0.14; off with the roofline, which mirrors v0.11.0)."))
     fixed_reserve_gib: Optional[GiB] = Field(None, description=(
         "GiB per GPU outside PyTorch's allocator (CUDA context, NCCL and cuBLAS workspaces). Default: "
         "vLLM's measured non-torch memory (kvsim.perf.memory)."))

@@ -43,6 +43,7 @@ class Card:
 def cards(result, colors: dict, tied: dict, usd_per_hour: float | None, output_tokens: float) -> list[Card]:
     """A card per policy of a `kvsim.plan` result; the best is the first of the highest safe rates."""
     best = max(result.policies, key=lambda p: (p.safe_rate, p.mean_rate), default=None)
+    note = basis_note(result.meta.get("pricing_basis"))
     out = []
     for p in result.policies:
         per_m = (usd_per_hour / (p.safe_rate * 3600 * output_tokens) * 1e6
@@ -50,8 +51,15 @@ def cards(result, colors: dict, tied: dict, usd_per_hour: float | None, output_t
         out.append(Card(p.policy, colors[p.policy], p is best and p.safe_rate > 0, p.sustainable_at_scenario_rate,
                         p.safe_rate, p.headroom, f"{p.mean_rate:.3g} (95% CI {p.ci_low:.3g}–{p.ci_high:.3g})",
                         tuple(tied.get(p.policy, ())), usd_per_hour, per_m, p.binding or "–",
-                        p.binding_detail or ""))
+                        p.binding_detail or "", note))
     return out
+
+
+def basis_note(basis: dict | None) -> str:
+    """'Measured: why' or 'Estimated: why' (kvsim.perf.basis.PricingBasis.to_dict()), '' when unknown."""
+    if not basis:
+        return ""
+    return f"{basis['label'].capitalize()}: {basis['why']}"
 
 
 def hourly_cost(scenario) -> tuple[float, str] | None:

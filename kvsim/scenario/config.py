@@ -431,6 +431,9 @@ class BackendConfig(_Section):
     kernel_tables: Optional[PathText] = Field(None, description=(  # relative to the scenario
         "analytic: a kernel-table file (.npz) that kvsim calibrate converted from AIConfigurator's tables, "
         "relative to the scenario file; prices steps in place of the shipped tables."))
+    step_time_scale: Annotated[float, Field(ge=0.5, le=2.0)] = Field(1.0, description=(
+        "analytic: every step's price times this (a sensitivity knob: kvsim plan checks its safe rate at "
+        "1.05 and reports how the knee moves at 0.95 and 1.05)."))
     device: Label = Field("cuda:0", description="triton: the torch device to run on.")
     seed: Seed = Field(0, description="triton: seed of the random model weights.")
     enforce_eager: bool = Field(False, description=(

@@ -32,6 +32,7 @@ API_SERVER_S = (8.4e-3 + 12.0e-3) / 2  # vLLM PR #54628, client minus server TTF
 # mid-2024: synchronous scheduling): mean end-to-end 997.542 ms (buildkite.com/vllm/performance-benchmark
 # build 9555).
 CI_LATENCY_S, CI_BATCH, CI_PROMPT, CI_STEPS = 0.997542, 8, 32, 128
+CI_LATENCY_70B_TP4_S = 2.44447  # the same test, Llama-3.1-70B on 4 H100s
 # vllm-project/vllm#46112 (2026-06): Scheduler.update_from_output takes 0.287 ms for a decode batch of 256
 UPDATE_FROM_OUTPUT_S_PER_SEQ = 0.287e-3 / 256
 BLOG = ("the vLLM blog 'The State of FP8 KV-Cache and Attention Quantization in vLLM' (2026-04-22, v0.19.1, one "
@@ -43,6 +44,9 @@ PROVENANCE = {
                    "scheduling overlaps it with the GPU's work (vllm-project/vllm#23569, 'Fully overlap model "
                    "execution': input preparation and sampling off the critical path): a step takes the longer "
                    "of the two",
+    "host_tp_step_s": "the engine's CPU work a step more under tensor parallelism (the step's inputs to the "
+                      "workers, their outputs back), {host_tp}; overlapped with the GPU's work under async "
+                      "scheduling like host_step_s",
     "host_per_seq_s": "3.3 us per scheduled sequence: Scheduler.update_from_output 1.12 us (vllm-project/vllm#46112, "
                       "2026-06: 0.287 ms for a decode batch of 256), schedule() and the model runner's input "
                       "preparation assumed as much each (no public per-sequence figure found)",
@@ -84,8 +88,9 @@ def main() -> None:
             print(f"{out.relative_to(ROOT)}: {out.stat().st_size / 1024:.0f} KiB")
     overhead, note = solve_graph_overhead()
     host, host_note = solve_host_step()
+    host_tp, host_tp_note = solve_host_step("Llama-3.1-70B", 4, CI_LATENCY_70B_TP4_S, host)
     for gpu, stem in AIC_GPUS.items():
-        write_terms(gpu, stem, overhead, note, host, host_note)
+        write_terms(gpu, stem, overhead, note, (host, host_tp), (host_note, host_tp_note))
 
 
 def solve_graph_overhead() -> tuple[float, str]:
@@ -111,9 +116,10 @@ def solve_graph_overhead() -> tuple[float, str]:
     return solved, note + f": the {solved * 1e3:.3f} ms left is the step's fixed cost"
 
 
-def solve_host_step() -> tuple[float, str]:
-    """The host's seconds a step that price vLLM's CI latency test (synchronous scheduling: the host's
-    work adds to the GPU's) at its published mean, with the newest H100 kernels."""
+def solve_host_step(model: str = "Llama-3.1-8B", tp: int = 1, latency_s: float = CI_LATENCY_S,
+                    host_step_s: float = 0.0) -> tuple[float, str]:
+    """The host's seconds a step (beyond `host_step_s`) that price vLLM's CI latency test (synchronous
+    scheduling: the host's work adds to the GPU's) at its published mean, with the newest H100 kernels."""
     from dataclasses import replace
 
     from kvsim.batch import Batch, DecodeShape
@@ -123,26 +129,29 @@ def solve_host_step() -> tuple[float, str]:
     from kvsim.scenario.catalog import GPUS, MODELS
 
     version = shipped_versions("H100-SXM")[-1]
-    sm = MeasuredStepModel(MODELS["Llama-3.1-8B"], GPUS["H100-SXM"], 1, "auto", shipped_path("H100-SXM", version),
-                           replace(ServerTerms(), host_step_s=0.0), load_calibration(calibration_path("H100-SXM")),
-                           vllm_capture_sizes(1024, 8192), async_scheduling=False)
+    sm = MeasuredStepModel(MODELS[model], GPUS["H100-SXM"], tp, "auto", shipped_path("H100-SXM", version),
+                           replace(ServerTerms(), host_step_s=host_step_s, host_tp_step_s=0.0),
+                           load_calibration(calibration_path("H100-SXM")), vllm_capture_sizes(1024, 8192),
+                           async_scheduling=False)
     n, p = CI_BATCH, CI_PROMPT
     prefill = sm.step_time(Batch(num_prefill_seqs=n, num_prefill_tokens=n * p, prefill_attn_pairs=n * p * (p + 1) // 2))
     total = prefill + sm.decode_run_time(DecodeShape(n, n * (p + 1)), CI_STEPS - 1)
-    host = (CI_LATENCY_S - total) / CI_STEPS
-    return host, (f"{host * 1e3:.2f} ms, solved from vLLM's nightly latency test on H100 (Llama-3.1-8B, {n} x ({p} in "
-                  f"/ {CI_STEPS} out), build 9555, mid-2024, synchronous scheduling): {CI_LATENCY_S * 1e3:.1f} ms "
-                  f"measured against {total * 1e3:.1f} ms of vLLM {version} kernels for its {CI_STEPS} steps")
+    host = (latency_s - total) / CI_STEPS
+    priced = "kernels" if not host_step_s else f"kernels and {host_step_s * 1e3:.2f} ms of host_step_s a step"
+    return host, (f"{host * 1e3:.2f} ms, solved from vLLM's nightly latency test on H100 ({model}, TP {tp}, {n} x "
+                  f"({p} in / {CI_STEPS} out), build 9555, mid-2024, synchronous scheduling): "
+                  f"{latency_s * 1e3:.1f} ms measured against {total * 1e3:.1f} ms of vLLM {version} {priced} "
+                  f"for its {CI_STEPS} steps")
 
 
-def write_terms(gpu: str, stem: str, overhead: float, note: str, host: float, host_note: str) -> None:
+def write_terms(gpu: str, stem: str, overhead: float, note: str, hosts: tuple, notes: tuple) -> None:
     import json
 
     from kvsim.perf.server import ServerTerms
 
     terms = ServerTerms(graph_step_overhead_s=overhead, step_overhead_s=overhead, api_server_s=API_SERVER_S,
-                        host_step_s=round(host, 6))
-    prov = {k: v.format(gpu=stem, host=host_note) for k, v in PROVENANCE.items()}
+                        host_step_s=round(hosts[0], 6), host_tp_step_s=round(max(hosts[1], 0.0), 6))
+    prov = {k: v.format(gpu=stem, host=notes[0], host_tp=notes[1]) for k, v in PROVENANCE.items()}
     own = "" if gpu == "H100-SXM" else "H100-SXM's (no public vLLM ITL of this GPU found; the host is the same " \
                                         "software): "
     prov["graph_step_overhead_s"] = own + note

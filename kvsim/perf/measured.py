@@ -130,7 +130,8 @@ class MeasuredStepModel:
         self.logits_part = -(-model.vocab_size // tp)  # each rank's share of a sampled row's logits
         # The engine's host work a step; async scheduling overlaps it with the GPU's (a step takes the longer)
         self.overlap = async_scheduling
-        self.host_step_s, self.host_per_seq_s = terms.host_step_s, terms.host_per_seq_s
+        self.host_step_s = terms.host_step_s + (terms.host_tp_step_s if tp > 1 else 0.0)
+        self.host_per_seq_s = terms.host_per_seq_s
         self._rows: dict = {True: {}, False: {}}  # graph or eager -> rows -> seconds (the rows priced so far)
         self._rows_pre = self._rows_table(max_rows)
         self._seqs: dict = {}
@@ -207,7 +208,8 @@ class MeasuredStepModel:
         return t
 
     def host_time(self, seqs: int) -> float:
-        """The engine's CPU work for a step of `seqs` sequences (ServerTerms.host_step_s, host_per_seq_s)."""
+        """The engine's CPU work for a step of `seqs` sequences (ServerTerms.host_step_s, host_per_seq_s,
+        and host_tp_step_s when tensor-parallel)."""
         return self.host_step_s + self.host_per_seq_s * seqs
 
     def decode_line(self, num_seqs: int) -> _Line:

@@ -37,6 +37,7 @@ class ServerTerms:
     step_overhead_s: float = 1.2e-4  # GPU: a piecewise-graph or eager (prefill, mixed) step beyond its kernels
     host_step_s: float = 1.0e-3  # CPU: the engine's work a step (schedule, prepare inputs, launch, outputs)
     host_per_seq_s: float = 3.3e-6  # CPU: the same work per scheduled sequence
+    host_tp_step_s: float = 0.0  # CPU: more a step under tensor parallelism (inputs to the workers, outputs back)
     elementwise_kernels_per_layer: float = 5.0  # add+RMSNorm x2, RoPE, KV store, SiLU-and-mul (+1: q/k norm)
     elementwise_kernel_s: float = 3e-6  # AIConfigurator's mem_empirical_constant_latency
     elementwise_bandwidth: float = 0.8  # AIConfigurator's mem_bw_empirical_scaling_factor

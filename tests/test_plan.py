@@ -268,3 +268,25 @@ def test_an_slo_no_single_request_meets_gives_zero_and_says_so():
     assert not answer.sustainable_at_scenario_rate
     assert min(p["rate"] for p in result.points) == pytest.approx(10.0 / 64)  # six halvings, then it stops
     assert any("no safe rate found, down to 0.156 req/s" in line for line in plan_lines(result))
+
+
+def test_the_deployment_search_says_when_its_winner_is_estimated():
+    from dataclasses import replace
+
+    from kvsim.planning.deploy import DeployResult, Deployment, layout_basis
+    from kvsim.planning.output import deploy_lines
+
+    sc = make_scenario()
+    assert layout_basis(sc, "H100-SXM", 1)[0] == "measured"
+    label, why = layout_basis(sc, "MI300X", 2)
+    assert label == "estimated" and "MI300X" in why and "H100 efficiencies" in why
+    h100 = Deployment("H100-SXM", 1, 2, 2, "paged", True, 12.0, 25.0, 26.0, 24.0, 28.0, 0.25, 6.0, 0.1, 0.5, "test",
+                      pricing="measured", pricing_why="vLLM 0.24.0 kernels timed on H100-SXM")
+    mi = replace(h100, gpu="MI300X", usd_per_hour=4.0, pricing=label, pricing_why=why)
+    meta = {"model": "m", "slo": {"ttft_ms": 1000.0, "percentile": 99.0}, "policies": ["paged"], "seeds": [0],
+            "num_requests": 10, "long_run_requests": 40, "mean_prompt_tokens": 100.0, "mean_output_tokens": 10.0}
+    lines = deploy_lines(DeployResult(20.0, meta, [mi, h100]))
+    assert lines[3].startswith("cheapest: 2 × MI300X") and lines[3].endswith("; estimated")
+    assert lines[4].startswith("ESTIMATED: the cheapest rests on no measured kernels or calibration for MI300X")
+    assert lines[4].endswith("Cheapest measured: " + h100.answer())
+    assert len(deploy_lines(DeployResult(20.0, meta, [h100, mi]))) == 4  # a measured winner needs no warning

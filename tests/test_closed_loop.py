@@ -1,0 +1,118 @@
+"""Closed loops (kvsim.engine.arrivals.ClosedLoop, kvsim/scenario/sessions.py): clients as `vllm
+bench serve --max-concurrency` and vLLM's multi-turn benchmark drive a server. Little's law on a case
+computed by hand from the step model, a conversation's prefix hits counted by hand, and the engine's
+fast paths (fused decode runs, one replica without SimPy, engines running ahead of SimPy) giving what
+plain step-by-step scheduling gives."""
+
+import math
+
+import pytest
+
+from kvsim.backends.analytic import AnalyticBackend
+from kvsim.batch import Batch, DecodeShape
+from kvsim.engine.simulator import Simulation
+from kvsim.pipeline import resolve_policy, run_scenario
+from kvsim.results.metrics import Metrics
+from kvsim.scenario.catalog import gpu_spec, model_spec
+from kvsim.sequence import Sequence, Request
+
+from conftest import make_scenario
+from test_simulation import per_request
+
+IMMEDIATE = {"process": "immediate", "rate": None}
+
+
+def summary(sc) -> dict:
+    return run_scenario(sc, write=False).summaries["paged"]
+
+
+# ---- Little's law ------------------------------------------------------------------------------
+
+def _step_model(sc):
+    policy, model, gpu = sc.policies[0], model_spec(sc), gpu_spec(sc)
+    capacity, settings = resolve_policy(sc, policy, model, gpu)
+    return AnalyticBackend(sc, policy, model, gpu, capacity, settings)
+
+
+@pytest.mark.parametrize("think", [0.0, 0.75])
+def test_clients_in_lockstep_meet_littles_law_computed_by_hand(think):
+    """N clients, fixed lengths, think time Z: every cycle the N requests are admitted in one prefill
+    step, decode together for O - 1 steps and finish at once, so R = one prefill step of N x P tokens
+    plus O - 1 decode steps of N sequences (priced here by the step model, apart from the
+    simulation), and over K cycles throughput = N K / (K R + (K - 1) Z) -> N / (R + Z)."""
+    n, p, o, k = 8, 256, 64, 5
+    sc = make_scenario(engine={"max_num_batched_tokens": 4096, "max_num_seqs": 64},
+                       workload={"num_requests": n * k, "arrival": IMMEDIATE, "max_concurrency": n,
+                                 "think_time_s": {"dist": "fixed", "value": think},
+                                 "prompt_len": {"dist": "fixed", "value": p}, "output_len": {"dist": "fixed", "value": o}})
+    backend = _step_model(sc)
+    prefill = Batch()
+    for i in range(n):
+        prefill.add(Sequence(Request(i, 0.0, p, o)), p)
+    r = backend.execute(prefill) + backend.decode_run_time(DecodeShape(n, n * (p + 1), p + 1), o - 1)
+    s = summary(sc)
+    assert s["requests"]["finished"] == n * k and s["clients"]["peak_in_flight"] == n
+    assert s["duration_s"] == pytest.approx(k * r + (k - 1) * think, rel=1e-12)
+    assert s["throughput"]["requests_per_s"] == pytest.approx(n * k / (k * r + (k - 1) * think), rel=1e-12)
+    assert s["e2e_s"]["mean"] == pytest.approx(r, rel=1e-12)  # every request: one prefill, O - 1 decodes
+    # In the steady state N = X (R + Z): K cycles fall short of it only by the last think time.
+    x = s["throughput"]["requests_per_s"]
+    assert x * (r + think) / n == pytest.approx(k * (r + think) / (k * (r + think) - think), rel=1e-12)
+
+
+def test_a_semaphore_over_the_arrival_process_sends_each_request_when_a_client_is_free(monkeypatch):
+    """vllm bench serve --request-rate R --max-concurrency 2: arrivals every 1/R, two clients, so
+    a request is sent at max(its arrival, the end that frees a client), in arrival order."""
+    sc = make_scenario(workload={"num_requests": 16, "arrival": {"process": "deterministic", "rate": 50.0},
+                                 "max_concurrency": 2, "prompt_len": {"dist": "uniform", "min": 100, "max": 900},
+                                 "output_len": {"dist": "uniform", "min": 10, "max": 80}})
+    rows = {}
+    on_finish = Metrics.on_finish
+
+    def spy(self, seq):
+        rows[seq.seq_id] = (seq.request.arrival_time, seq.finish_time)
+        on_finish(self, seq)
+
+    monkeypatch.setattr(Metrics, "on_finish", spy)
+    s = summary(sc)
+    free = [0.0, 0.0]  # when each client is next free
+    for rid in range(16):
+        sent = max(0.02 * (rid + 1), min(free))
+        assert rows[rid][0] == pytest.approx(sent, abs=1e-12), rid
+        free[free.index(min(free))] = rows[rid][1]
+    assert s["clients"]["peak_in_flight"] == 2 and s["clients"]["client_wait_s"]["max"] > 0
+
+
+# ---- a conversation's prefix hits --------------------------------------------------------------
+
+def test_a_conversation_hits_everything_said_before_counted_by_hand():
+    """Two sessions of three turns, one after the other (one client), a 40-token system prompt they
+    share, 100 new tokens and a 50-token reply a turn, blocks of 16. A turn hits the full blocks of
+    what the previous turn computed (its prompt and all but the last token of its reply):
+    A: 140 tokens (hits 0), 290 (the 189 computed before: 11 blocks, 176), 440 (339: 21 blocks, 336);
+    B: 140 (the system prompt's 2 full blocks, 32: the third holds B's own tokens), 290 (176), 440 (336).
+    Hit rate (176 + 336 + 32 + 176 + 336) / 2 (140 + 290 + 440) = 1056 / 1740."""
+    sc = make_scenario(workload={"num_requests": 6, "arrival": IMMEDIATE, "max_concurrency": 1,
+                                 "sessions": {"turns": {"dist": "fixed", "value": 3}},
+                                 "prefix": {"num_groups": 1, "prefix_len": 40},
+                                 "prompt_len": {"dist": "fixed", "value": 100}, "output_len": {"dist": "fixed", "value": 50}})
+    s = summary(sc)
+    assert s["requests"]["finished"] == 6 and s["clients"]["sessions"] == 2
+    assert s["prefix_hit_rate"] == pytest.approx(1056 / 1740, rel=1e-12)
+
+
+@pytest.mark.parametrize("router", ["prefix_affinity", "round_robin"])
+def test_prefix_affinity_keeps_a_session_on_its_replica(router):
+    """Three sessions of three turns (600 new tokens, 50-token replies: past the router's 512-token
+    blocks from the first turn) on two replicas: a session that stays where its conversation is
+    cached hits 640 then 1296 tokens (by hand as above), 1936 of every 3750 prompt tokens; sent
+    round robin, its turns change replica and miss."""
+    sc = make_scenario(hardware={"num_replicas": 2, "router": router},
+                       workload={"num_requests": 9, "arrival": IMMEDIATE, "max_concurrency": 3,
+                                 "sessions": {"turns": {"dist": "fixed", "value": 3}},
+                                 "prompt_len": {"dist": "fixed", "value": 600}, "output_len": {"dist": "fixed", "value": 50}})
+    rate = summary(sc)["prefix_hit_rate"]
+    if router == "prefix_affinity":
+        assert rate == pytest.approx(1936 / 3750, rel=1e-12)
+    else:
+        assert rate < 0.9 * 1936 / 3750, rate  # a turn back where the one before last went hits part

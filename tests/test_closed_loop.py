@@ -116,3 +116,92 @@ def test_prefix_affinity_keeps_a_session_on_its_replica(router):
         assert rate == pytest.approx(1936 / 3750, rel=1e-12)
     else:
         assert rate < 0.9 * 1936 / 3750, rate  # a turn back where the one before last went hits part
+
+
+# ---- the engine's fast paths give step-by-step results -----------------------------------------
+
+CLOSED_CASES = {
+    "clients, exponential think, three replicas": dict(hardware={"num_replicas": 3}, workload={
+        "num_requests": 150, "arrival": IMMEDIATE, "max_concurrency": 24,
+        "think_time_s": {"dist": "exponential", "mean": 0.3}}),
+    "clients, no think, two replicas": dict(hardware={"num_replicas": 2, "router": "round_robin"}, workload={
+        "num_requests": 150, "arrival": IMMEDIATE, "max_concurrency": 32}),
+    "sessions, prefix affinity": dict(hardware={"num_replicas": 2, "router": "prefix_affinity"}, workload={
+        "num_requests": 150, "arrival": IMMEDIATE, "max_concurrency": 12,
+        "think_time_s": {"dist": "uniform", "min": 0.05, "max": 0.5},
+        "sessions": {"turns": {"dist": "uniform", "min": 1, "max": 6}},
+        "prefix": {"num_groups": 2, "prefix_len": 300}}),
+    "semaphore over poisson arrivals": dict(hardware={"num_replicas": 2, "router": "round_robin"}, workload={
+        "num_requests": 150, "arrival": {"rate": 30.0}, "max_concurrency": 10}),
+}
+
+
+def _agree(fused: dict, plain: dict) -> None:
+    assert fused.keys() == plain.keys() and fused
+    for key, (ttft, e2e, *counts) in plain.items():
+        f_ttft, f_e2e, *f_counts = fused[key]
+        assert f_counts == counts, key
+        assert f_ttft == pytest.approx(ttft, rel=1e-9, abs=1e-12), key
+        assert f_e2e == pytest.approx(e2e, rel=1e-9, abs=1e-12), key
+
+
+@pytest.mark.parametrize("case", sorted(CLOSED_CASES))
+def test_fused_decode_runs_match_step_by_step_in_a_closed_loop(monkeypatch, case):
+    """A fused run on one replica must not start steps after a request another replica's finish
+    releases (Simulation.arrival_bound): per-request results are those of one step per event."""
+    sc = make_scenario(**CLOSED_CASES[case])
+    fused, fused_sum = per_request(monkeypatch, sc)
+    monkeypatch.setattr(AnalyticBackend, "fuses_decode_runs", False)
+    plain, plain_sum = per_request(monkeypatch, sc)
+    _agree(fused, plain)
+    f, p = fused_sum["paged"], plain_sum["paged"]
+    assert f["engine_steps"] == p["engine_steps"] and f["engine_events"] < p["engine_steps"]
+    assert f["duration_s"] == pytest.approx(p["duration_s"], rel=1e-9)
+
+
+def test_without_the_bound_fused_runs_overrun_what_other_replicas_release(monkeypatch):
+    """The check above has teeth: bounded by the source's next send alone, runs on one replica
+    overrun requests that a finish on another releases, and results change."""
+    sc = make_scenario(**CLOSED_CASES["clients, no think, two replicas"])
+    monkeypatch.setattr(AnalyticBackend, "fuses_decode_runs", False)
+    plain, _ = per_request(monkeypatch, sc)
+    monkeypatch.undo()
+    monkeypatch.setattr(Simulation, "arrival_bound", lambda self, rep: self.source.next_time)
+    unbounded, _ = per_request(monkeypatch, sc)
+    assert unbounded.keys() == plain.keys()
+    assert any(unbounded[k][:2] != pytest.approx(plain[k][:2], rel=1e-9) for k in plain)
+
+
+@pytest.mark.parametrize("case", ["clients, fixed think, rejections", "sessions", "semaphore"])
+def test_one_replica_without_simpy_replays_simpy_in_a_closed_loop(monkeypatch, case):
+    """The lone replica's WakeClock replays SimPy's wakes (URGENT) and engine events to the bit,
+    ties included (a fixed think time, rejected turns ending sessions at dispatch)."""
+    sections = {
+        "clients, fixed think, rejections": dict(engine={"max_model_len": 700}, workload={
+            "num_requests": 120, "arrival": IMMEDIATE, "max_concurrency": 9, "think_time_s": {"dist": "fixed", "value": 0.2}}),
+        "sessions": dict(engine={"max_model_len": 2500}, workload={
+            "num_requests": 120, "arrival": {"rate": 3.0}, "think_time_s": {"dist": "exponential", "mean": 0.4},
+            "sessions": {"turns": {"dist": "uniform", "min": 1, "max": 8}}}),
+        "semaphore": dict(workload={"num_requests": 120, "arrival": {"process": "deterministic", "rate": 25.0},
+                                    "max_concurrency": 5}),
+    }[case]
+    sc = make_scenario(**sections)
+    alone, alone_sum = per_request(monkeypatch, sc)
+    monkeypatch.setattr(Simulation, "ONE_REPLICA_WITHOUT_SIMPY", False)
+    queued, queued_sum = per_request(monkeypatch, sc)
+    assert alone == queued and alone
+    assert alone_sum == queued_sum
+    if case != "semaphore":
+        assert alone_sum["paged"]["requests"]["rejected"] > 0 or case == "sessions"
+
+
+@pytest.mark.parametrize("case", ["clients, exponential think, three replicas", "sessions, prefix affinity"])
+def test_engines_running_ahead_of_simpy_change_nothing_in_a_closed_loop(monkeypatch, case):
+    import simpy
+
+    sc = make_scenario(**CLOSED_CASES[case])
+    ahead, ahead_sum = per_request(monkeypatch, sc)
+    monkeypatch.setattr(simpy.Environment, "peek", lambda self: float("-inf"))  # every step yields
+    stepped, stepped_sum = per_request(monkeypatch, sc)
+    assert ahead == stepped and ahead
+    assert ahead_sum == stepped_sum

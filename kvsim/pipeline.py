@@ -72,7 +72,18 @@ def run_meta(scenario, model, gpu) -> dict:
     return {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": hw.tensor_parallel_size,
             "num_replicas": hw.num_replicas, "backend": scenario.backend.name, "seed": scenario.workload.seed,
             "description": scenario.description, "arrival": scenario.workload.arrival.model_dump(),
+            "clients": clients_meta(scenario),
             "slo": scenario.slo.model_dump(), "policy_order": [p.name for p in scenario.policies]}
+
+
+def clients_meta(scenario) -> Optional[dict]:
+    """A closed loop's settings for summary.json's meta (None: an open loop)."""
+    if not is_closed_loop(scenario):
+        return None
+    wl = scenario.workload
+    return {"max_concurrency": wl.max_concurrency,
+            "think_time_s": wl.think_time_s.model_dump(exclude_none=True) if wl.think_time_s else None,
+            "sessions": wl.sessions.model_dump(exclude_none=True) if wl.sessions else None}
 
 
 def resolve_policy(scenario, policy, model, gpu) -> tuple[KvCapacity, EngineSettings]:

@@ -166,7 +166,7 @@ def test_without_the_bound_fused_runs_overrun_what_other_replicas_release(monkey
     monkeypatch.setattr(AnalyticBackend, "fuses_decode_runs", False)
     plain, _ = per_request(monkeypatch, sc)
     monkeypatch.undo()
-    monkeypatch.setattr(Simulation, "arrival_bound", lambda self, rep: self.source.next_time)
+    monkeypatch.setattr(Simulation, "arrival_bound", lambda self, rep, now: self.source.next_time)
     unbounded, _ = per_request(monkeypatch, sc)
     assert unbounded.keys() == plain.keys()
     assert any(unbounded[k][:2] != pytest.approx(plain[k][:2], rel=1e-9) for k in plain)

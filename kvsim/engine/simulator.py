@@ -146,10 +146,11 @@ class Simulation:
             self.dispatch(Sequence(source.next_request()), now)
         self.arm()
 
-    def arrival_bound(self, rep: Replica) -> float:
-        """No step of a fused run on `rep` may start at or after this: the closed loop's next send,
-        or the soonest another replica's step in progress can release one (its end, plus the
-        least think time; an idle replica's next step follows an arrival, which bounds it)."""
+    def arrival_bound(self, rep: Replica, now: float) -> float:
+        """No step of a fused run on `rep` (planned at `now`) may start at or after this: the
+        closed loop's next send, or the soonest another replica can release one: the end of its
+        step in progress (whether or not that step finishes a request, the next one may), plus the
+        least think time. An idle replica's next step follows an arrival, which bounds it."""
         t, gap = self.source.next_time, self.source.min_gap
         for other in self.replicas:
             if other is not rep and other.idle is None and other.record.end + gap < t:
@@ -167,7 +168,7 @@ class Simulation:
                 yield rep.idle
                 now = env.now
                 continue
-            step = rep.begin(now, self.arrival_bound(rep) if self.closed else self.next_arrival_time)
+            step = rep.begin(now, self.arrival_bound(rep, now) if self.closed else self.next_arrival_time)
             if step.admission_limit:
                 observer.on_held_back(step)
             if step.end >= peek():  # a SimPy event is due before the step ends: let it happen first

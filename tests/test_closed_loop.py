@@ -205,3 +205,127 @@ def test_engines_running_ahead_of_simpy_change_nothing_in_a_closed_loop(monkeypa
     stepped, stepped_sum = per_request(monkeypatch, sc)
     assert ahead == stepped and ahead
     assert ahead_sum == stepped_sum
+
+
+# ---- planning a closed loop --------------------------------------------------------------------
+
+def test_plan_finds_the_closed_loops_concurrency_by_hand(tmp_path):
+    """One request at a time, each 10 steps of 10 ms (test_plan's serial engine), clients with no
+    think time: in the steady state a request sent as a client's last one ends finds the N - 1
+    others ahead of it, so its TTFT is (N - 1) x 0.1 s + 0.01 s: at most 0.55 s for N <= 6. The
+    safe concurrency is 6 for every seed and the long run, and there the server is never idle:
+    10 requests/s."""
+    from kvsim.planning.capacity import plan
+    from kvsim.planning.executors import InlineExecutor
+    from test_plan import serial_scenario
+
+    sc = serial_scenario(tmp_path, workload={"seed": 0, "num_requests": 200, "arrival": IMMEDIATE, "max_concurrency": 3,
+                                             "prompt_len": {"dist": "fixed", "value": 100},
+                                             "output_len": {"dist": "fixed", "value": 10}},
+                         slo={"ttft_ms": 550, "tpot_ms": None, "percentile": 99})
+    result = plan(sc, seeds=2, resolution=0.02, executor=InlineExecutor())
+    (answer,) = result.policies
+    assert result.meta["load_unit"] == "clients" and result.meta["scenario_rate"] == 3
+    assert answer.safe_rate == 6 and answer.seed_max_rates == [6, 6] and answer.mean_rate == 6
+    assert answer.at_safe_rate["throughput_rps"] == pytest.approx(10.0, rel=0.01)
+    assert answer.at_safe_rate["worst_ttft_ms_at_pct"] == pytest.approx(510, rel=0.01)
+    assert answer.headroom == pytest.approx(1.0) and answer.sustainable_at_scenario_rate
+    for p in result.points:
+        assert p["rate"] == int(p["rate"]) and p["sustainable"] == (p["rate"] <= 6), p
+    assert {p["phase"] for p in result.points} >= {"search", "safe_check", "safe_check_long"}
+
+
+def test_a_target_rate_plans_a_closed_loop_as_its_open_loop_and_refuses_sessions(tmp_path):
+    from kvsim.errors import KvsimError
+    from kvsim.planning.deploy import deploy, rate_based
+    from kvsim.planning.executors import InlineExecutor
+    from test_plan import serial_scenario
+
+    closed = make_scenario(workload={"num_requests": 100, "arrival": IMMEDIATE, "max_concurrency": 8,
+                                     "think_time_s": {"dist": "fixed", "value": 1.0}})
+    open_ = rate_based(closed).workload
+    assert (open_.arrival.process, open_.max_concurrency, open_.think_time_s) == ("poisson", None, None)
+    assert rate_based(make_scenario()) == make_scenario()  # an open loop stays as it is
+    sc = serial_scenario(tmp_path, workload={"seed": 0, "num_requests": 100, "arrival": IMMEDIATE, "max_concurrency": 3,
+                                             "prompt_len": {"dist": "fixed", "value": 100},
+                                             "output_len": {"dist": "fixed", "value": 10}})
+    result = deploy(sc, 4.0, gpus=["H100-SXM"], tensor_parallel=(1,), seeds=1, headroom=False,
+                    executor=InlineExecutor())
+    poisson = serial_scenario(tmp_path, workload={"seed": 0, "num_requests": 100, "arrival": {"process": "poisson", "rate": 1.0},
+                                                  "prompt_len": {"dist": "fixed", "value": 100},
+                                                  "output_len": {"dist": "fixed", "value": 10}})
+    same = deploy(poisson, 4.0, gpus=["H100-SXM"], tensor_parallel=(1,), seeds=1, headroom=False,
+                  executor=InlineExecutor())
+    assert result.meta["from_closed_loop"] and not same.meta["from_closed_loop"]
+    assert [d.row() for d in result.deployments] == [d.row() for d in same.deployments] and result.deployments
+    sessions = make_scenario(workload={"num_requests": 100, "arrival": IMMEDIATE, "max_concurrency": 8,
+                                       "sessions": {"turns": {"dist": "fixed", "value": 3}}})
+    with pytest.raises(KvsimError, match="multi-turn sessions is planned by its concurrency"):
+        deploy(sessions, 4.0, gpus=["H100-SXM"], executor=InlineExecutor())
+
+
+# ---- scenario keys -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("workload, message", [
+    ({"think_time_s": {"dist": "fixed", "value": 1.0}}, "workload: think_time_s: a think time needs clients"),
+    ({"arrival": {"process": "immediate", "rate": 3.0}}, "workload.arrival: process 'immediate' takes no rate"),
+    ({"arrival": IMMEDIATE, "num_requests": None, "duration_s": 60.0},
+     "workload: arrival.process 'immediate' without max_concurrency sends everything at t = 0: give num_requests"),
+    ({"max_concurrency": 0}, "workload.max_concurrency: must be at least 1, got 0"),
+    ({"max_concurrency": 4, "think_time_s": {"dist": "exponential"}}, "workload.think_time_s: dist 'exponential' needs mean"),
+    ({"max_concurrency": 4, "think_time_s": {"dist": "fixed", "value": 1.0, "mean": 2.0}},
+     "workload.think_time_s: dist 'fixed' takes no mean"),
+    ({"sessions": {"turns": {"dist": "fixed", "value": 200_000}}}, "workload.sessions: turns: at most 100,000 turns"),
+    ({"sessions": {"turns": {"dist": "trace"}}}, "sessions from a dataset: sessions.turns, prompt_len and output_len"),
+])
+def test_closed_loop_keys_are_checked_in_one_line(workload, message):
+    from kvsim.errors import KvsimError
+    from kvsim.scenario.config import scenario_from_dict
+    from conftest import scenario_dict
+
+    with pytest.raises(KvsimError) as err:
+        scenario_from_dict(scenario_dict(workload=workload))
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+# ---- sessions from a ShareGPT dataset; same seed, same bytes --------------------------------------
+
+def test_sharegpt_conversations_are_sessions_turn_by_turn(tmp_path, monkeypatch):
+    """Two conversations: A with three (human, gpt) pairs, B with one and a trailing question (dropped).
+    Tokens are UTF-8 bytes / 4 rounded up; a turn's prompt is the conversation so far and its message."""
+    import json
+
+    def turn(who, n):
+        return {"from": who, "value": "x" * n}
+
+    data = [{"conversations": [turn("human", 40), turn("gpt", 400), turn("human", 81), turn("gpt", 200),
+                               turn("human", 8), turn("gpt", 16)]},
+            {"conversations": [turn("human", 4)]},  # no reply: not a session
+            {"conversations": [turn("human", 120), turn("gpt", 60), turn("human", 9)]}]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(data))
+    sc = make_scenario(workload={"num_requests": None, "arrival": IMMEDIATE, "max_concurrency": 1,
+                                 "trace": {"format": "sharegpt", "path": str(path)},
+                                 "sessions": {"turns": {"dist": "trace"}},
+                                 "prompt_len": {"dist": "trace"}, "output_len": {"dist": "trace"}})
+    seen = []
+    on_finish = Metrics.on_finish
+
+    def spy(self, seq):
+        seen.append((seq.request.prompt_len, seq.request.output_len))
+        on_finish(self, seq)
+
+    monkeypatch.setattr(Metrics, "on_finish", spy)
+    s = summary(sc)
+    assert s["clients"]["sessions"] == 2 and s["requests"]["finished"] == 4
+    assert seen == [(10, 100), (10 + 100 + 21, 50), (131 + 50 + 2, 4), (30, 15)]
+
+
+def test_a_closed_loop_run_gives_the_same_bytes_twice(tmp_path):
+    from kvsim.cli import main
+
+    for out in ("a", "b"):
+        assert main(["scenarios/multi_turn.toml", "--set", "workload.num_requests=200", "--policy", "paged",
+                     "--out", str(tmp_path / out), "--quiet"]) == 0
+    for name in ("summary.json", "requests.csv", "timeseries.csv"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

@@ -17,7 +17,8 @@ from kvsim.scenario.catalog import gpu_spec, model_spec
 from kvsim.sequence import Sequence, Request
 
 from conftest import make_scenario
-from test_simulation import per_request
+from test_simulation import (assert_replays_simpy, assert_running_ahead_changes_nothing, assert_same_requests,
+                             per_request)
 
 IMMEDIATE = {"process": "immediate", "rate": None}
 
@@ -136,15 +137,6 @@ CLOSED_CASES = {
 }
 
 
-def _agree(fused: dict, plain: dict) -> None:
-    assert fused.keys() == plain.keys() and fused
-    for key, (ttft, e2e, *counts) in plain.items():
-        f_ttft, f_e2e, *f_counts = fused[key]
-        assert f_counts == counts, key
-        assert f_ttft == pytest.approx(ttft, rel=1e-9, abs=1e-12), key
-        assert f_e2e == pytest.approx(e2e, rel=1e-9, abs=1e-12), key
-
-
 @pytest.mark.parametrize("case", sorted(CLOSED_CASES))
 def test_fused_decode_runs_match_step_by_step_in_a_closed_loop(monkeypatch, case):
     """A fused run on one replica must not start steps after a request another replica's finish
@@ -153,7 +145,7 @@ def test_fused_decode_runs_match_step_by_step_in_a_closed_loop(monkeypatch, case
     fused, fused_sum = per_request(monkeypatch, sc)
     monkeypatch.setattr(AnalyticBackend, "fuses_decode_runs", False)
     plain, plain_sum = per_request(monkeypatch, sc)
-    _agree(fused, plain)
+    assert_same_requests(fused, plain)
     f, p = fused_sum["paged"], plain_sum["paged"]
     assert f["engine_steps"] == p["engine_steps"] and f["engine_events"] < p["engine_steps"]
     assert f["duration_s"] == pytest.approx(p["duration_s"], rel=1e-9)
@@ -185,26 +177,14 @@ def test_one_replica_without_simpy_replays_simpy_in_a_closed_loop(monkeypatch, c
         "semaphore": dict(workload={"num_requests": 120, "arrival": {"process": "deterministic", "rate": 25.0},
                                     "max_concurrency": 5}),
     }[case]
-    sc = make_scenario(**sections)
-    alone, alone_sum = per_request(monkeypatch, sc)
-    monkeypatch.setattr(Simulation, "ONE_REPLICA_WITHOUT_SIMPY", False)
-    queued, queued_sum = per_request(monkeypatch, sc)
-    assert alone == queued and alone
-    assert alone_sum == queued_sum
+    alone_sum = assert_replays_simpy(monkeypatch, make_scenario(**sections))
     if case != "semaphore":
         assert alone_sum["paged"]["requests"]["rejected"] > 0 or case == "sessions"
 
 
 @pytest.mark.parametrize("case", ["clients, exponential think, three replicas", "sessions, prefix affinity"])
 def test_engines_running_ahead_of_simpy_change_nothing_in_a_closed_loop(monkeypatch, case):
-    import simpy
-
-    sc = make_scenario(**CLOSED_CASES[case])
-    ahead, ahead_sum = per_request(monkeypatch, sc)
-    monkeypatch.setattr(simpy.Environment, "peek", lambda self: float("-inf"))  # every step yields
-    stepped, stepped_sum = per_request(monkeypatch, sc)
-    assert ahead == stepped and ahead
-    assert ahead_sum == stepped_sum
+    assert_running_ahead_changes_nothing(monkeypatch, make_scenario(**CLOSED_CASES[case]))
 
 
 # ---- planning a closed loop --------------------------------------------------------------------

@@ -220,13 +220,21 @@ class LengthDist(_Section):
 
     @model_validator(mode="after")
     def _params(self):
-        need = {"fixed": ("value",), "uniform": ("min", "max"), "lognormal": ("mean", "sigma"), "trace": ()}
-        missing = [k for k in need[self.dist] if getattr(self, k) is None]
-        if missing:
-            raise ValueError(f"dist '{self.dist}' needs {', '.join(missing)}")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError("min must not exceed max")
+        _dist_params(self, {"fixed": ("value",), "uniform": ("min", "max"), "lognormal": ("mean", "sigma"), "trace": ()})
         return self
+
+
+def _dist_params(dist, need: dict, strict: bool = False) -> None:
+    """A distribution's parameters: those its `dist` needs are given (`strict`: and no other), min <= max."""
+    missing = [k for k in need[dist.dist] if getattr(dist, k) is None]
+    if missing:
+        raise ValueError(f"dist '{dist.dist}' needs {', '.join(missing)}")
+    extra = [k for k in ("value", "min", "max", "mean", "sigma")
+             if strict and k not in need[dist.dist] and getattr(dist, k) is not None]
+    if extra:
+        raise ValueError(f"dist '{dist.dist}' takes no {', '.join(extra)}")
+    if dist.min is not None and dist.max is not None and dist.min > dist.max:
+        raise ValueError("min must not exceed max")
 
 
 class ArrivalConfig(_Section):
@@ -272,15 +280,8 @@ class TimeDist(_Section):
 
     @model_validator(mode="after")
     def _params(self):
-        need = {"fixed": ("value",), "uniform": ("min", "max"), "exponential": ("mean",), "lognormal": ("mean", "sigma")}
-        missing = [k for k in need[self.dist] if getattr(self, k) is None]
-        if missing:
-            raise ValueError(f"dist '{self.dist}' needs {', '.join(missing)}")
-        extra = [k for k in ("value", "min", "max", "mean", "sigma") if k not in need[self.dist] and getattr(self, k) is not None]
-        if extra:
-            raise ValueError(f"dist '{self.dist}' takes no {', '.join(extra)}")
-        if self.dist == "uniform" and self.min > self.max:
-            raise ValueError("min must not exceed max")
+        _dist_params(self, {"fixed": ("value",), "uniform": ("min", "max"), "exponential": ("mean",),
+                            "lognormal": ("mean", "sigma")}, strict=True)
         return self
 
     @property

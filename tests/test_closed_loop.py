@@ -309,3 +309,23 @@ def test_a_closed_loop_run_gives_the_same_bytes_twice(tmp_path):
                      "--out", str(tmp_path / out), "--quiet"]) == 0
     for name in ("summary.json", "requests.csv", "timeseries.csv"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_a_vllm_bench_result_is_checked_for_its_clients(tmp_path):
+    """`kvsim validate` against a `vllm bench serve --save-result` JSON: --request-rate inf and
+    --max-concurrency must be the scenario's (arrival immediate, max_concurrency)."""
+    from kvsim.calibrate.tables import bench_result, check_bench_workload
+    from kvsim.errors import KvsimError
+    from kvsim.scenario.workload import generate_requests
+
+    sc = make_scenario(workload={"num_requests": 100, "arrival": IMMEDIATE, "max_concurrency": 16})
+    reqs = list(generate_requests(sc))
+    doc = {"completed": 100, "num_prompts": 100, "output_throughput": 1e3, "request_rate": "inf",
+           "max_concurrency": 16, "total_input_tokens": sum(r.prompt_len for r in reqs),
+           "total_output_tokens": sum(r.output_len for r in reqs)}
+    check_bench_workload(bench_result(doc, tmp_path / "b.json"), sc)  # the same workload: no complaint
+    for change, said in (({"max_concurrency": 8}, "max concurrency 8 vs 16"),
+                         ({"max_concurrency": None}, "max concurrency None vs 16"),
+                         ({"request_rate": 20.0}, "request rate 20 vs inf")):
+        with pytest.raises(KvsimError, match=said):
+            check_bench_workload(bench_result({**doc, **change}, tmp_path / "b.json"), sc)

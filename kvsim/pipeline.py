@@ -94,15 +94,17 @@ def resolve_policy(scenario, policy, model, gpu) -> tuple[KvCapacity, EngineSett
     return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block)
 
 
-def arrival_source(scenario, max_model_len: int):
+def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
     """The scenario's requests as an ArrivalSource: an open-loop stream, or clients in a closed
-    loop (`workload.max_concurrency`, `think_time_s`, `[workload.sessions]`)."""
+    loop (`workload.max_concurrency`, `think_time_s`, `[workload.sessions]`); `reply_delay_s`: the
+    API server's time a client waits for a reply past the engine's last token (measured pricing)."""
     if not is_closed_loop(scenario):
         return RequestStream(generate_requests(scenario, max_model_len))
     wl = scenario.workload
     think = wl.think_time_s
     return ClosedLoop(sessions(scenario, max_model_len), wl.max_concurrency, think.lowest if think else 0.0,
-                      wl.arrival.process == "immediate", wl.duration_s if wl.duration_s is not None else math.inf)
+                      wl.arrival.process == "immediate", wl.duration_s if wl.duration_s is not None else math.inf,
+                      reply_delay_s)
 
 
 def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
@@ -113,7 +115,7 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     replicas = [make_replica(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings),
                              metrics.interval) for i in range(settings.num_replicas)]
     sim = Simulation(replicas, metrics, make_router(settings, replicas, replicas[0].backend.num_blocks), on_progress)
-    source = arrival_source(scenario, settings.max_model_len)
+    source = arrival_source(scenario, settings.max_model_len, metrics.request_overhead_s)
     try:
         end = sim.run(source)
         described = replicas[0].backend.describe()

@@ -11,6 +11,7 @@ import pytest
 from kvsim.backends.analytic import AnalyticBackend
 from kvsim.batch import Batch, DecodeShape
 from kvsim.engine.simulator import Simulation
+from kvsim.perf.measured import request_overhead_s
 from kvsim.pipeline import resolve_policy, run_scenario
 from kvsim.results.metrics import Metrics
 from kvsim.scenario.catalog import gpu_spec, model_spec
@@ -38,9 +39,11 @@ def _step_model(sc):
 @pytest.mark.parametrize("think", [0.0, 0.75])
 def test_clients_in_lockstep_meet_littles_law_computed_by_hand(think):
     """N clients, fixed lengths, think time Z: every cycle the N requests are admitted in one prefill
-    step, decode together for O - 1 steps and finish at once, so R = one prefill step of N x P tokens
-    plus O - 1 decode steps of N sequences (priced here by the step model, apart from the
-    simulation), and over K cycles throughput = N K / (K R + (K - 1) Z) -> N / (R + Z)."""
+    step, decode together for O - 1 steps and finish at once, so the engine's R = one prefill step
+    of N x P tokens plus O - 1 decode steps of N sequences (priced here by the step model, apart
+    from the simulation); a client has its reply d later (the API server's time, which the
+    measured pricing adds to every request's latency), so the response time is R + d and over K
+    cycles throughput = N K / (K R + (K - 1)(d + Z)) -> N / (R + d + Z)."""
     n, p, o, k = 8, 256, 64, 5
     sc = make_scenario(engine={"max_num_batched_tokens": 4096, "max_num_seqs": 64},
                        workload={"num_requests": n * k, "arrival": IMMEDIATE, "max_concurrency": n,
@@ -51,19 +54,20 @@ def test_clients_in_lockstep_meet_littles_law_computed_by_hand(think):
     for i in range(n):
         prefill.add(Sequence(Request(i, 0.0, p, o)), p)
     r = backend.execute(prefill) + backend.decode_run_time(DecodeShape(n, n * (p + 1), p + 1), o - 1)
+    d = request_overhead_s(sc, gpu_spec(sc))
     s = summary(sc)
     assert s["requests"]["finished"] == n * k and s["clients"]["peak_in_flight"] == n
-    assert s["duration_s"] == pytest.approx(k * r + (k - 1) * think, rel=1e-12)
-    assert s["throughput"]["requests_per_s"] == pytest.approx(n * k / (k * r + (k - 1) * think), rel=1e-12)
-    assert s["e2e_s"]["mean"] == pytest.approx(r, rel=1e-12)  # every request: one prefill, O - 1 decodes
-    # In the steady state N = X (R + Z): K cycles fall short of it only by the last think time.
-    x = s["throughput"]["requests_per_s"]
-    assert x * (r + think) / n == pytest.approx(k * (r + think) / (k * (r + think) - think), rel=1e-12)
+    assert s["duration_s"] == pytest.approx(k * r + (k - 1) * (d + think), rel=1e-12)
+    assert s["throughput"]["requests_per_s"] == pytest.approx(n * k / (k * r + (k - 1) * (d + think)), rel=1e-12)
+    assert s["e2e_s"]["mean"] == pytest.approx(r + d, rel=1e-12)  # every request: one prefill, O - 1 decodes
+    # In the steady state N = X (R + d + Z): K cycles fall short of it by the last reply and think time.
+    x, cycle = s["throughput"]["requests_per_s"], r + d + think
+    assert x * cycle / n == pytest.approx(k * cycle / (k * cycle - d - think), rel=1e-12)
 
 
 def test_a_semaphore_over_the_arrival_process_sends_each_request_when_a_client_is_free(monkeypatch):
     """vllm bench serve --request-rate R --max-concurrency 2: arrivals every 1/R, two clients, so
-    a request is sent at max(its arrival, the end that frees a client), in arrival order."""
+    a request is sent at max(its arrival, the reply that frees a client), in arrival order."""
     sc = make_scenario(workload={"num_requests": 16, "arrival": {"process": "deterministic", "rate": 50.0},
                                  "max_concurrency": 2, "prompt_len": {"dist": "uniform", "min": 100, "max": 900},
                                  "output_len": {"dist": "uniform", "min": 10, "max": 80}})
@@ -76,11 +80,12 @@ def test_a_semaphore_over_the_arrival_process_sends_each_request_when_a_client_i
 
     monkeypatch.setattr(Metrics, "on_finish", spy)
     s = summary(sc)
+    d = request_overhead_s(sc, gpu_spec(sc))  # the API server's time: a client has its reply that much later
     free = [0.0, 0.0]  # when each client is next free
     for rid in range(16):
         sent = max(0.02 * (rid + 1), min(free))
         assert rows[rid][0] == pytest.approx(sent, abs=1e-12), rid
-        free[free.index(min(free))] = rows[rid][1]
+        free[free.index(min(free))] = rows[rid][1] + d
     assert s["clients"]["peak_in_flight"] == 2 and s["clients"]["client_wait_s"]["max"] > 0
 
 
@@ -329,3 +334,27 @@ def test_a_vllm_bench_result_is_checked_for_its_clients(tmp_path):
                          ({"request_rate": 20.0}, "request rate 20 vs inf")):
         with pytest.raises(KvsimError, match=said):
             check_bench_workload(bench_result({**doc, **change}, tmp_path / "b.json"), sc)
+
+
+def test_a_client_waits_for_the_api_servers_reply_too():
+    """With `reply_delay` (the API server's time past the last token, measured pricing) a client's
+    next request goes that much later: one client, fixed lengths, so every send is the previous
+    request's end plus the delay."""
+    from kvsim.engine.arrivals import ClosedLoop
+    from test_arrivals import Client, simulate
+
+    owners = {}
+    client = Client(0, 6, 0.0, owners)
+    source = ClosedLoop(iter([client]), max_concurrency=1, immediate=True, reply_delay=0.03)
+    ends = {}
+    ended = source.request_ended
+
+    def spy(seq, now):
+        ends[owners[seq.request.request_id][1]] = now
+        ended(seq, now)
+
+    source.request_ended = spy
+    simulate(source, 2)
+    assert source.min_gap == 0.03 and len(ends) == 6
+    for k in range(1, 6):
+        assert client.sent[k] == pytest.approx(ends[k - 1] + 0.03, abs=1e-12)

@@ -62,15 +62,17 @@ class ClosedLoop:
     `request(k, request_id, send_time)` (turn k as a `Request`; turns are asked for in order).
     `min_gap`: a lower bound of every think time (the simulation bounds fused decode runs with it);
     `immediate`: every session arrives at t = 0 (no arrival process: the engine's backlog says
-    nothing about keeping up, the SLO alone decides); `horizon`: nothing is sent after it."""
+    nothing about keeping up, the SLO alone decides); `horizon`: nothing is sent after it;
+    `reply_delay`: what a client waits past the engine's last token (the API server's time)."""
 
     closed_loop = True
 
     def __init__(self, sessions: Iterator, max_concurrency: Optional[int] = None, min_gap: float = 0.0,
-                 immediate: bool = False, horizon: float = math.inf):
+                 immediate: bool = False, horizon: float = math.inf, reply_delay: float = 0.0):
         self._sessions = iter(sessions)
         self._head = next(self._sessions, None)  # the next session to start
-        self.max_concurrency, self.min_gap, self.immediate, self.horizon = max_concurrency, min_gap, immediate, horizon
+        self.max_concurrency, self.immediate, self.horizon = max_concurrency, immediate, horizon
+        self.reply_delay, self.min_gap = reply_delay, reply_delay + min_gap
         self._free = max_concurrency  # idle clients (None: as many as sessions)
         self._frees: list[float] = []  # when busy clients' last think ends
         self._turns: list[tuple] = []  # (send time, session serial, session): next turns, client held
@@ -99,17 +101,18 @@ class ClosedLoop:
         return req
 
     def request_ended(self, seq: Sequence, now: float) -> None:
-        """Turn k of a session ended at `now`: its next turn a think time later, or its client free."""
+        """Turn k of a session ended at `now` (its client has the reply `reply_delay` later): its next
+        turn a think time after that, or its client free."""
         session, k, _ = self._live.pop(seq.request.request_id)
         self._clock = max(self._clock, now)
         self._scheduled.append(seq.first_scheduled_time)
-        gap = session.think(k)
+        ready = now + self.reply_delay + session.think(k)
         if k + 1 < session.num_turns and seq.status is not SequenceStatus.REJECTED:
             self._serial += 1
-            heapq.heappush(self._turns, (now + gap, self._serial, session))
+            heapq.heappush(self._turns, (ready, self._serial, session))
         elif self._free is not None:
-            if gap > 0:
-                heapq.heappush(self._frees, now + gap)
+            if ready > now:
+                heapq.heappush(self._frees, ready)
             else:
                 self._free += 1
         self._update()

@@ -7,6 +7,7 @@ replays the same request stream against each policy, and writes the results atom
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Callable, Optional
 
 from kvsim.backends import load_backend
 from kvsim.errors import KvsimError
-from kvsim.engine.arrivals import RequestStream
+from kvsim.engine.arrivals import ClosedLoop, RequestStream
 from kvsim.engine.replica import make_replica
 from kvsim.engine.router import make_router
 from kvsim.engine.settings import EngineSettings, engine_settings
@@ -30,6 +31,7 @@ from kvsim.scenario.config import results_dir
 from kvsim.scenario.defaults import engine_limits
 from kvsim.scenario.files import user_path
 from kvsim.scenario.traces import one_read_per_call
+from kvsim.scenario.sessions import is_closed_loop, sessions
 from kvsim.scenario.workload import expected_count, generate_requests, timeseries_interval
 
 
@@ -75,7 +77,18 @@ def run_meta(scenario, model, gpu, basis: Optional[PricingBasis] = None) -> dict
             "pricing_basis": basis.to_dict(),
             "num_replicas": hw.num_replicas, "backend": scenario.backend.name, "seed": scenario.workload.seed,
             "description": scenario.description, "arrival": scenario.workload.arrival.model_dump(),
+            "clients": clients_meta(scenario),
             "slo": scenario.slo.model_dump(), "policy_order": [p.name for p in scenario.policies]}
+
+
+def clients_meta(scenario) -> Optional[dict]:
+    """A closed loop's settings for summary.json's meta (None: an open loop)."""
+    if not is_closed_loop(scenario):
+        return None
+    wl = scenario.workload
+    return {"max_concurrency": wl.max_concurrency,
+            "think_time_s": wl.think_time_s.model_dump(exclude_none=True) if wl.think_time_s else None,
+            "sessions": wl.sessions.model_dump(exclude_none=True) if wl.sessions else None}
 
 
 def resolve_policy(scenario, policy, model, gpu, basis: Optional[PricingBasis] = None) -> tuple[KvCapacity,
@@ -89,6 +102,19 @@ def resolve_policy(scenario, policy, model, gpu, basis: Optional[PricingBasis] =
                                      async_default=basis.pricing == "measured")
 
 
+def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
+    """The scenario's requests as an ArrivalSource: an open-loop stream, or clients in a closed
+    loop (`workload.max_concurrency`, `think_time_s`, `[workload.sessions]`); `reply_delay_s`: the
+    API server's time a client waits for a reply past the engine's last token (measured pricing)."""
+    if not is_closed_loop(scenario):
+        return RequestStream(generate_requests(scenario, max_model_len))
+    wl = scenario.workload
+    think = wl.think_time_s
+    return ClosedLoop(sessions(scenario, max_model_len), wl.max_concurrency, think.lowest if think else 0.0,
+                      wl.arrival.process == "immediate", wl.duration_s if wl.duration_s is not None else math.inf,
+                      reply_delay_s)
+
+
 def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
                     on_progress: Optional[Callable[[int], None]] = None,
                     basis: Optional[PricingBasis] = None) -> tuple[dict, Simulation]:
@@ -98,8 +124,9 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     replicas = [make_replica(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings),
                              metrics.interval) for i in range(settings.num_replicas)]
     sim = Simulation(replicas, metrics, make_router(settings, replicas, replicas[0].backend.num_blocks), on_progress)
+    source = arrival_source(scenario, settings.max_model_len, metrics.request_overhead_s)
     try:
-        end = sim.run(RequestStream(generate_requests(scenario, settings.max_model_len)))
+        end = sim.run(source)
         described = replicas[0].backend.describe()
     finally:
         for rep in replicas:  # a GPU backend holds most of the device: let the next policy have it
@@ -107,8 +134,20 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     summary = metrics.summary(duration_s=end, num_blocks=replicas[0].backend.num_blocks * len(replicas),
                               block_size=settings.block_size, bytes_per_block=capacity.bytes_per_block,
                               extra=_run_figures(sim, settings, policy, described), num_replicas=len(replicas))
+    if source.closed_loop:
+        _clients_figures(summary, source)
     summary["verdict"] = judge(summary).as_dict()
     return summary, sim
+
+
+def _clients_figures(summary: dict, source: ClosedLoop) -> None:
+    """A closed loop's "clients", and its backlog: requests first scheduled after the last one was
+    ready to be sent (none when everything was ready at t = 0: the SLO alone judges a closed loop)."""
+    summary["clients"] = source.describe()
+    arrivals, backlog = summary["arrivals"], source.backlog()
+    received = summary["requests"]["received"]
+    arrivals["backlog_at_last_arrival"] = backlog
+    arrivals["backlog_fraction"] = backlog / received if backlog is not None and received else None
 
 
 def _run_figures(sim: Simulation, settings: EngineSettings, policy, described: dict) -> dict:

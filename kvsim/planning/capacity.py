@@ -1,4 +1,5 @@
-"""`kvsim plan`: each policy's safe arrival rate under the scenario's SLO.
+"""`kvsim plan`: each policy's safe arrival rate under the scenario's SLO (a closed loop: its safe
+concurrency, the most clients; kvsim/planning/points.py `load_unit`).
 
 Per policy and seed a `Search` (kvsim/planning/search.py) brackets and bisects the rate; a rate is
 *sustainable* when the SLO is met at its percentile and the engine is stable
@@ -42,7 +43,7 @@ import numpy as np
 
 from kvsim.errors import check_int
 from kvsim.planning.executors import make_executor, run_all
-from kvsim.planning.points import FIGURES, base_rate, check_fits, evaluate_point, mean_or_none
+from kvsim.planning.points import CLIENTS, FIGURES, base_rate, check_fits, evaluate_point, load_unit, mean_or_none
 from kvsim.planning.safe import LONG_RUN, SafeCheck, first_candidate, safe_rates
 from kvsim.planning.search import Search, expected_points, run_searches
 from kvsim.planning.sensitivity import KNEE_GROWTH, STEP_COST_MARGIN, check_scale, scalable, widen, with_step_scale
@@ -240,7 +241,8 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
                     policy_of=lambda label: label, headroom_rate: Optional[float] = None,
                     confirm: bool = True, key: str = "policy", growth_of=lambda label: 2.0,
                     known=lambda label, seed: (), floor=lambda label: 0.0,
-                    start_of=None, check_scale: float = 1.0) -> tuple[list[PolicyCapacity], list[dict]]:
+                    start_of=None, check_scale: float = 1.0,
+                    integer: bool = False) -> tuple[list[PolicyCapacity], list[dict]]:
     """The search for each label (a policy, or a deployment layout) over seeds, starting at `start`
     req/s with `num_requests(label)` requests a point (`known(label, seed)`: (rate, record) pairs
     already simulated, `growth_of(label)`: the search's step up, `start_of(label)`: its own start); with `confirm`, each label's safe
@@ -249,7 +251,7 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
     check's points (kvsim/planning/sensitivity.py).
     Returns the answers (headroom against `headroom_rate`, default `start`) and the point rows."""
     start_of = start_of or (lambda label: start)
-    searches = {label: [Search((label, seed), start_of(label), resolution, growth_of(label)) for seed in seeds]
+    searches = {label: [Search((label, seed), start_of(label), resolution, growth_of(label), integer) for seed in seeds]
                 for label in labels}
     for label, group in searches.items():
         for seed, search in zip(seeds, group):
@@ -265,7 +267,7 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
     checks = {}
     if confirm:
         checks = safe_rates(executor, {label: first_candidate(group) for label, group in searches.items()},
-                            seeds, resolution, lambda *a: point(*a, scale=check_scale), tick, floor)
+                            seeds, resolution, lambda *a: point(*a, scale=check_scale), tick, floor, integer)
     rows = []
     for label, group in searches.items():
         for seed, s in zip(seeds, group):
@@ -282,7 +284,7 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
 
 
 def step_cost_knees(executor, scenario, answers: list[PolicyCapacity], seed: int, resolution: float,
-                    num_requests: int, trace_rate, tick) -> list[dict]:
+                    num_requests: int, trace_rate, tick, integer: bool = False) -> list[dict]:
     """The first seed's knee re-searched with every step STEP_COST_MARGIN cheaper and dearer, from the
     knee it found; each answer's interval widened by the knees' ratios (kvsim/planning/sensitivity.py)."""
     todo = [a for a in answers if a.seed_max_rates and a.seed_max_rates[0] > 0 and not a.censored]
@@ -294,7 +296,8 @@ def step_cost_knees(executor, scenario, answers: list[PolicyCapacity], seed: int
             executor, scenario, [a.policy for a in todo], [seed], resolution, tick, start=todo[0].seed_max_rates[0],
             start_of=lambda label: next(a.seed_max_rates[0] for a in todo if a.policy == label),
             num_requests=lambda label: num_requests, trace_rate=trace_rate, confirm=False,
-            overrides_of=lambda label: with_step_scale(None, scale), growth_of=lambda label: KNEE_GROWTH)
+            overrides_of=lambda label: with_step_scale(None, scale), growth_of=lambda label: KNEE_GROWTH,
+            integer=integer)
         knees[scale] = [f.mean_rate for f in found]
         rows += [{**r, "phase": f"step_cost_x{scale:g}"} for r in points]
     for i, a in enumerate(todo):
@@ -359,8 +362,10 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
     chosen = [p.name for p in chosen_policies(scenario, policies)]
     check_fits(scenario, chosen)
     n = num_requests or default_requests(scenario)
-    r0 = base_rate(scenario, n)  # a trace: the mean rate of the rows each point replays
+    unit = load_unit(scenario)
+    r0 = base_rate(scenario, n)  # a trace: the mean rate of the rows each point replays; a closed loop: its clients
     trace_rate = r0 if scenario.workload.arrival.process == "trace" else None
+    integer = unit == CLIENTS
     seed_list = [scenario.workload.seed + i for i in range(seeds)]
     tick = Ticker(progress, len(chosen) * (seeds * (expected_points(resolution) + 1) + LONG_RUN + 8))
     own = executor is None
@@ -368,15 +373,15 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
     try:
         answers, rows = capacity_search(executor, scenario, chosen, seed_list, resolution, tick, start=r0,
                                         num_requests=lambda label: n, trace_rate=trace_rate,
-                                        check_scale=check_scale(scenario))
-        rows += step_cost_knees(executor, scenario, answers, seed_list[0], resolution, n, trace_rate, tick)
+                                        check_scale=check_scale(scenario), integer=integer)
+        rows += step_cost_knees(executor, scenario, answers, seed_list[0], resolution, n, trace_rate, tick, integer)
         rows += name_step_time(executor, scenario, answers, seed_list[0], n, trace_rate, tick)
         tuning = []
         if tune:
             from kvsim.planning.tune import tune as tune_engine
 
             tuning, more = tune_engine(executor, scenario, answers, seed_list, resolution, n, trace_rate, tick,
-                                       partial(capacity_search, check_scale=check_scale(scenario)))
+                                       partial(capacity_search, check_scale=check_scale(scenario), integer=integer))
             rows += more
     finally:
         if own:
@@ -389,5 +394,5 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
             "arrival": scenario.workload.arrival.model_dump(), "scenario_rate": r0,
             "slo": scenario.slo.model_dump(), "seeds": seed_list, "num_requests": n, "resolution": resolution,
             "stability_tolerance": STABILITY_TOLERANCE, "policy_order": [p.name for p in scenario.policies],
-            "long_run_requests": LONG_RUN * n}
+            "long_run_requests": LONG_RUN * n, "load_unit": unit}
     return PlanResult(scenario.name or "scenario", meta, answers, rows, tuning)

@@ -20,6 +20,7 @@ from kvsim.engine.replica import make_replica
 from kvsim.engine.router import make_router
 from kvsim.engine.settings import EngineSettings, engine_settings
 from kvsim.engine.simulator import Simulation
+from kvsim.perf.basis import PricingBasis, pricing_basis
 from kvsim.perf.measured import request_overhead_s
 from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
 from kvsim.results.metrics import Metrics
@@ -67,10 +68,13 @@ class ScenarioResult:
         return summary_frame(self.summaries)
 
 
-def run_meta(scenario, model, gpu) -> dict:
-    """What ran, for summary.json and the report's opening lines."""
+def run_meta(scenario, model, gpu, basis: Optional[PricingBasis] = None) -> dict:
+    """What ran, for summary.json and the report's opening lines: `basis` says whether its answers are
+    measured or estimated, and why."""
     hw = scenario.hardware
+    basis = basis or pricing_basis(scenario, model, gpu)
     return {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": hw.tensor_parallel_size,
+            "pricing_basis": basis.to_dict(),
             "num_replicas": hw.num_replicas, "backend": scenario.backend.name, "seed": scenario.workload.seed,
             "description": scenario.description, "arrival": scenario.workload.arrival.model_dump(),
             "clients": clients_meta(scenario),
@@ -87,11 +91,15 @@ def clients_meta(scenario) -> Optional[dict]:
             "sessions": wl.sessions.model_dump(exclude_none=True) if wl.sessions else None}
 
 
-def resolve_policy(scenario, policy, model, gpu) -> tuple[KvCapacity, EngineSettings]:
-    """The policy's KV capacity and engine settings, its engine limits resolved once."""
+def resolve_policy(scenario, policy, model, gpu, basis: Optional[PricingBasis] = None) -> tuple[KvCapacity,
+                                                                                                 EngineSettings]:
+    """The policy's KV capacity and engine settings, its engine limits resolved once. Async scheduling
+    defaults to the priced release's: on under measured kernel tables (vLLM >= 0.14), else off."""
     limits = engine_limits(scenario, policy, model, gpu)
     capacity = kv_capacity(scenario, policy, model, gpu, limits)
-    return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block)
+    basis = basis or pricing_basis(scenario, model, gpu)
+    return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block,
+                                     async_default=basis.pricing == "measured")
 
 
 def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
@@ -108,9 +116,10 @@ def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
 
 
 def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
-                    on_progress: Optional[Callable[[int], None]] = None) -> tuple[dict, Simulation]:
+                    on_progress: Optional[Callable[[int], None]] = None,
+                    basis: Optional[PricingBasis] = None) -> tuple[dict, Simulation]:
     """Simulate one policy; returns its summary and the finished simulation."""
-    capacity, settings = resolve_policy(scenario, policy, model, gpu)
+    capacity, settings = resolve_policy(scenario, policy, model, gpu, basis)
     backend_cls = load_backend(scenario.backend.name, scenario.source)
     replicas = [make_replica(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings),
                              metrics.interval) for i in range(settings.num_replicas)]
@@ -156,6 +165,7 @@ def _run_figures(sim: Simulation, settings: EngineSettings, policy, described: d
         "enable_prefix_caching": settings.enable_prefix_caching,
         "max_model_len": settings.max_model_len,
         "num_replicas": settings.num_replicas,
+        "async_scheduling": settings.async_scheduling,
     }
 
 
@@ -185,12 +195,13 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     check_fits(scenario, model, gpu, chosen)  # a model that does not fit fails before any output
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
     interval = timeseries_interval(scenario)
-    overhead = request_overhead_s(scenario, gpu)  # the API server, on TTFT and E2E (measured pricing)
+    basis = pricing_basis(scenario, model, gpu)
+    overhead = request_overhead_s(basis, gpu)  # the API server, on TTFT and E2E (measured pricing)
     if out_dir is None:
         out_dir = results_dir(scenario)
     out_dir = user_path(out_dir, "out_dir")
     writer = ResultsWriter(out_dir, force=force, inputs=input_paths(scenario)) if write else None
-    result = ScenarioResult(out_dir if write else None, {}, meta={**run_meta(scenario, model, gpu),
+    result = ScenarioResult(out_dir if write else None, {}, meta={**run_meta(scenario, model, gpu, basis),
                                                                   "timeseries_interval_s": interval})
     try:
         for policy in chosen:
@@ -198,7 +209,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
                               request_overhead_s=overhead)
             tick = progress(policy.name, total) if progress else None
             t0 = time.perf_counter()
-            summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick)
+            summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick, basis)
             wall = time.perf_counter() - t0
             result.summaries[policy.name] = summary
             result.runs.append(PolicyRun(policy.name, summary, wall, sim.num_steps))

@@ -7,6 +7,7 @@ replays the same request stream against each policy, and writes the results atom
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,11 +15,12 @@ from typing import Callable, Optional
 
 from kvsim.backends import load_backend
 from kvsim.errors import KvsimError
-from kvsim.engine.arrivals import RequestStream
+from kvsim.engine.arrivals import ClosedLoop, RequestStream
 from kvsim.engine.replica import make_replica
 from kvsim.engine.router import make_router
 from kvsim.engine.settings import EngineSettings, engine_settings
 from kvsim.engine.simulator import Simulation
+from kvsim.perf.basis import PricingBasis, pricing_basis
 from kvsim.perf.measured import request_overhead_s
 from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
 from kvsim.results.metrics import Metrics
@@ -29,6 +31,7 @@ from kvsim.scenario.config import results_dir
 from kvsim.scenario.defaults import engine_limits
 from kvsim.scenario.files import user_path
 from kvsim.scenario.traces import one_read_per_call
+from kvsim.scenario.sessions import is_closed_loop, sessions
 from kvsim.scenario.workload import expected_count, generate_requests, timeseries_interval
 
 
@@ -65,34 +68,67 @@ class ScenarioResult:
         return summary_frame(self.summaries)
 
 
-def run_meta(scenario, model, gpu) -> dict:
-    """What ran, for summary.json and the report's opening lines."""
+def run_meta(scenario, model, gpu, basis: Optional[PricingBasis] = None) -> dict:
+    """What ran, for summary.json and the report's opening lines: `basis` says whether its answers are
+    measured or estimated, and why."""
     hw = scenario.hardware
+    basis = basis or pricing_basis(scenario, model, gpu)
     parallel = {"data_parallel_size": hw.data_parallel_size, "enable_expert_parallel": hw.enable_expert_parallel} \
         if hw.data_parallel_size > 1 or hw.enable_expert_parallel else {}
     return {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": hw.tensor_parallel_size, **parallel,
+            "pricing_basis": basis.to_dict(),
             "num_replicas": hw.num_replicas, "backend": scenario.backend.name, "seed": scenario.workload.seed,
             "description": scenario.description, "arrival": scenario.workload.arrival.model_dump(),
+            "clients": clients_meta(scenario),
             "slo": scenario.slo.model_dump(), "policy_order": [p.name for p in scenario.policies]}
 
 
-def resolve_policy(scenario, policy, model, gpu) -> tuple[KvCapacity, EngineSettings]:
-    """The policy's KV capacity and engine settings, its engine limits resolved once."""
+def clients_meta(scenario) -> Optional[dict]:
+    """A closed loop's settings for summary.json's meta (None: an open loop)."""
+    if not is_closed_loop(scenario):
+        return None
+    wl = scenario.workload
+    return {"max_concurrency": wl.max_concurrency,
+            "think_time_s": wl.think_time_s.model_dump(exclude_none=True) if wl.think_time_s else None,
+            "sessions": wl.sessions.model_dump(exclude_none=True) if wl.sessions else None}
+
+
+def resolve_policy(scenario, policy, model, gpu, basis: Optional[PricingBasis] = None) -> tuple[KvCapacity,
+                                                                                                 EngineSettings]:
+    """The policy's KV capacity and engine settings, its engine limits resolved once. Async scheduling
+    defaults to the priced release's: on under measured kernel tables (vLLM >= 0.14), else off."""
     limits = engine_limits(scenario, policy, model, gpu)
     capacity = kv_capacity(scenario, policy, model, gpu, limits)
-    return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block, capacity.windows)
+    basis = basis or pricing_basis(scenario, model, gpu)
+    return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block, capacity.windows,
+                                     async_default=basis.pricing == "measured")
+
+
+def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
+    """The scenario's requests as an ArrivalSource: an open-loop stream, or clients in a closed
+    loop (`workload.max_concurrency`, `think_time_s`, `[workload.sessions]`); `reply_delay_s`: the
+    API server's time a client waits for a reply past the engine's last token (measured pricing)."""
+    if not is_closed_loop(scenario):
+        return RequestStream(generate_requests(scenario, max_model_len))
+    wl = scenario.workload
+    think = wl.think_time_s
+    return ClosedLoop(sessions(scenario, max_model_len), wl.max_concurrency, think.lowest if think else 0.0,
+                      wl.arrival.process == "immediate", wl.duration_s if wl.duration_s is not None else math.inf,
+                      reply_delay_s)
 
 
 def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
-                    on_progress: Optional[Callable[[int], None]] = None) -> tuple[dict, Simulation]:
+                    on_progress: Optional[Callable[[int], None]] = None,
+                    basis: Optional[PricingBasis] = None) -> tuple[dict, Simulation]:
     """Simulate one policy; returns its summary and the finished simulation."""
-    capacity, settings = resolve_policy(scenario, policy, model, gpu)
+    capacity, settings = resolve_policy(scenario, policy, model, gpu, basis)
     backend_cls = load_backend(scenario.backend.name, scenario.source)
     replicas = [make_replica(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings),
                              metrics.interval) for i in range(settings.num_replicas)]
     sim = Simulation(replicas, metrics, make_router(settings, replicas, replicas[0].backend.num_blocks), on_progress)
+    source = arrival_source(scenario, settings.max_model_len, metrics.request_overhead_s)
     try:
-        end = sim.run(RequestStream(generate_requests(scenario, settings.max_model_len)))
+        end = sim.run(source)
         described = replicas[0].backend.describe()
     finally:
         for rep in replicas:  # a GPU backend holds most of the device: let the next policy have it
@@ -100,8 +136,20 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     summary = metrics.summary(duration_s=end, num_blocks=replicas[0].backend.num_blocks * len(replicas),
                               block_size=settings.block_size, bytes_per_block=capacity.bytes_per_block,
                               extra=_run_figures(sim, settings, policy, described), num_replicas=len(replicas))
+    if source.closed_loop:
+        _clients_figures(summary, source)
     summary["verdict"] = judge(summary).as_dict()
     return summary, sim
+
+
+def _clients_figures(summary: dict, source: ClosedLoop) -> None:
+    """A closed loop's "clients", and its backlog: requests first scheduled after the last one was
+    ready to be sent (none when everything was ready at t = 0: the SLO alone judges a closed loop)."""
+    summary["clients"] = source.describe()
+    arrivals, backlog = summary["arrivals"], source.backlog()
+    received = summary["requests"]["received"]
+    arrivals["backlog_at_last_arrival"] = backlog
+    arrivals["backlog_fraction"] = backlog / received if backlog is not None and received else None
 
 
 def _run_figures(sim: Simulation, settings: EngineSettings, policy, described: dict) -> dict:
@@ -119,6 +167,7 @@ def _run_figures(sim: Simulation, settings: EngineSettings, policy, described: d
         "enable_prefix_caching": settings.enable_prefix_caching,
         "max_model_len": settings.max_model_len,
         "num_replicas": settings.num_replicas,
+        "async_scheduling": settings.async_scheduling,
     }
 
 
@@ -148,12 +197,13 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     check_fits(scenario, model, gpu, chosen)  # a model that does not fit fails before any output
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
     interval = timeseries_interval(scenario)
-    overhead = request_overhead_s(scenario, gpu, model)  # the API server, on TTFT and E2E (measured pricing)
+    basis = pricing_basis(scenario, model, gpu)
+    overhead = request_overhead_s(basis, gpu)  # the API server, on TTFT and E2E (measured pricing)
     if out_dir is None:
         out_dir = results_dir(scenario)
     out_dir = user_path(out_dir, "out_dir")
     writer = ResultsWriter(out_dir, force=force, inputs=input_paths(scenario)) if write else None
-    result = ScenarioResult(out_dir if write else None, {}, meta={**run_meta(scenario, model, gpu),
+    result = ScenarioResult(out_dir if write else None, {}, meta={**run_meta(scenario, model, gpu, basis),
                                                                   "timeseries_interval_s": interval})
     try:
         for policy in chosen:
@@ -161,7 +211,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
                               request_overhead_s=overhead)
             tick = progress(policy.name, total) if progress else None
             t0 = time.perf_counter()
-            summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick)
+            summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick, basis)
             wall = time.perf_counter() - t0
             result.summaries[policy.name] = summary
             result.runs.append(PolicyRun(policy.name, summary, wall, sim.num_steps))

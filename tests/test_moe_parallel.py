@@ -12,7 +12,8 @@ from kvsim.batch import Batch
 from kvsim.errors import KvsimError
 from kvsim.perf.calibration import Calibration
 from kvsim.perf.kernel_curves import Roofline
-from kvsim.perf.kernel_moe import MoeMlaKernels, moe_curve, moe_roof, routing_code, unsupported
+from kvsim.perf.basis import unmeasured_layers
+from kvsim.perf.kernel_moe import MoeMlaKernels, moe_curve, moe_roof, routing_code, untimed_layers
 from kvsim.perf.kernels import MoeTable, load_tables, shipped_path
 from kvsim.perf.memory import compute_capacity
 from kvsim.perf.moe import busiest_touched, moe_load
@@ -122,10 +123,11 @@ def test_moe_curve_takes_the_timed_config_interpolates_ep_and_scales_the_nearest
 
 def test_measured_tables_price_moe_and_mla_models_where_they_have_them():
     tables = load_tables(str(shipped_path("H200", "0.24.0")))
-    assert unsupported(tables, DS) == "" and unsupported(tables, QWEN_MOE) == ""
-    assert "sliding-window" in unsupported(tables, MODELS["gpt-oss-20b"])
+    assert untimed_layers(tables, DS) == untimed_layers(tables, QWEN_MOE) == []
+    assert unmeasured_layers(DS, 8192, tables) == "" and unmeasured_layers(DS, 8192) == "MoE experts and MLA attention"
+    assert unmeasured_layers(MODELS["gpt-oss-20b"], 8192, tables) == "sliding-window or chunked attention"
     old = load_tables(str(shipped_path("H200", "0.14.0")))
-    assert "MLA module" in unsupported(old, DS)
+    assert untimed_layers(old, DS) == ["MLA attention"]
     k = MoeMlaKernels(tables, DS, H200, 8, "auto", CAL)
     assert k.moe_cfg == (7168, 2048, 8, 256, 8, 1) and k.heads == 16 and k.n_attn == 0  # MLA: the module
     one, _ = k.step_gemms(1.0)
@@ -139,7 +141,7 @@ def test_sliding_window_models_fall_back_to_the_roofline_under_auto_pricing():
     s = run_scenario(sc, write=False).summaries["paged"]
     assert s["backend"]["backend"] == "analytic" and "source" not in s["backend"]
     measured = make_scenario(model={"name": "gpt-oss-20b"}, backend={"pricing": "measured"})
-    with pytest.raises(KvsimError, match="cannot price gpt-oss-20b .*sliding-window layers"):
+    with pytest.raises(KvsimError, match="do not time gpt-oss-20b's sliding-window or chunked attention"):
         run_scenario(measured, write=False)
 
 

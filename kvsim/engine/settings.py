@@ -33,6 +33,7 @@ class EngineSettings:
     # A windowed KV cache (kvsim.perf.kv_groups): each KV cache group's sliding window, 0 where the
     # group keeps the whole context; () when one group of full attention holds every layer.
     kv_windows: tuple[int, ...] = ()
+    async_scheduling: bool = False  # a request arriving during a step first runs a step later (vLLM's AsyncScheduler)
     step_budget: int = field(init=False)  # tokens one step may schedule (kvsim.scenario.defaults.step_budget)
 
     def __post_init__(self):
@@ -40,9 +41,12 @@ class EngineSettings:
                                                             self.enable_chunked_prefill))
 
 
-def engine_settings(scenario, policy, limits, bytes_per_block: int, kv_windows: tuple = ()) -> EngineSettings:
+def engine_settings(scenario, policy, limits, bytes_per_block: int, kv_windows: tuple = (),
+                    async_default: bool = False) -> EngineSettings:
     """The policy's engine: `limits` from kvsim.scenario.defaults.engine_limits, `bytes_per_block`
-    of the policy's KV cache (for the swap space in blocks), `kv_windows` its groups' windows."""
+    of the policy's KV cache (for the swap space in blocks), `kv_windows` its groups' windows;
+    `async_default`: whether the priced release schedules asynchronously by default
+    (engine.async_scheduling unset)."""
     engine, hw = scenario.engine, scenario.hardware
     return EngineSettings(
         block_size=engine.block_size, max_num_seqs=limits.max_num_seqs,
@@ -51,4 +55,5 @@ def engine_settings(scenario, policy, limits, bytes_per_block: int, kv_windows: 
         num_host_blocks=int(engine.swap_space * GIB // bytes_per_block), allocator=policy.allocator,
         enable_prefix_caching=scenario.prefix_caching(policy), contiguous_reserve=policy.contiguous_reserve,
         num_replicas=hw.num_replicas * hw.data_parallel_size,  # every data-parallel rank is an engine
-        router=hw.router, kv_windows=kv_windows)
+        router=hw.router, kv_windows=kv_windows,
+        async_scheduling=async_default if engine.async_scheduling is None else engine.async_scheduling)

@@ -292,16 +292,17 @@ def model_kernels(tables, model, gpu, tp: int, kv_cache_dtype: str, calibration,
     return MoeMlaKernels(tables, model, gpu, tp, kv_cache_dtype, calibration, dp, expert_parallel, expert_skew)
 
 
-def unsupported(tables, model) -> str:
-    """Why these tables cannot price `model` ('' if they can): the tables it needs are missing."""
+def untimed_layers(tables, model) -> list[str]:
+    """The parts of `model` these tables do not time (kvsim.perf.basis names them): "MoE experts" without
+    a fused-MoE table of the experts' weight dtype, "MLA attention" without an MLA module table at its
+    GEMM dtype."""
+    out = []
     if model.moe:
         dtype = MOE_TABLE_DTYPE.get(model.quantization, "fp8" if model.dtype == "fp8" else "bfloat16")
         if dtype not in tables.moe:
-            return f"no {dtype} fused-MoE table in vLLM {tables.vllm_version}'s"
+            out.append("MoE experts")
     if model.mla:
         gemm = "fp8_block" if model.quantization == "fp8" else "bfloat16"
         if not any(key[2] == gemm for key in tables.mla):
-            return f"no MLA module table in vLLM {tables.vllm_version}'s"
-    if any(model.layer_type(i) != "full_attention" for i in range(model.num_hidden_layers)):
-        return "the tables time full attention only: sliding-window layers"
-    return ""
+            out.append("MLA attention")
+    return out

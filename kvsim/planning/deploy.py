@@ -23,6 +23,11 @@ policy) that meet the scenario's SLO at R requests/s, with their cost per hour a
 4. The `top` cheapest passing deployments get their own safe rate (the plan's, searched from R), so
    headroom is measured, not extrapolated.
 
+A closed loop (arrival process immediate with `max_concurrency` clients) is planned as the open
+loop of its requests at R, Poisson, as `vllm bench serve --request-rate R` runs without
+--max-concurrency (`rate_based`); vllm bench's semaphore over an arrival process keeps its clients;
+multi-turn sessions are refused (plan their concurrency instead).
+
 Cost: `$/hour` is the GPU price (kvsim.scenario.catalog.gpu_price: the scenario's [cost], else the
 presets) × GPUs. `$/M input` and `$/M output` charge that hour to the input (resp. output) tokens
 served at R: hourly cost / (R × mean tokens per request × 3600) × 10^6, each on its own (they are
@@ -45,12 +50,13 @@ from kvsim.planning.capacity import (Frames, PolicyCapacity, Ticker, capacity_se
 from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.parallel import Parallel, candidates, hardware_keys
 from kvsim.planning.points import at_load, base_rate, evaluate_point
+from kvsim.planning.sensitivity import check_scale, with_step_scale
 from kvsim.planning.replicas import ReplicaCount
 from kvsim.planning.safe import LONG_RUN
 from kvsim.planning.search import expected_points
 from kvsim.scenario.catalog import GPUS, GpuSpec, gpu_price, gpu_spec, model_spec, tp_problem
 from kvsim.scenario import limits
-from kvsim.scenario.config import HardwareConfig
+from kvsim.scenario.config import HardwareConfig, scenario_from_dict
 
 TP_DEGREES = (1, 2, 4, 8)
 MAX_REPLICAS = 64
@@ -88,6 +94,8 @@ class Deployment:
     binding: Optional[str] = None  # at the deployment's knee (else at one replica's)
     binding_detail: Optional[str] = None
     at_target: dict = field(default_factory=dict)  # mean point figures at the target rate
+    pricing: str = ""  # "measured" or "estimated" (kvsim.perf.basis.PricingBasis.label)
+    pricing_why: str = ""
     data_parallel_size: int = 1  # a MoE model's DP attention ranks a replica (kvsim.planning.parallel)
     enable_expert_parallel: bool = False
 
@@ -171,6 +179,15 @@ def layouts(scenario, policies: list[str], gpus, tps) -> tuple[list[tuple[str, i
     return ok, skipped
 
 
+def layout_basis(scenario, gpu: str, tp) -> tuple[str, str]:
+    """Whether a layout's answers are measured or estimated, and why (kvsim.perf.basis)."""
+    from kvsim.perf.basis import pricing_basis
+
+    sc = at_load(scenario, base_rate(scenario), overrides={"hardware": _hardware(scenario, gpu, tp, 1)})
+    basis = pricing_basis(sc, model_spec(sc), gpu_spec(sc))
+    return basis.label, basis.why
+
+
 def tokens_per_request(scenario, n: int) -> tuple[float, float]:
     """Mean prompt and output tokens of the first n requests of the scenario's workload."""
     from kvsim.scenario.workload import generate_requests
@@ -207,6 +224,8 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
     if unknown:
         raise KvsimError(f"--gpu: unknown GPU {', '.join(unknown)} (presets: {', '.join(GPUS)})")
     gpus = [known[g.lower()] for g in gpus] if gpus else list(GPUS)
+    closed = scenario.workload.arrival.process == "immediate"
+    scenario = rate_based(scenario)
     n_req = num_requests or default_requests(scenario)
     trace_rate = base_rate(scenario, n_req) if scenario.workload.arrival.process == "trace" else None
     seed_list = [scenario.workload.seed + i for i in range(seeds)]
@@ -231,12 +250,30 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
         d.usd_per_m_input = d.usd_per_hour / (per_hour * prompt) * 1e6 if prompt else math.inf
         d.usd_per_m_output = d.usd_per_hour / (per_hour * output) * 1e6 if output else math.inf
     deployments.sort(key=lambda d: (d.usd_per_hour, -(d.safe_rate or 0.0), d.num_gpus, d.gpu, d.tensor_parallel_size))
+    for d in deployments:
+        d.pricing, d.pricing_why = layout_basis(scenario, d.gpu, d.layout)
     meta = {"model": model_spec(scenario).name, "policies": policies, "slo": scenario.slo.model_dump(),
             "seeds": seed_list, "num_requests": n_req, "long_run_requests": LONG_RUN * n_req,
             "resolution": resolution, "gpus": gpus, "tensor_parallel": list(tensor_parallel),
             "mean_prompt_tokens": prompt, "mean_output_tokens": output, "top": top, "headroom": headroom,
-            "scout": search.scout}
+            "scout": search.scout, "from_closed_loop": closed}
     return DeployResult(target_rate, meta, deployments, skipped, search.points)
+
+
+def rate_based(scenario):
+    """The scenario with requests at a rate: a closed loop (arrival process immediate, clients) is
+    planned as the open loop `vllm bench serve --request-rate R` without --max-concurrency runs,
+    Poisson arrivals of the same requests (its clients and think time dropped); multi-turn sessions
+    are refused (their rate is in sessions and their turns wait on replies: plan their concurrency)."""
+    wl = scenario.workload
+    if wl.sessions is not None:
+        raise KvsimError(f"{scenario.source}: --target-rate plans requests per second; a scenario of multi-turn "
+                         "sessions is planned by its concurrency: kvsim plan without --target-rate")
+    if wl.arrival.process != "immediate":
+        return scenario
+    data = scenario.model_dump()
+    data["workload"].update(arrival={"process": "poisson", "rate": 1.0}, max_concurrency=None, think_time_s=None)
+    return scenario_from_dict(data, scenario.source, scenario.base_dir)
 
 
 class _Search:
@@ -295,9 +332,11 @@ class _Search:
 
     def check(self, todo: list) -> None:
         """Simulate each (layout state, count, long) at the target: every seed, or the long run."""
+        scale = check_scale(self.scenario)  # the target must hold with steps dearer than priced
+
         def task(st, n, seed, long):
             return (self.scenario, st.lay[2], self.target, seed, self.requests(n) * (LONG_RUN if long else 1),
-                    self.trace_rate, self.hardware(st.lay, n))
+                    self.trace_rate, with_step_scale(self.hardware(st.lay, n), scale))
 
         jobs = [(st, n, seed, long) for st, n, long in todo for seed in ([self.seeds[0]] if long else self.seeds)]
         recs = run_all(self.executor, evaluate_point, [task(*job) for job in jobs], lambda i, r: self.tick())
@@ -377,7 +416,8 @@ class _Search:
                 overrides_of=lambda label: self.hardware(label, label[3]), policy_of=lambda label: label[2],
                 key="layout", growth_of=lambda label: max(1.25, label[3] / (label[3] - 1)) if label[3] > 1 else 2.0,
                 known=lambda label, seed: [(self.target, at_target[(label[:3], label[3])][seed_index[seed]])],
-                floor=lambda label: self.target)  # every seed and the long run passed there in step 3
+                floor=lambda label: self.target,  # every seed and the long run passed there in step 3
+                check_scale=check_scale(self.scenario))
             for d, ans in zip(chosen, answers):
                 _take(d, ans, self.target)
             for row in rows:

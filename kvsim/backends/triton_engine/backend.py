@@ -38,6 +38,9 @@ def _check_scenario(scenario, model) -> None:
                          f"{kind} (use backend.name = \"analytic\")")
     if hw.data_parallel_size != 1:
         raise KvsimError(f"{scenario.source}: hardware.data_parallel_size: {need} one GPU")
+    if scenario.backend.step_time_scale != 1.0:
+        raise KvsimError(f"{scenario.source}: backend.step_time_scale: the triton backend times real steps; "
+                         "a scale applies to the analytic backend only")
     for policy in scenario.policies:
         if policy.kv_cache_dtype.startswith("fp8") and policy.kv_cache_scales != "per_token":
             raise KvsimError(f"{scenario.source}: policy {policy.name}: kv_cache_scales: the triton backend stores "

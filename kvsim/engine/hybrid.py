@@ -32,7 +32,7 @@ from array import array
 
 from kvsim.engine.block_manager import AllocationError, identities
 from kvsim.engine.free_queue import FreeBlockQueue
-from kvsim.engine.hybrid_reference import NULL, HybridHit, contiguous_needed
+from kvsim.engine.hybrid_reference import NULL, HybridHit, contiguous_needed, sliding_window
 from kvsim.engine.prefix_cache import BlockContent, ChainMemo, sequence_chain
 from kvsim.sequence import Sequence
 
@@ -73,13 +73,8 @@ class HybridBlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, windows: tuple[int, ...], enable_prefix_caching: bool = True,
                  max_num_batched_tokens: int = 1 << 30):
-        if num_blocks <= 0 or block_size <= 0 or not windows:
-            raise ValueError("num_blocks, block_size and the groups must be given")
-        sliding = {w for w in windows if w}
-        if len(sliding) != 1:
-            raise ValueError(f"one sliding window for the windowed groups (vLLM v0.11.0), got {sorted(sliding)}")
+        self.window = sliding_window(num_blocks, block_size, windows)
         self.num_blocks, self.block_size, self.windows = num_blocks, block_size, tuple(windows)
-        self.window = sliding.pop()
         self.enable_prefix_caching, self.max_num_batched_tokens = enable_prefix_caching, max_num_batched_tokens
         self.num_groups = len(windows)
         self.full_groups = [g for g, w in enumerate(windows) if not w]

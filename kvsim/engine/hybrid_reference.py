@@ -53,18 +53,26 @@ class HybridHit(list):
         return len(self[0]) if list.__len__(self) else 0
 
 
+def sliding_window(num_blocks: int, block_size: int, windows: tuple[int, ...]) -> int:
+    """The one window of a layout's sliding groups (vLLM v0.11.0 allows one), the pool's arguments checked."""
+    if num_blocks <= 0 or block_size <= 0 or not windows:
+        raise ValueError("num_blocks, block_size and the groups must be given")
+    sliding = {w for w in windows if w}
+    if len(sliding) != 1:
+        raise ValueError(f"one sliding window for the windowed groups (vLLM v0.11.0), got {sorted(sliding)}")
+    return sliding.pop()
+
+
 class HybridReference:
     external_fragmentation = 0.0
     grows = True
 
     def __init__(self, num_blocks: int, block_size: int, windows: tuple[int, ...], enable_prefix_caching: bool = True,
                  max_num_batched_tokens: int = 1 << 30):
-        if num_blocks <= 0 or block_size <= 0 or not windows:
-            raise ValueError("num_blocks, block_size and the groups must be given")
+        self.window = sliding_window(num_blocks, block_size, windows)  # the sliding groups' window
         self.num_blocks, self.block_size, self.windows = num_blocks, block_size, tuple(windows)
         self.enable_prefix_caching, self.max_num_batched_tokens = enable_prefix_caching, max_num_batched_tokens
         self.num_groups = len(self.windows)
-        self.window = max(self.windows)  # the sliding groups' window
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.ref = [0] * num_blocks
         self.key: list = [None] * num_blocks  # (content key, group) a block holds, None: nothing reusable

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 from array import array
+from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import lru_cache, wraps
 from pathlib import Path
@@ -170,6 +171,21 @@ def one_read_per_call(fn):
         finally:
             _read_once.reset(token)
     return run
+
+
+def trace_reads() -> Optional[dict]:
+    """The traces the current run has read (`one_read_per_call`), for its worker processes (`reading`)."""
+    return _read_once.get()
+
+
+@contextmanager
+def reading(reads: Optional[dict]):
+    """Within: `load_trace` gives the traces in `reads` (a run's, from `trace_reads`), as in that run."""
+    token = _read_once.set(reads)
+    try:
+        yield
+    finally:
+        _read_once.reset(token)
 
 
 @lru_cache(maxsize=4)

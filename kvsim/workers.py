@@ -169,7 +169,7 @@ def _collect(pool: PoolExecutor, pending: dict, num_tasks: int, counters, on_pro
     results, errors, seen = [None] * num_tasks, {}, [0] * num_tasks
     while pending:
         done, _ = futures_wait(list(pending), timeout=POLL_S, return_when=FIRST_COMPLETED)
-        for i in range(num_tasks if counters is not None else 0):
+        for i in range(num_tasks if counters is not None else 0):  # a finished task's last counts too
             if counters[i] > seen[i]:
                 on_progress(i, counters[i] - seen[i])
                 seen[i] = counters[i]

@@ -33,7 +33,7 @@ import numpy as np
 
 from kvsim.engine.free_queue import FreeBlockQueue
 from kvsim.engine.prefix_cache import BlockContent, CachedRun, ChainMemo, PrefixIndex, block_hashes, sequence_chain
-from kvsim.sequence import Sequence
+from kvsim.sequence import NO_BLOCKS, Sequence
 
 __all__ = ["AllocationError", "BlockManager", "PrefixHit", "block_hashes"]
 
@@ -248,8 +248,7 @@ class BlockManager:
         if computed_blocks:
             self._revive(seq, computed_blocks)
             hit_tokens = len(computed_blocks) * self.block_size
-            self._tables[seq] = seq.block_table
-            seq.block_table.extend(computed_blocks.blocks)
+            seq.block_table = self._tables[seq] = array("i", computed_blocks.blocks)
             seq.num_computed_tokens = hit_tokens
             seq.num_cached_tokens += hit_tokens
             if computed_blocks.num_shared and self._runs:
@@ -284,9 +283,9 @@ class BlockManager:
 
     def _grow(self, seq: Sequence, num_new_tokens: int, need: int) -> None:
         table, bs = seq.block_table, self.block_size
-        if not table:
+        if not table:  # its first blocks: a table of its own
             self.reserved_unused_tokens -= seq.num_computed_tokens  # a swapped-in sequence brings its KV back
-            self._tables[seq] = table
+            seq.block_table = self._tables[seq] = array("i")
             if self._parked:
                 self._parked.pop(seq, None)
         if need:
@@ -392,7 +391,7 @@ class BlockManager:
             self._runs.pop(seq, None)
         self.reserved_unused_tokens -= n * bs - seq.num_computed_tokens
         del self._tables[seq]
-        seq.block_table = array("i")
+        seq.block_table = NO_BLOCKS
         seq.num_computed_tokens = 0
 
     def _release_shared(self, seq: Sequence, table: array, shared: int) -> array:

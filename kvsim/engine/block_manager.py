@@ -27,6 +27,7 @@ table edited in place is not detected (vLLM's BlockPool does not check that eith
 from __future__ import annotations
 
 from array import array
+from operator import attrgetter
 from typing import Sequence as Seq
 
 import numpy as np
@@ -108,14 +109,10 @@ class BlockManager:
         self.num_shared_refs = 0  # references beyond a block's first: what holders share
 
     # ---- queries -------------------------------------------------------------------------
-    @property
-    def num_free_blocks(self) -> int:
-        return self.free_queue.num_free
-
-    @property
-    def num_cached_blocks(self) -> int:
-        """Free blocks still holding cached content (reusable until evicted)."""
-        return self.free_queue.num_cached
+    # The free queue's counts, read through C getters (no Python frame: the scheduler reads them every step).
+    num_free_blocks = property(attrgetter("free_queue.num_free"))
+    num_cached_blocks = property(attrgetter("free_queue.num_cached"), doc="Free blocks still holding cached "
+                                 "content (reusable until evicted).")
 
     @property
     def num_used_blocks(self) -> int:
@@ -320,7 +317,7 @@ class BlockManager:
     def _take(self, n: int) -> array:
         """n blocks off the head of the free queue; whatever they held is evicted."""
         queue = self.free_queue
-        if queue.high_water + n > len(self.content.ref) and queue.high_water < self.num_blocks:
+        if queue.high_water < self.num_blocks and queue.high_water + n > len(self.content.ref):
             self.content.grow(min(self.num_blocks, queue.high_water + n))
         return queue.pop(n)
 

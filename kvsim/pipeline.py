@@ -13,6 +13,7 @@ policies' order afterwards: the same bytes as one after the other. A backend tha
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -21,11 +22,12 @@ from typing import Callable, Optional
 
 from kvsim.backends import load_backend
 from kvsim.errors import KvsimError, check_int
-from kvsim.engine.arrivals import RequestStream
+from kvsim.engine.arrivals import ClosedLoop, RequestStream
 from kvsim.engine.replica import make_replica
 from kvsim.engine.router import make_router
 from kvsim.engine.settings import EngineSettings, engine_settings
 from kvsim.engine.simulator import Simulation
+from kvsim.perf.measured import request_overhead_s
 from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
 from kvsim.results.metrics import Metrics
 from kvsim.results.verdict import judge
@@ -35,6 +37,7 @@ from kvsim.scenario.config import results_dir
 from kvsim.scenario.defaults import engine_limits
 from kvsim.scenario.files import user_path
 from kvsim.scenario.limits import MAX_WORKERS
+from kvsim.scenario.sessions import is_closed_loop, sessions
 from kvsim.scenario.traces import one_read_per_call, reading, trace_reads
 from kvsim.scenario.workload import expected_count, generate_requests, timeseries_interval
 from kvsim.workers import can_fork, run_forked
@@ -91,7 +94,18 @@ def run_meta(scenario, model, gpu) -> dict:
     return {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": hw.tensor_parallel_size,
             "num_replicas": hw.num_replicas, "backend": scenario.backend.name, "seed": scenario.workload.seed,
             "description": scenario.description, "arrival": scenario.workload.arrival.model_dump(),
+            "clients": clients_meta(scenario),
             "slo": scenario.slo.model_dump(), "policy_order": [p.name for p in scenario.policies]}
+
+
+def clients_meta(scenario) -> Optional[dict]:
+    """A closed loop's settings for summary.json's meta (None: an open loop)."""
+    if not is_closed_loop(scenario):
+        return None
+    wl = scenario.workload
+    return {"max_concurrency": wl.max_concurrency,
+            "think_time_s": wl.think_time_s.model_dump(exclude_none=True) if wl.think_time_s else None,
+            "sessions": wl.sessions.model_dump(exclude_none=True) if wl.sessions else None}
 
 
 def resolve_policy(scenario, policy, model, gpu) -> tuple[KvCapacity, EngineSettings]:
@@ -99,6 +113,19 @@ def resolve_policy(scenario, policy, model, gpu) -> tuple[KvCapacity, EngineSett
     limits = engine_limits(scenario, policy, model, gpu)
     capacity = kv_capacity(scenario, policy, model, gpu, limits)
     return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block)
+
+
+def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
+    """The scenario's requests as an ArrivalSource: an open-loop stream, or clients in a closed
+    loop (`workload.max_concurrency`, `think_time_s`, `[workload.sessions]`); `reply_delay_s`: the
+    API server's time a client waits for a reply past the engine's last token (measured pricing)."""
+    if not is_closed_loop(scenario):
+        return RequestStream(generate_requests(scenario, max_model_len))
+    wl = scenario.workload
+    think = wl.think_time_s
+    return ClosedLoop(sessions(scenario, max_model_len), wl.max_concurrency, think.lowest if think else 0.0,
+                      wl.arrival.process == "immediate", wl.duration_s if wl.duration_s is not None else math.inf,
+                      reply_delay_s)
 
 
 def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
@@ -109,8 +136,9 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     replicas = [make_replica(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings),
                              metrics.interval) for i in range(settings.num_replicas)]
     sim = Simulation(replicas, metrics, make_router(settings, replicas, replicas[0].backend.num_blocks), on_progress)
+    source = arrival_source(scenario, settings.max_model_len, metrics.request_overhead_s)
     try:
-        end = sim.run(RequestStream(generate_requests(scenario, settings.max_model_len)))
+        end = sim.run(source)
         described = replicas[0].backend.describe()
     finally:
         for rep in replicas:  # a GPU backend holds most of the device: let the next policy have it
@@ -118,8 +146,20 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     summary = metrics.summary(duration_s=end, num_blocks=replicas[0].backend.num_blocks * len(replicas),
                               block_size=settings.block_size, bytes_per_block=capacity.bytes_per_block,
                               extra=_run_figures(sim, settings, policy, described), num_replicas=len(replicas))
+    if source.closed_loop:
+        _clients_figures(summary, source)
     summary["verdict"] = judge(summary).as_dict()
     return summary, sim
+
+
+def _clients_figures(summary: dict, source: ClosedLoop) -> None:
+    """A closed loop's "clients", and its backlog: requests first scheduled after the last one was
+    ready to be sent (none when everything was ready at t = 0: the SLO alone judges a closed loop)."""
+    summary["clients"] = source.describe()
+    arrivals, backlog = summary["arrivals"], source.backlog()
+    received = summary["requests"]["received"]
+    arrivals["backlog_at_last_arrival"] = backlog
+    arrivals["backlog_fraction"] = backlog / received if backlog is not None and received else None
 
 
 def _run_figures(sim: Simulation, settings: EngineSettings, policy, described: dict) -> dict:
@@ -170,6 +210,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     check_fits(scenario, model, gpu, chosen)  # a model that does not fit fails before any output
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
     interval = timeseries_interval(scenario)
+    overhead = request_overhead_s(scenario, gpu)  # the API server, on TTFT and E2E (measured pricing)
     if out_dir is None:
         out_dir = results_dir(scenario)
     out_dir = user_path(out_dir, "out_dir")
@@ -177,8 +218,8 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     result = ScenarioResult(out_dir if write else None, {}, meta={**run_meta(scenario, model, gpu),
                                                                   "timeseries_interval_s": interval})
     try:
-        for policy, out in zip(chosen, _simulate_all(scenario, chosen, model, gpu, interval, writer, progress, total,
-                                                     workers)):
+        for policy, out in zip(chosen, _simulate_all(scenario, chosen, model, gpu, (interval, overhead), writer,
+                                                     progress, total, workers)):
             result.summaries[policy.name] = out.summary
             result.runs.append(PolicyRun(policy.name, out.summary, out.wall_s, out.events))
             if writer:
@@ -194,25 +235,27 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     return result
 
 
-def simulate_one(scenario, policy, model, gpu, interval: float, requests_file=None,
+def simulate_one(scenario, policy, model, gpu, timing: tuple[float, float], requests_file=None,
                  tick: Optional[Callable[[int], None]] = None) -> PolicyOutcome:
-    """One policy's simulation, its requests.csv rows streamed into `requests_file`."""
-    metrics = Metrics(policy.name, scenario.slo, interval, requests_file)
+    """One policy's simulation, its requests.csv rows streamed into `requests_file`; `timing`: the
+    time series' interval and the API server's seconds per request (kvsim.perf.measured)."""
+    interval, overhead = timing
+    metrics = Metrics(policy.name, scenario.slo, interval, requests_file, request_overhead_s=overhead)
     t0 = time.perf_counter()
     summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick)
     wall = time.perf_counter() - t0
     return PolicyOutcome(summary, metrics.timeseries_rows(), metrics.latencies(), wall, sim.num_steps)
 
 
-def _simulate_all(scenario, chosen: list, model, gpu, interval: float, writer: Optional[ResultsWriter], progress,
-                  total, workers: int):
+def _simulate_all(scenario, chosen: list, model, gpu, timing: tuple[float, float], writer: Optional[ResultsWriter],
+                  progress, total, workers: int):
     """Each chosen policy's PolicyOutcome, in order: one after the other, or side by side (module docstring)."""
     workers = min(workers, len(chosen))
     if workers <= 1 or not can_fork() or getattr(load_backend(scenario.backend.name, scenario.source),
                                                    "holds_device", True):  # a backend from before holds_device
         for policy in chosen:
             tick = progress(policy.name, total) if progress else None
-            yield simulate_one(scenario, policy, model, gpu, interval, writer.requests_file if writer else None, tick)
+            yield simulate_one(scenario, policy, model, gpu, timing, writer.requests_file if writer else None, tick)
         return
     ticks = [progress(p.name, total) if progress else None for p in chosen]
     reads = trace_reads()
@@ -220,7 +263,7 @@ def _simulate_all(scenario, chosen: list, model, gpu, interval: float, writer: O
     def task(i: int, report) -> PolicyOutcome:
         part = writer.requests_part(i) if writer else None
         with reading(reads):
-            out = simulate_one(scenario, chosen[i], model, gpu, interval, part, report)
+            out = simulate_one(scenario, chosen[i], model, gpu, timing, part, report)
         if part is not None:
             part.close()
         return out

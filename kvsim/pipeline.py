@@ -27,6 +27,7 @@ from kvsim.engine.replica import make_replica
 from kvsim.engine.router import make_router
 from kvsim.engine.settings import EngineSettings, engine_settings
 from kvsim.engine.simulator import Simulation
+from kvsim.perf.basis import PricingBasis, pricing_basis
 from kvsim.perf.measured import request_overhead_s
 from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
 from kvsim.results.metrics import Metrics
@@ -88,10 +89,13 @@ class ScenarioResult:
         return summary_frame(self.summaries)
 
 
-def run_meta(scenario, model, gpu) -> dict:
-    """What ran, for summary.json and the report's opening lines."""
+def run_meta(scenario, model, gpu, basis: Optional[PricingBasis] = None) -> dict:
+    """What ran, for summary.json and the report's opening lines: `basis` says whether its answers are
+    measured or estimated, and why."""
     hw = scenario.hardware
+    basis = basis or pricing_basis(scenario, model, gpu)
     return {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": hw.tensor_parallel_size,
+            "pricing_basis": basis.to_dict(),
             "num_replicas": hw.num_replicas, "backend": scenario.backend.name, "seed": scenario.workload.seed,
             "description": scenario.description, "arrival": scenario.workload.arrival.model_dump(),
             "clients": clients_meta(scenario),
@@ -108,11 +112,15 @@ def clients_meta(scenario) -> Optional[dict]:
             "sessions": wl.sessions.model_dump(exclude_none=True) if wl.sessions else None}
 
 
-def resolve_policy(scenario, policy, model, gpu) -> tuple[KvCapacity, EngineSettings]:
-    """The policy's KV capacity and engine settings, its engine limits resolved once."""
+def resolve_policy(scenario, policy, model, gpu, basis: Optional[PricingBasis] = None) -> tuple[KvCapacity,
+                                                                                                 EngineSettings]:
+    """The policy's KV capacity and engine settings, its engine limits resolved once. Async scheduling
+    defaults to the priced release's: on under measured kernel tables (vLLM >= 0.14), else off."""
     limits = engine_limits(scenario, policy, model, gpu)
     capacity = kv_capacity(scenario, policy, model, gpu, limits)
-    return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block)
+    basis = basis or pricing_basis(scenario, model, gpu)
+    return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block,
+                                     async_default=basis.pricing == "measured")
 
 
 def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
@@ -129,9 +137,10 @@ def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
 
 
 def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
-                    on_progress: Optional[Callable[[int], None]] = None) -> tuple[dict, Simulation]:
+                    on_progress: Optional[Callable[[int], None]] = None,
+                    basis: Optional[PricingBasis] = None) -> tuple[dict, Simulation]:
     """Simulate one policy; returns its summary and the finished simulation."""
-    capacity, settings = resolve_policy(scenario, policy, model, gpu)
+    capacity, settings = resolve_policy(scenario, policy, model, gpu, basis)
     backend_cls = load_backend(scenario.backend.name, scenario.source)
     replicas = [make_replica(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings),
                              metrics.interval) for i in range(settings.num_replicas)]
@@ -177,6 +186,7 @@ def _run_figures(sim: Simulation, settings: EngineSettings, policy, described: d
         "enable_prefix_caching": settings.enable_prefix_caching,
         "max_model_len": settings.max_model_len,
         "num_replicas": settings.num_replicas,
+        "async_scheduling": settings.async_scheduling,
     }
 
 
@@ -210,15 +220,16 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     check_fits(scenario, model, gpu, chosen)  # a model that does not fit fails before any output
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
     interval = timeseries_interval(scenario)
-    overhead = request_overhead_s(scenario, gpu)  # the API server, on TTFT and E2E (measured pricing)
+    basis = pricing_basis(scenario, model, gpu)
+    overhead = request_overhead_s(basis, gpu)  # the API server, on TTFT and E2E (measured pricing)
     if out_dir is None:
         out_dir = results_dir(scenario)
     out_dir = user_path(out_dir, "out_dir")
     writer = ResultsWriter(out_dir, force=force, inputs=input_paths(scenario)) if write else None
-    result = ScenarioResult(out_dir if write else None, {}, meta={**run_meta(scenario, model, gpu),
+    result = ScenarioResult(out_dir if write else None, {}, meta={**run_meta(scenario, model, gpu, basis),
                                                                   "timeseries_interval_s": interval})
     try:
-        for policy, out in zip(chosen, _simulate_all(scenario, chosen, model, gpu, (interval, overhead), writer,
+        for policy, out in zip(chosen, _simulate_all(scenario, chosen, model, gpu, (interval, overhead, basis), writer,
                                                      progress, total, workers)):
             result.summaries[policy.name] = out.summary
             result.runs.append(PolicyRun(policy.name, out.summary, out.wall_s, out.events))
@@ -235,19 +246,20 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     return result
 
 
-def simulate_one(scenario, policy, model, gpu, timing: tuple[float, float], requests_file=None,
+def simulate_one(scenario, policy, model, gpu, common: tuple, requests_file=None,
                  tick: Optional[Callable[[int], None]] = None) -> PolicyOutcome:
-    """One policy's simulation, its requests.csv rows streamed into `requests_file`; `timing`: the
-    time series' interval and the API server's seconds per request (kvsim.perf.measured)."""
-    interval, overhead = timing
+    """One policy's simulation, its requests.csv rows streamed into `requests_file`; `common`: what every
+    policy shares: the time series' interval, the API server's seconds per request (kvsim.perf.measured)
+    and the PricingBasis."""
+    interval, overhead, basis = common
     metrics = Metrics(policy.name, scenario.slo, interval, requests_file, request_overhead_s=overhead)
     t0 = time.perf_counter()
-    summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick)
+    summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick, basis)
     wall = time.perf_counter() - t0
     return PolicyOutcome(summary, metrics.timeseries_rows(), metrics.latencies(), wall, sim.num_steps)
 
 
-def _simulate_all(scenario, chosen: list, model, gpu, timing: tuple[float, float], writer: Optional[ResultsWriter],
+def _simulate_all(scenario, chosen: list, model, gpu, common: tuple, writer: Optional[ResultsWriter],
                   progress, total, workers: int):
     """Each chosen policy's PolicyOutcome, in order: one after the other, or side by side (module docstring)."""
     workers = min(workers, len(chosen))
@@ -255,7 +267,7 @@ def _simulate_all(scenario, chosen: list, model, gpu, timing: tuple[float, float
                                                    "holds_device", True):  # a backend from before holds_device
         for policy in chosen:
             tick = progress(policy.name, total) if progress else None
-            yield simulate_one(scenario, policy, model, gpu, timing, writer.requests_file if writer else None, tick)
+            yield simulate_one(scenario, policy, model, gpu, common, writer.requests_file if writer else None, tick)
         return
     ticks = [progress(p.name, total) if progress else None for p in chosen]
     reads = trace_reads()
@@ -263,7 +275,7 @@ def _simulate_all(scenario, chosen: list, model, gpu, timing: tuple[float, float
     def task(i: int, report) -> PolicyOutcome:
         part = writer.requests_part(i) if writer else None
         with reading(reads):
-            out = simulate_one(scenario, chosen[i], model, gpu, timing, part, report)
+            out = simulate_one(scenario, chosen[i], model, gpu, common, part, report)
         if part is not None:
             part.close()
         return out

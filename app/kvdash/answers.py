@@ -46,6 +46,7 @@ def cards(result, colors: dict, tied: dict, usd_per_hour: float | None, output_t
     """A card per policy of a `kvsim.plan` result; the best is the first of the highest safe rates (a
     closed loop: concurrencies), $ per million output tokens at the requests/s served there."""
     best = max(result.policies, key=lambda p: (p.safe_rate, p.mean_rate), default=None)
+    note = basis_note(result.meta.get("pricing_basis"))
     unit = result.meta.get("load_unit") or "req/s"
     out = []
     for p in result.policies:
@@ -55,8 +56,15 @@ def cards(result, colors: dict, tied: dict, usd_per_hour: float | None, output_t
         out.append(Card(p.policy, colors[p.policy], p is best and p.safe_rate > 0, p.sustainable_at_scenario_rate,
                         p.safe_rate, p.headroom, f"{p.mean_rate:.3g} (95% CI {p.ci_low:.3g}–{p.ci_high:.3g})",
                         tuple(tied.get(p.policy, ())), usd_per_hour, per_m, p.binding or "–",
-                        p.binding_detail or "", unit=unit, throughput=rps))
+                        p.binding_detail or "", note, unit=unit, throughput=rps))
     return out
+
+
+def basis_note(basis: dict | None) -> str:
+    """'Measured: why' or 'Estimated: why' (kvsim.perf.basis.PricingBasis.to_dict()), '' when unknown."""
+    if not basis:
+        return ""
+    return f"{basis['label'].capitalize()}: {basis['why']}"
 
 
 def load_label(unit: str, value: float) -> str:

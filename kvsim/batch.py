@@ -16,11 +16,15 @@ from kvsim.sequence import Sequence
 class DecodeShape(NamedTuple):
     """A pure-decode step of `num_seqs` sequences whose attention reads `read_tokens` context tokens,
     the longest sequence `longest` of them (0: not known, the mean). In a run of such steps every
-    context grows by one a step: step i reads read_tokens + i * num_seqs, the longest longest + i."""
+    context grows by one a step: step i reads read_tokens + i * num_seqs, the longest longest + i.
+    A model with sliding-window layers: those read `window_tokens` (min(context, window) a sequence),
+    `window_growth` more a step (the sequences not yet past the window)."""
 
     num_seqs: int
     read_tokens: int
     longest: int = 0
+    window_tokens: int = 0
+    window_growth: int = 0
 
 
 _new = tuple.__new__  # builds a named tuple without its Python-level __new__ (once per fused decode run)
@@ -46,6 +50,9 @@ class Batch:
     min_output_left: int = 1 << 62  # cohort batches: fewest tokens any member has left to generate
     cohort_size: int = 0  # decoders scheduled as the scheduler's decode cohort (counted, not listed)
     cohort_step_blocks: int = 0  # blocks reserved for the cohort's new tokens this step
+    cohort_step_releases: int = 0  # blocks the cohort's members freed this step (left their windows)
+    decode_window_tokens: int = 0  # windowed KV cache: what the cohort's windowed layers read (min(context, window))
+    decode_window_growth: int = 0  # ... and how much more a step (members not yet past the window)
     dissolved: list[Sequence] | tuple = ()  # cohort members released into `seqs` this step
 
     @property
@@ -62,11 +69,30 @@ class Batch:
 
     def decode_shape(self) -> DecodeShape:
         """The step as a decode-run price reads it (a cohort-only batch: every sequence decodes)."""
-        return _new(DecodeShape, (self.num_decode_seqs, self.decode_read_tokens, self.decode_max_context))
+        return _new(DecodeShape, (self.num_decode_seqs, self.decode_read_tokens, self.decode_max_context,
+                                  self.decode_window_tokens, self.decode_window_growth))
 
     @property
     def is_pure_decode(self) -> bool:
         return self.num_prefill_seqs == 0 and self.swap_in_blocks == 0 and self.swap_out_blocks == 0
+
+    def window_reads(self, window: int) -> tuple[int, int, int]:
+        """What layers with a sliding window of `window` tokens read this step: (decode context tokens,
+        each decode reading min(context, window); prefill query-key pairs, each new token at position
+        p attending min(p + 1, window) keys; prefill KV tokens, a chunk of n after c cached reading
+        min(c + n, window - 1 + n)). The cohort's decodes come counted (decode_window_tokens)."""
+        decode, pairs, kv = self.decode_window_tokens, 0, 0
+        for seq, n in zip(self.seqs, self.num_new_tokens):
+            ctx = seq.num_computed_tokens
+            if n > 1 or ctx < seq.request.prompt_len:
+                hi, lo = ctx + n, ctx + 1  # positions + 1 of the new tokens
+                top = min(hi, window)
+                pairs += (top * (top + 1) - (lo - 1) * lo) // 2 if lo <= top else 0
+                pairs += (hi - max(lo - 1, window)) * window if hi > window else 0
+                kv += min(ctx + n, window - 1 + n)
+            else:
+                decode += min(ctx + n, window)
+        return decode, pairs, kv
 
     def add(self, seq: Sequence, num_new: int) -> None:
         self.seqs.append(seq)

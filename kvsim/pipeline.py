@@ -94,7 +94,9 @@ def run_meta(scenario, model, gpu, basis: Optional[PricingBasis] = None) -> dict
     measured or estimated, and why."""
     hw = scenario.hardware
     basis = basis or pricing_basis(scenario, model, gpu)
-    return {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": hw.tensor_parallel_size,
+    parallel = {"data_parallel_size": hw.data_parallel_size, "enable_expert_parallel": hw.enable_expert_parallel} \
+        if hw.data_parallel_size > 1 or hw.enable_expert_parallel else {}
+    return {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": hw.tensor_parallel_size, **parallel,
             "pricing_basis": basis.to_dict(),
             "num_replicas": hw.num_replicas, "backend": scenario.backend.name, "seed": scenario.workload.seed,
             "description": scenario.description, "arrival": scenario.workload.arrival.model_dump(),
@@ -119,7 +121,7 @@ def resolve_policy(scenario, policy, model, gpu, basis: Optional[PricingBasis] =
     limits = engine_limits(scenario, policy, model, gpu)
     capacity = kv_capacity(scenario, policy, model, gpu, limits)
     basis = basis or pricing_basis(scenario, model, gpu)
-    return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block,
+    return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block, capacity.windows,
                                      async_default=basis.pricing == "measured")
 
 

@@ -53,3 +53,42 @@ def scenario_dict(**sections) -> dict:
 
 def make_scenario(**sections):
     return scenario_from_dict(scenario_dict(**sections))
+
+
+def per_request(monkeypatch, scenario) -> tuple[dict, dict]:
+    """Run `scenario`: every finished request's (TTFT, E2E, outputs, preemptions, cached tokens) by
+    (policy, id), and the summaries with each policy's time-series rows (`timeseries`)."""
+    from kvsim.pipeline import run_scenario
+    from kvsim.results.metrics import Metrics
+
+    rows, series = {}, {}
+    on_finish, summary = Metrics.on_finish, Metrics.summary
+
+    def spy(self, seq):
+        arrival = seq.request.arrival_time
+        rows[(self.policy, seq.seq_id)] = (seq.first_token_time - arrival, seq.finish_time - arrival,
+                                           seq.num_output_tokens, seq.num_preemptions, seq.num_cached_tokens)
+        on_finish(self, seq)
+
+    def keep(self, **kw):  # the time series of each policy, beside its summary
+        series[self.policy] = self.timeseries_rows()
+        return summary(self, **kw)
+
+    monkeypatch.setattr(Metrics, "on_finish", spy)
+    monkeypatch.setattr(Metrics, "summary", keep)
+    summaries = run_scenario(scenario, write=False).summaries
+    for name, s in summaries.items():
+        s["timeseries"] = series[name]
+    return rows, summaries
+
+
+def assert_same_requests(fused: dict, plain: dict) -> None:
+    """Fused decode runs gave every request what step-by-step scheduling did: counts exact, times to rounding."""
+    import pytest
+
+    assert fused.keys() == plain.keys() and fused
+    for key, (ttft, e2e, *counts) in plain.items():
+        f_ttft, f_e2e, *f_counts = fused[key]
+        assert f_counts == counts, key
+        assert f_ttft == pytest.approx(ttft, rel=1e-9, abs=1e-12), key
+        assert f_e2e == pytest.approx(e2e, rel=1e-9, abs=1e-12), key

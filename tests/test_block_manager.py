@@ -4,18 +4,14 @@ from array import array
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant, precondition, rule
+from twin_machine import TwinMachine, computed, seq_of
 
 from kvsim.engine import block_manager as bm_mod
 from kvsim.engine.block_manager import AllocationError, BlockManager
 from kvsim.engine.reference_pool import ReferencePool
-from kvsim.sequence import Request, Sequence
-
-
-def seq_of(rid, prompt_len, tokens=None, output_len=8):
-    ids = None if tokens is None else np.asarray(tokens, dtype=np.int32)
-    return Sequence(Request(rid, 0.0, prompt_len, output_len, ids))
 
 
 def test_100_token_prompt_takes_7_blocks_of_16():
@@ -283,7 +279,7 @@ PREFIXES = [list(range(k * 100, k * 100 + 24)) for k in range(3)]
 CONVERSATIONS = [list(range(5000 + k * 100, 5000 + k * 100 + 60)) for k in range(2)]
 
 
-class BlockManagerMachine(RuleBasedStateMachine):
+class BlockManagerMachine(TwinMachine):
     """Random admissions, prefill chunks, decodes, cohort reservations and claims, preemptions and
     finishes against a tiny cache, driven the same on BlockManager and on its specification
     ReferencePool (each with its own twin of every sequence): the same hits, the same tables, the
@@ -292,25 +288,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
     first registered one (see kvsim.engine.reference_pool)."""
 
     def __init__(self):
-        super().__init__()
-        self.bm = BlockManager(24, 4, enable_prefix_caching=True)
-        self.ref = ReferencePool(24, 4)
-        self.live: list[tuple[Sequence, Sequence]] = []
-        self.preempted: list[tuple[Sequence, Sequence]] = []
-        self.next_id = 0
+        super().__init__(BlockManager(24, 4, enable_prefix_caching=True), ReferencePool(24, 4))
+        self.bm = self.fast
         self.said: dict[int, int] = {}  # a conversation's tokens so far (its last turn's prompt and reply)
 
-    def _both(self, pair, call):
-        """`call(allocator, seq)` on each allocator with its twin; both raise or neither does."""
-        out = []
-        for alloc, seq in zip((self.bm, self.ref), pair):
-            try:
-                out.append(call(alloc, seq))
-            except AllocationError:
-                out.append(AllocationError)
-        assert out[0] == out[1] or (out[0] is not AllocationError and out[1] is not AllocationError
-                                    and list(out[0]) == list(out[1])), out
-        return out[0]
+    def same(self, a, b) -> bool:  # a table and a list of the same blocks agree
+        return a == b or (a is not AllocationError and b is not AllocationError and list(a) == list(b))
 
     def _admit(self, pair, chunk):
         hits = [a.get_computed_blocks(s) for a, s in zip((self.bm, self.ref), pair)]
@@ -327,16 +310,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
             return False
         for a, t, h in zip((self.bm, self.ref), pair, hits):
             a.allocate(t, need, h)
-            self._computed(t, need)
+            computed(t, need)
         self.live.append(pair)
         return True
-
-    @staticmethod
-    def _computed(s, n):
-        s.num_computed_tokens += n
-        if s.num_computed_tokens == s.num_tokens:  # the step samples a token, which the next decode computes
-            s.num_output_tokens += 1
-            s.num_tokens += 1
 
     @rule(group=st.sampled_from([None, 0, 1, 2]), shared=st.integers(1, 24), extra=st.integers(0, 12),
           chunk=st.sampled_from([1000, 1000, 3, 5, 8]))
@@ -364,22 +340,6 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 100), n=st.integers(1, 9))
-    def step(self, i, n):
-        """A prefill chunk of up to n tokens, or n decode steps (each computes the newest token)."""
-        pair = self.live[i % len(self.live)]
-        for _ in range(n):
-            s = pair[0]
-            chunk = min(n, s.num_tokens - s.num_computed_tokens)
-            if not self._both(pair, lambda a, t: a.can_append(t, chunk)):
-                return
-            for a, t in zip((self.bm, self.ref), pair):
-                a.append(t, chunk)
-                self._computed(t, chunk)
-            if chunk > 1:
-                return
-
-    @precondition(lambda self: self.live)
-    @rule(i=st.integers(0, 100), n=st.integers(1, 9))
     def cohort_run(self, i, n):
         """n decode steps as the decode cohort takes them: the blocks reserved at once, written
         (note_written), then claimed by the member when it leaves."""
@@ -398,40 +358,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
             t.num_tokens += n
             a.claim(t)
 
-    def _free(self, i):
-        pair = self.live.pop(i % len(self.live))
-        for a, t in zip((self.bm, self.ref), pair):
-            a.deallocate(t)
-        return pair
-
-    @precondition(lambda self: self.live)
-    @rule(i=st.integers(0, 100))
-    def preempt(self, i):
-        self.preempted.append(self._free(i))
-
-    @precondition(lambda self: self.preempted)
-    @rule(i=st.integers(0, 100))
-    def readmit(self, i):
-        pair = self.preempted[i % len(self.preempted)]
-        if self._admit(pair, 1000):
-            self.preempted.remove(pair)
-
-    @precondition(lambda self: self.live)
-    @rule(i=st.integers(0, 100))
-    def finish(self, i):
-        for t in self.live[i % len(self.live)]:
-            t.num_output_tokens = t.request.output_len
-        self._free(i)
-
     @invariant()
-    def same_blocks_as_the_specification(self):
-        bm, ref = self.bm, self.ref
-        assert bm.free_block_ids() == ref.free_block_ids()
-        assert bm.block_counts() == ref.block_counts()
-        assert bm.num_shared_refs == ref.num_shared_refs
-        assert bm.reserved_unused_tokens == ref.reserved_unused_tokens
-        counts = list(range(0, bm.num_free_blocks + 1, 3))
-        assert bm.evictions_ahead(counts) == ref.evictions_ahead(counts)
+    def same_tables_as_the_specification(self):
         for a, b in self.live:
             assert list(a.block_table) == list(b.block_table)
 

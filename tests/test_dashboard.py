@@ -295,3 +295,26 @@ def test_dashboard_command(monkeypatch, capsys, tmp_path):
     assert main(["dashboard"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"kvsim: error: {tmp_path}/app/Home.py: dashboard not found")
+
+
+def test_picking_a_moe_model_names_its_experts_and_dp_ep_are_scenario_keys():
+    """The model picker's caption says what a preset is (experts, latent attention, windows); data
+    parallelism and expert parallelism are keys under Advanced, as vLLM names them."""
+    from kvdash.settings import model_traits
+
+    from kvsim.scenario.catalog import MODELS
+
+    assert model_traits(MODELS["Llama-3.1-8B"]) == ""
+    assert model_traits(MODELS["DeepSeek-V3"]) == ("mixture of experts: 8 of 256 experts a token · latent attention "
+                                                   "(MLA): 576 cached elements a token and layer")
+    assert model_traits(MODELS["gpt-oss-20b"]).endswith("sliding window of 128 tokens on 12 of 24 layers")
+    at = open_app()
+    widget(at, "selectbox", "model.name").set_value("Qwen3-30B-A3B").run()
+    assert_clean(at)
+    assert any("8 of 128 experts a token" in c.value for c in at.main.caption)
+    widget(at, "number_input", "hardware.data_parallel_size").set_value(2)
+    widget(at, "checkbox", "hardware.enable_expert_parallel").set_value(True)
+    at.run()
+    assert_clean(at)
+    toml = downloaded_toml(at)
+    assert "data_parallel_size = 2" in toml and "enable_expert_parallel = true" in toml

@@ -47,10 +47,10 @@ CASES = {
         lambda b: [b.hf({"linear_num_value_heads": 32, "full_attention_interval": 4})],
         ("config.json: linear_num_value_heads: linear-attention layers (Qwen3-Next's Gated DeltaNet) are not "
          "supported",)),
-    "hf_config sliding window, not yet simulated": (
-        lambda b: [b.hf({"sliding_window": 1024})],  # the scenario's max_model_len is 4096
-        ("has sliding-window layers (window 1024 tokens) that vLLM keeps in 1 KV cache group(s): simulating them "
-         "needs the hybrid KV cache allocator",)),
+    "hf_config sliding window under swap preemption": (  # sliding windows simulate (the hybrid allocator); swap not
+        lambda b: [b.hf({"sliding_window": 1024}, engine='preemption_mode = "swap"')],  # max_model_len is 4096
+        ("engine.preemption_mode: swap is not simulated for", "sliding-window KV cache groups (vLLM V1 has no swap)"
+         ": use recompute")),
     "sweep grid of 10,100 points": (lambda b: ["sweep", b.scenario(), *GRID],
                                     ("--set: the grid has more than 10,000 points (10,100)",)),
     "sweep points file of 10,001 rows": (lambda b: ["sweep", b.scenario(), "--from",

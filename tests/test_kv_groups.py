@@ -197,16 +197,18 @@ def test_render_shows_groups_and_naive_rows():
     assert seqs.row_count == 2  # the policy and its decoding / naive row
 
 
-def test_run_refuses_sliding_window_memory_shows_it():
+def test_run_simulates_sliding_window_models_and_refuses_swap_for_them():
     sc = make("gpt-oss-20b", engine={"max_model_len": 131072})
     m, h100 = MODELS["gpt-oss-20b"], GPUS["H100-SXM"]
-    with pytest.raises(KvsimError, match=r"^scenarios/x\.toml: model gpt-oss-20b has sliding-window layers "
-                                         r"\(window 128 tokens\) that vLLM keeps in 2 KV cache group\(s\)") as err:
-        check_fits(sc, m, h100, sc.policies)
+    check_fits(sc, m, h100, sc.policies)  # the hybrid allocator simulates vLLM's two groups
+    swap = make("gpt-oss-20b", engine={"max_model_len": 131072, "preemption_mode": "swap"})
+    with pytest.raises(KvsimError, match=r"^scenarios/x\.toml: engine\.preemption_mode: swap is not simulated for "
+                                         r"gpt-oss-20b's sliding-window KV cache groups") as err:
+        check_fits(swap, m, h100, swap.policies)
     assert "\n" not in str(err.value)
-    check_fits(sc, m, h100, sc.policies, simulate=False)  # kvsim memory sizes it
-    short = make("Mistral-7B-v0.1", engine={"max_model_len": 4096})  # the window covers every sequence: exact
-    check_fits(short, MODELS["Mistral-7B-v0.1"], h100, short.policies)
+    check_fits(swap, m, h100, swap.policies, simulate=False)  # kvsim memory sizes it
+    short = make("Mistral-7B-v0.1", engine={"max_model_len": 4096, "preemption_mode": "swap"})
+    check_fits(short, MODELS["Mistral-7B-v0.1"], h100, short.policies)  # the window covers every sequence
 
 
 def test_mla_runs_at_vllms_block_size_and_llama4_as_full():
@@ -234,16 +236,15 @@ def test_memory_json_command(tmp_path, capsys):
     assert math.isclose(pol["kv_bytes_per_token_naive"], 49152)
 
 
-def test_deploy_and_the_simulation_refuse_what_they_cannot_simulate():
+def test_deploy_and_the_simulation_take_sliding_window_models():
     from kvsim.perf.memory import kv_capacity
     from kvsim.planning.deploy import layouts
 
     sc = make("gpt-oss-20b", engine={"max_model_len": 131072})
     ok, skipped = layouts(sc, ["paged"], ["H100-SXM"], [1])
-    assert not ok and "needs the hybrid KV cache allocator" in skipped[0]["reason"]
-    with pytest.raises(KvsimError, match="hybrid KV cache allocator"):
-        kv_capacity(sc, sc.policies[0], MODELS["gpt-oss-20b"], GPUS["H100-SXM"])
-    assert kv_capacity(sc, sc.policies[0], MODELS["gpt-oss-20b"], GPUS["H100-SXM"], simulate=False).num_blocks > 0
+    assert ok and not skipped
+    cap = kv_capacity(sc, sc.policies[0], MODELS["gpt-oss-20b"], GPUS["H100-SXM"])
+    assert cap.windows == (128, 0) and cap.num_blocks > 0
 
 
 def test_windows_longer_than_max_model_len_count_as_one_group():

@@ -437,7 +437,9 @@ def test_the_measured_pricer_takes_the_pricing_protocols_arguments():
      "no measured kernels or calibration for B200"),
     ('[hardware]\nbf16_tflops = 2000\n', "H100-SXM", "Llama-3.1-8B", "roofline", "estimated",
      "hardware.bf16_tflops overrides the H100-SXM datasheet"),
-    ("", "H100-SXM", "Qwen3-30B-A3B", "roofline", "estimated", "no measured kernels for Qwen3-30B-A3B's MoE experts"),
+    ("", "H100-SXM", "Qwen3-30B-A3B", "measured", "measured", "vLLM 0.24.0 kernels timed on H100-SXM"),
+    ('[backend]\npricing = "roofline"\n', "H100-SXM", "Qwen3-30B-A3B", "roofline", "estimated",
+     "no measured kernels for Qwen3-30B-A3B's MoE experts"),
     ("", "H100-SXM", "gemma-2-9b", "roofline", "estimated", "sliding-window or chunked attention"),
     ('[engine]\nmax_model_len = 4096\n', "H100-SXM", "Mistral-7B-v0.1", "measured", "measured", "kernels timed"),
     ('[backend]\nname = "triton"\n', "H100-SXM", "Llama-3.1-8B", "triton", "measured", "timed on the GPU"),
@@ -465,7 +467,14 @@ def test_every_run_says_whether_its_answers_are_measured_or_estimated(tmp_path, 
 
 
 def test_measured_pricing_of_layers_the_tables_do_not_time_is_one_line(tmp_path):
+    """The tables time fused MoE and the MLA module where a release has them, never sliding windows."""
     sc = scenario(tmp_path, '[backend]\npricing = "measured"\n')
-    sc = sc.model_copy(update={"model": sc.model.model_copy(update={"name": "Qwen3-30B-A3B"})})
-    with pytest.raises(KvsimError, match="do not time Qwen3-30B-A3B's MoE experts yet"):
+    sc = sc.model_copy(update={"model": sc.model.model_copy(update={"name": "gpt-oss-20b"})})
+    with pytest.raises(KvsimError, match="do not time gpt-oss-20b's sliding-window or chunked attention yet"):
         backend(sc)
+    old = scenario(tmp_path, '[engine]\nblock_size = 64\nvllm_version = "0.14.0"\n', gpu="H200")
+    old = old.model_copy(update={"model": old.model.model_copy(update={"name": "DeepSeek-V3"}),
+                                 "hardware": old.hardware.model_copy(update={"tensor_parallel_size": 8})})
+    with pytest.raises(KvsimError, match=r"engine\.vllm_version: .*do not time DeepSeek-V3's MLA attention "
+                                         r"in vLLM 0\.14\.0's"):
+        backend(old)

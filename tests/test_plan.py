@@ -270,6 +270,39 @@ def test_an_slo_no_single_request_meets_gives_zero_and_says_so():
     assert any("no safe rate found, down to 0.156 req/s" in line for line in plan_lines(result))
 
 
+def test_moe_deployment_search_equals_brute_force_over_tp_dp_ep(tmp_path):
+    """Qwen3-30B-A3B, every engine serial (one request at a time, ~10 req/s an engine, steps priced by the
+    calibration's overhead alone): at 15 req/s a single engine fails, so the cheapest layouts are two GPUs
+    a deployment: TP 1 x 2 replicas, or one replica of DP 2 (experts sliced or whole). Brute force: every
+    layout the search considers, each replica count from 1 up until its seeds and long run pass."""
+    from kvsim.planning.deploy import _hardware, layouts
+    from kvsim.planning.points import evaluate_point
+    from kvsim.planning.safe import LONG_RUN
+
+    n_req, target = 80, 15.0
+    sc = serial_scenario(tmp_path, model={"name": "Qwen3-30B-A3B"}, cost={"gpu_hour_usd": {"H100-SXM": 2.0},
+                                                                            "source": "test"})
+    ok, _ = layouts(sc, ["paged"], ["H100-SXM"], (1, 2))
+    assert len(ok) == 13  # TP 1: 1 and DP 2/4/8 with and without EP; TP 2: 2, 2 EP, DP 2/4 with and without EP
+
+    def passes(lay, n):
+        hw = {"hardware": _hardware(sc, "H100-SXM", lay[1], n)}
+        return all(evaluate_point(sc, "paged", target, sc.workload.seed, n_req * min(n, 2) * k, None, hw)
+                   ["sustainable"] for k in (1, LONG_RUN))
+
+    cost = {}
+    for lay in ok:
+        n = next(n for n in range(1, 5) if passes(lay, n))
+        cost[(str(lay[1]), n)] = 2.0 * int(lay[1]) * n
+    cheapest = min(cost.values())
+    assert cheapest == 4.0 and {k for k, v in cost.items() if v == cheapest} == {("1", 2), ("1 DP 2", 1),
+                                                                                ("1 DP 2 EP", 1)}
+    result = deploy(sc, target, gpus=["H100-SXM"], tensor_parallel=(1, 2), policy="paged", seeds=1, top=3,
+                    num_requests=n_req, executor=InlineExecutor(), headroom=False)
+    got = {(str(d.layout), d.num_replicas) for d in result.deployments if d.usd_per_hour == cheapest}
+    assert result.deployments[0].usd_per_hour == cheapest and got == {k for k, v in cost.items() if v == cheapest}
+
+
 def test_the_deployment_search_says_when_its_winner_is_estimated():
     from dataclasses import replace
 

@@ -33,7 +33,7 @@ class StepByStep(RunSearch):
         return self.model.step_time(batch)
 
     def decode_run_time(self, shape: DecodeShape, k: int) -> float:
-        n, read, longest = shape
+        n, read, longest = shape[:3]  # a dense model: no windowed reads
         return sum(self.model.step_time(Batch(num_decode_seqs=n, decode_context_tokens=read + i * n,
                                               decode_max_context=longest + i if longest else 0))
                    for i in range(k))

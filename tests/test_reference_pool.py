@@ -12,10 +12,8 @@ import pytest
 
 from kvsim.engine import replica
 from kvsim.engine.reference_pool import ReferencePool
-from kvsim.pipeline import run_scenario
-from kvsim.results.metrics import Metrics
 
-from conftest import make_scenario
+from conftest import make_scenario, per_request
 
 TIGHT = {"memory_gib": 20.0}  # Llama-3.1-8B on 20 GiB: about 970 blocks, memory binds
 BUSY = {"num_requests": 400, "arrival": {"rate": 50.0},
@@ -35,37 +33,13 @@ CASES = {
 }
 
 
-def results(monkeypatch, scenario) -> tuple[dict, dict]:
-    """Every finished request's (TTFT, E2E, outputs, preemptions, cached tokens), and the summaries
-    with each policy's time-series rows."""
-    rows, series = {}, {}
-    on_finish, summary = Metrics.on_finish, Metrics.summary
-
-    def spy(self, seq):
-        arrival = seq.request.arrival_time
-        rows[seq.seq_id] = (seq.first_token_time - arrival, seq.finish_time - arrival, seq.num_output_tokens,
-                            seq.num_preemptions, seq.num_cached_tokens)
-        on_finish(self, seq)
-
-    def keep(self, **kw):
-        series[self.policy] = self.timeseries_rows()
-        return summary(self, **kw)
-
-    monkeypatch.setattr(Metrics, "on_finish", spy)
-    monkeypatch.setattr(Metrics, "summary", keep)
-    out = run_scenario(scenario, write=False).summaries
-    for name, s in out.items():
-        s["timeseries"] = series[name]
-    return rows, out
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_simulations_on_the_specification_match_block_manager(monkeypatch, case):
     sc = make_scenario(**CASES[case])
-    fast, fast_sum = results(monkeypatch, sc)
+    fast, fast_sum = per_request(monkeypatch, sc)
     monkeypatch.setitem(replica.ALLOCATORS, "paged", lambda settings, num_blocks: ReferencePool(
         num_blocks, settings.block_size, settings.enable_prefix_caching))
-    spec, spec_sum = results(monkeypatch, sc)
+    spec, spec_sum = per_request(monkeypatch, sc)
     assert fast == spec and len(fast) > 50
     for name, s in fast_sum.items():
         backend = s.pop("backend"), spec_sum[name].pop("backend")

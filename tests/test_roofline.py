@@ -468,3 +468,72 @@ def test_deepseek_runs_fp8_gemms_and_streams_shipped_bytes():
     sm = StepModel(m, GPUS["H200"], 8, "auto", CAL)
     assert m.gemm_dtype == "fp8"
     assert sm.layers_s_per_token == pytest.approx(2 * m.active_layer_params / (8 * 1978.9e12 * 0.5), rel=1e-12)
+
+
+# ---- sliding-window layers ---------------------------------------------------------------------------
+GPT_OSS, GEMMA2 = MODELS["gpt-oss-20b"], MODELS["gemma-2-9b"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(window=st.integers(1, 300), chunks=st.lists(st.tuples(st.integers(0, 900), st.integers(1, 400)), max_size=4),
+       decodes=st.lists(st.integers(700, 2000), max_size=4), cohort=st.integers(0, 5000))
+def test_window_reads_match_brute_force(window, chunks, decodes, cohort):
+    """Each new token at position p attends min(p + 1, window) keys; a chunk reads the keys from
+    max(0, c + 1 - window) to its last; a decode min(context + 1, window)."""
+    from conftest import make_seq
+
+    batch = Batch(decode_window_tokens=cohort)
+    for i, (ctx, n) in enumerate(chunks):
+        s = make_seq(i, ctx + n + 5)
+        s.num_computed_tokens = ctx
+        batch.add(s, n)
+    for i, ctx in enumerate(decodes):
+        s = make_seq(100 + i, 600)
+        s.num_computed_tokens = ctx
+        batch.add(s, 1)
+    pairs = sum(min(p + 1, window) for ctx, n in chunks for p in range(ctx, ctx + n))
+    kv = sum(len(range(max(0, ctx + 1 - window), ctx + n)) for ctx, n in chunks)
+    assert batch.window_reads(window) == (cohort + sum(min(c + 1, window) for c in decodes), pairs, kv)
+
+
+def windowed_decode(n, ctx, longest, wt):
+    return Batch(num_decode_seqs=n, decode_context_tokens=ctx, decode_max_context=longest, decode_window_tokens=wt)
+
+
+@st.composite
+def windowed_runs(draw):
+    """n sequences, the longest `longest`; `short` of them not yet past the window (window tokens grow by
+    one a step each), the run no longer than the first of them takes to reach it."""
+    window = draw(st.sampled_from([128, 1024, 4096]))
+    n = draw(st.integers(1, 200))
+    short = draw(st.integers(0, n))
+    lengths = [draw(st.integers(1, window - 2)) for _ in range(short)] + \
+        [draw(st.integers(window, 20_000)) for _ in range(n - short)]
+    k = draw(st.integers(1, window - 1 - max(lengths[:short], default=0)))
+    return window, n, sum(lengths), max(lengths), sum(min(c, window) for c in lengths), short, k
+
+
+@settings(max_examples=150, deadline=None)
+@given(model=st.sampled_from([GPT_OSS, GEMMA2, MODELS["Mistral-7B-v0.1"]]), run=windowed_runs(),
+       cal=st.sampled_from([KEY, CAL, replace(KEY, eager_layer_s=5e-4)]), graphs=st.booleans())
+def test_windowed_decode_run_time_matches_brute_force(model, run, cal, graphs):
+    window, n, ctx, longest, wt, short, k = run
+    sm = StepModel(model, H100, 1, "auto", cal, window=window, **({} if graphs else {"graph_sizes": ()}))
+    shape = DecodeShape(n, ctx, longest, wt, short)
+    brute = sum(sm.step_time(windowed_decode(n, ctx + i * n, longest + i, wt + i * short)) for i in range(k))
+    assert sm.decode_run_time(shape, k) == pytest.approx(brute, rel=1e-10)
+    assert sm.decode_run_within(shape, k).first_s == pytest.approx(sm.step_time(windowed_decode(n, ctx, longest, wt)))
+
+
+def test_sliding_layers_read_the_window_only():
+    """gpt-oss-20b: half its layers slide over 128 tokens. At 8k context their decode reads 128 keys,
+    so attention costs about half of what all layers full would; below the window, the same."""
+    full, windowed = StepModel(GPT_OSS, H100, 1, "auto", KEY), StepModel(GPT_OSS, H100, 1, "auto", KEY, window=128)
+    assert windowed.window_share == 0.5 and StepModel(GEMMA2, H100, 1, "auto", KEY, window=4096).window_share == 0.5
+    long = windowed_decode(64, 64 * 8192, 8192, 64 * 128)
+    attn_full = full.attention_time(long, 64, 0, 64)
+    assert windowed.attention_time(long, 64, 0, 64) == pytest.approx(
+        0.5 * attn_full + 0.5 * windowed.decode_attention_time(64, 64 * 128, 128, 64), rel=1e-12)
+    assert windowed.attention_time(long, 64, 0, 64) < 0.6 * attn_full
+    short = windowed_decode(64, 64 * 100, 100, 64 * 100)
+    assert windowed.step_time(short) == pytest.approx(full.step_time(short), rel=1e-12)

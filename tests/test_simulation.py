@@ -11,13 +11,12 @@ from kvsim.engine.settings import EngineSettings
 from kvsim.engine.simulator import Simulation
 from kvsim.perf.memory import kv_capacity
 from kvsim.perf.pricing import RunSearch
-from kvsim.results.metrics import Metrics
 from kvsim.pipeline import run_scenario
 from kvsim.scenario.catalog import gpu_spec, model_spec
 from kvsim.scenario.config import scenario_from_dict
 from kvsim.scenario.workload import generate_requests
 
-from conftest import make_scenario, scenario_dict
+from conftest import assert_same_requests, make_scenario, per_request, scenario_dict
 
 # Llama-3.1-8B (15 GiB of weights) on a GPU cut to 20 GiB: about 970 blocks of 16 tokens of KV,
 # so KV memory is what limits the batch.
@@ -77,42 +76,6 @@ def test_two_cli_runs_write_identical_summaries(tmp_path):
 
 
 # ---- fused decode runs ---------------------------------------------------------------------
-
-def per_request(monkeypatch, scenario) -> tuple[dict, dict]:
-    """Every finished request's (TTFT, E2E, outputs, preemptions, cached tokens), by (policy, id)."""
-    rows = {}
-    on_finish = Metrics.on_finish
-
-    def spy(self, seq):
-        arrival = seq.request.arrival_time
-        rows[(self.policy, seq.seq_id)] = (seq.first_token_time - arrival, seq.finish_time - arrival,
-                                           seq.num_output_tokens, seq.num_preemptions, seq.num_cached_tokens)
-        on_finish(self, seq)
-
-    monkeypatch.setattr(Metrics, "on_finish", spy)
-    series = {}
-    summary = Metrics.summary
-
-    def keep(self, **kw):  # the time series of each policy, beside its summary
-        series[self.policy] = self.timeseries_rows()
-        return summary(self, **kw)
-
-    monkeypatch.setattr(Metrics, "summary", keep)
-    summaries = run_scenario(scenario, write=False).summaries
-    for name, rows_ in series.items():
-        summaries[name]["timeseries"] = rows_
-    return rows, summaries
-
-
-def assert_same_requests(fused: dict, plain: dict) -> None:
-    """per_request's rows agree: the same requests, counts exactly, times to 1e-9."""
-    assert fused.keys() == plain.keys() and fused
-    for key, (ttft, e2e, *counts) in plain.items():
-        f_ttft, f_e2e, *f_counts = fused[key]
-        assert f_counts == counts, key
-        assert f_ttft == pytest.approx(ttft, rel=1e-9, abs=1e-12), key
-        assert f_e2e == pytest.approx(e2e, rel=1e-9, abs=1e-12), key
-
 
 FUSION_CASES = {
     "tight memory, preemptions": dict(hardware=TIGHT, workload=BUSY, policies=[

@@ -27,7 +27,8 @@ from kvsim.scenario.overrides import apply_overrides
 
 # ---- which widgets the page shows: each is a scenario key, as `--set` and the TOML file name it
 MAIN_SLO = ("percentile", "ttft_ms", "tpot_ms")  # in the main area, with the model, GPU, TP x replicas and rate
-HARDWARE = ("model.dtype", "hardware.router", "hardware.gpu_memory_utilization")
+HARDWARE = ("model.dtype", "hardware.router", "hardware.gpu_memory_utilization", "hardware.data_parallel_size",
+            "hardware.enable_expert_parallel", "model.expert_skew")
 ENGINE = ("engine.max_num_seqs", "engine.max_num_batched_tokens", "engine.max_model_len", "engine.block_size",
           "engine.enable_prefix_caching", "engine.preemption_mode")
 POLICY = ("allocator", "kv_cache_dtype", "enable_chunked_prefill", "max_num_batched_tokens", "enable_prefix_caching")
@@ -148,6 +149,25 @@ def _model(form: _Form, box) -> None:
                           help=fields.help_text("model.name"))
     if model != here:
         form.overrides.append(f"model={toml_value({'name': model, 'dtype': cfg.dtype})}")
+    traits = model_traits(MODELS.get(model))
+    if traits:
+        box.caption(traits)
+
+
+def model_traits(spec) -> str:
+    """What sets a preset apart as a KV-cache and step-time problem (the picker's caption): routed
+    experts, latent attention, sliding windows; '' for a dense model of full attention."""
+    if spec is None:
+        return ""
+    out = []
+    if spec.moe:
+        out.append(f"mixture of experts: {spec.moe.num_experts_per_tok} of {spec.moe.n_routed_experts} experts a token")
+    if spec.mla:
+        out.append(f"latent attention (MLA): {spec.mla.latent_dim} cached elements a token and layer")
+    sliding = spec.num_sliding_layers
+    if sliding:
+        out.append(f"sliding window of {spec.sliding_window:,} tokens on {sliding} of {spec.num_hidden_layers} layers")
+    return " · ".join(out)
 
 
 def _main(form: _Form, box, process: str) -> None:

@@ -28,9 +28,12 @@ class AnalyticBackend:
         pricer = measured_step_model(scenario, policy, model, gpu, calibration, settings, capacity)
         if pricer is None:
             graphs = () if scenario.backend.enforce_eager else VLLM_GRAPH_SIZES
-            pricer = StepModel(model, gpu, scenario.hardware.tensor_parallel_size, policy.kv_cache_dtype,
+            windows, hw = [w for w in settings.kv_windows if w], scenario.hardware
+            pricer = StepModel(model, gpu, hw.tensor_parallel_size, policy.kv_cache_dtype,
                                calibration, settings.block_size, graphs, settings.max_model_len,
-                               per_token_scales=policy.kv_cache_scales == "per_token")
+                               per_token_scales=policy.kv_cache_scales == "per_token",
+                               window=min(windows) if windows else 0, dp=hw.data_parallel_size,
+                               expert_parallel=hw.enable_expert_parallel, expert_skew=scenario.model.expert_skew)
             # whether a step's price reads the longest decode (Batch.decode_max_context), which the scheduler keeps
             self.prices_longest_decode = calibration.decode_key_s > 0
         else:

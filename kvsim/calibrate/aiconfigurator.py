@@ -14,7 +14,16 @@ where a shape was not timed) in milliseconds, as published:
   collector/vllm/collect_attn.py);
 - `allreduce/{gpus,size,graph_ms,eager_ms}`: vLLM's `tensor_model_parallel_all_reduce` of `size`
   bfloat16 elements inside a CUDA graph and eagerly (collector/collect_all_reduce.py; whatever vLLM
-  dispatches at that size: its custom all-reduce, or NCCL beyond the custom one's limit).
+  dispatches at that size: its custom all-reduce, or NCCL beyond the custom one's limit);
+- `moe/<moe dtype>/{config,tokens,ms}` (where the release has them): vLLM's fused MoE layer
+  (`fused_experts`: routed experts only, no router and no shared experts) on one rank, at `tokens`
+  tokens entering it; one row per `config` = (hidden, moe intermediate size before TP, top-k, experts,
+  moe TP, moe EP, routing: 0 balanced, else the power law's exponent x 100), kept as rows because the
+  configurations are a few model shapes, not a grid (collector/vllm/collect_moe.py);
+- `mla_context/<kv dtype>/<gemm dtype>/{heads,isl,batch,ms}` and
+  `mla_generation/<kv dtype>/<gemm dtype>/{heads,batch,step,ms}` (where the release has them): the whole
+  DeepSeek-V3 MLA attention module (projections, attention, output; collector/vllm/collect_mla_module.py)
+  per layer and rank, `heads` the query heads on the rank, `step` the keys a decode token attends to.
 
 Of several kernels timed for one table (FA3 and FA4 on Hopper, FlashInfer and Triton on Blackwell),
 the one with the most rows is kept: the backend vLLM picks by default for that GPU. Repeated shapes
@@ -47,7 +56,18 @@ TABLES = {
     "generation": ("attention", "generation_attention_perf.parquet", "vllm"),
     "allreduce": ("comm", "custom_allreduce_perf.parquet", "vllm"),
 }
+# tables a release may lack: the model families that need them fall back to the roofline
+OPTIONAL = {
+    "moe": ("moe", "moe_perf.parquet", "vllm"),
+    "mla_context": ("mla", "mla_context_module_perf.parquet", "vllm"),
+    "mla_generation": ("mla", "mla_generation_module_perf.parquet", "vllm"),
+}
+MOE_DTYPES = {"bfloat16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "w4a16_mxfp4": "mxfp4"}
 COLUMNS = {
+    "moe": ("kernel_source", "moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
+            "moe_tp_size", "moe_ep_size", "distribution", "latency"),
+    "mla_context": ("kernel_source", "kv_cache_dtype", "gemm_type", "num_heads", "isl", "batch_size", "latency"),
+    "mla_generation": ("kernel_source", "kv_cache_dtype", "gemm_type", "num_heads", "batch_size", "step", "latency"),
     "gemm": ("kernel_source", "gemm_dtype", "m", "n", "k", "latency"),
     "context": ("kernel_source", "kv_cache_dtype", "num_key_value_heads", "head_dim", "num_heads", "isl",
                 "batch_size", "latency"),
@@ -73,7 +93,7 @@ def _reuse_from(folder: Path, table: str) -> str | None:
 
 def table_file(root: Path, aic_gpu: str, family: str, version: str) -> tuple[Path, str]:
     """The Parquet file of `family` for `version` and the release it was timed on (reuse followed)."""
-    folder_name, filename, backend = TABLES[family]
+    folder_name, filename, backend = TABLES.get(family) or OPTIONAL[family]
     folder = root / aic_gpu / folder_name / backend / version
     path = folder / filename
     if path.is_file():
@@ -211,6 +231,56 @@ def _allreduce(cols: dict, path: Path, arrays: dict, meta: dict) -> None:
         meta[f"allreduce/{mode}"] = {"kernel_source": f"vLLM_custom_{mode}", "rows": int(m.sum())}
 
 
+def _routing(distribution: np.ndarray) -> np.ndarray:
+    """AIConfigurator's routing names as codes: balanced 0, power_law_A the exponent A x 100."""
+    out = np.zeros(len(distribution), dtype=np.int64)
+    for name in np.unique(distribution):
+        code = 0 if name in ("balanced", "uniform") else round(100 * float(str(name).rsplit("_", 1)[-1]))
+        out[distribution == name] = code
+    return out
+
+
+def _moe(cols: dict, path: Path, arrays: dict, meta: dict) -> None:
+    for raw, dtype in MOE_DTYPES.items():
+        mask = cols["moe_dtype"] == raw
+        if not mask.any():
+            continue
+        source = _most_rows(cols["kernel_source"], mask)
+        mask &= cols["kernel_source"] == source
+        keys = [cols[c][mask].astype(np.int64) for c in ("hidden_size", "inter_size", "topk", "num_experts",
+                                                         "moe_tp_size", "moe_ep_size")]
+        keys.append(_routing(cols["distribution"][mask]))
+        configs = np.stack(keys, axis=1)
+        unique, row = np.unique(configs, axis=0, return_inverse=True)
+        (_, tokens), ms = _grid([row.reshape(-1).astype(np.int64), cols["num_tokens"][mask].astype(np.int64)],
+                                cols["latency"][mask])
+        arrays[f"moe/{dtype}/config"] = unique.astype(np.int64)
+        arrays[f"moe/{dtype}/tokens"] = tokens.astype(np.int64)
+        arrays[f"moe/{dtype}/ms"] = ms.astype(np.float32)
+        meta[f"moe/{dtype}"] = {"kernel_source": source, "rows": int(mask.sum())}
+
+
+def _mla(family: str, cols: dict, path: Path, arrays: dict, meta: dict) -> None:
+    last = ("isl", "batch_size") if family == "mla_context" else ("batch_size", "step")
+    names = ("isl", "batch") if family == "mla_context" else ("batch", "step")
+    for kvd in KV_DTYPES:
+        for gemm in ("bfloat16", "fp8_block"):
+            mask = (cols["kv_cache_dtype"] == kvd) & (cols["gemm_type"] == gemm)
+            if not mask.any():
+                continue
+            timed = set(np.unique(cols["kernel_source"][mask]))
+            # vLLM v0.11.0 decodes MLA with FlashMLA on Hopper (block size 64); else the most timed backend
+            source = "FLASHMLA" if family == "mla_generation" and "FLASHMLA" in timed else \
+                _most_rows(cols["kernel_source"], mask)
+            mask &= cols["kernel_source"] == source
+            keys = [cols["num_heads"][mask].astype(np.int64)] + [cols[c][mask].astype(np.int64) for c in last]
+            axes, ms = _grid(keys, cols["latency"][mask])
+            for name, a in zip(("heads", *names), axes):
+                arrays[f"{family}/{kvd}/{gemm}/{name}"] = a.astype(np.int64)
+            arrays[f"{family}/{kvd}/{gemm}/ms"] = ms.astype(np.float32)
+            meta[f"{family}/{kvd}/{gemm}"] = {"kernel_source": source, "rows": int(mask.sum())}
+
+
 def convert(root, gpu: str, version: str) -> tuple[dict, dict]:
     """(arrays, provenance) of one GPU preset and vLLM release from an AIConfigurator data folder."""
     root = Path(root)
@@ -220,8 +290,13 @@ def convert(root, gpu: str, version: str) -> tuple[dict, dict]:
         "repository": SOURCE_REPO, "commit": SOURCE_COMMIT, "folder": f"{SOURCE_FOLDER}/{aic_gpu}",
         "license": "Apache-2.0, Copyright NVIDIA CORPORATION & AFFILIATES"}, "units": "ms per kernel call",
         "tables": {}}
-    for family in TABLES:
-        path, timed_on = table_file(root, aic_gpu, family, version)
+    for family in (*TABLES, *OPTIONAL):
+        try:
+            path, timed_on = table_file(root, aic_gpu, family, version)
+        except KvsimError:
+            if family in OPTIONAL:
+                continue
+            raise
         windowed = family in ("context", "generation") and _has_column(path, "window_size")
         cols = read_columns(path, COLUMNS[family] + (("window_size",) if windowed else ()))
         tmeta: dict = {}
@@ -229,6 +304,10 @@ def convert(root, gpu: str, version: str) -> tuple[dict, dict]:
             _gemm(cols, path, arrays, tmeta)
         elif family == "allreduce":
             _allreduce(cols, path, arrays, tmeta)
+        elif family == "moe":
+            _moe(cols, path, arrays, tmeta)
+        elif family.startswith("mla"):
+            _mla(family, cols, path, arrays, tmeta)
         else:
             _attention(family, cols, path, arrays, tmeta)
         rel = path.relative_to(root).as_posix()

@@ -28,6 +28,9 @@ from kvsim.sequence import Sequence
 
 
 class DecodeCohort:
+    groups = 1  # blocks a member takes at a crossing (one per KV cache group)
+    releases_cached = 0  # whether blocks members release stay cached (a windowed cache, prefix caching on)
+
     def __init__(self, allocator, track_longest: bool = True):
         self.allocator = allocator
         self.block_size = allocator.block_size
@@ -126,7 +129,8 @@ class DecodeCohort:
             return sum(self.crossings[c0:c0 + steps])
         a, b = divmod(steps, bs)
         c0 = self.clock % bs
-        return a * self.size + sum(self.crossings[c0:c0 + b]) if b else a * self.size
+        whole = a * self.size * self.groups  # every member crosses once a period, taking a block a group
+        return whole + sum(self.crossings[c0:c0 + b]) if b else whole
 
     def crossing_moments(self, steps: int) -> tuple[int, int, int]:
         """(sum of c_j, of j * c_j, of j * j * c_j) over the next steps j = 1..`steps`, c_j the
@@ -169,6 +173,18 @@ class DecodeCohort:
             else:
                 hi = mid
         return lo, lo_need
+
+    def released_after(self, step: int) -> int:
+        """Blocks a planned run releases at its steps after `step` (none here: nothing leaves a window)."""
+        return 0
+
+    def net_blocks(self, steps: int) -> int:
+        """Blocks the next `steps` steps take, less those they release."""
+        return self.blocks_needed(steps)
+
+    def peak_net(self, steps: int) -> int:
+        """The most of net_blocks(j) over j = 1..steps."""
+        return self.blocks_needed(steps)
 
     def advance(self, steps: int) -> None:
         """Every member decoded `steps` tokens (their blocks were reserved when scheduled)."""

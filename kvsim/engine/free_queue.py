@@ -132,6 +132,10 @@ class FreeBlockQueue:
             out.append(k - seen)
         return out
 
+    def block_at(self, position: int) -> int:
+        """The block at a log position at or past the head (a caller that knows where its block went)."""
+        return self._ids[position - self._base]
+
     # ---- freeing to the tail ----------------------------------------------------------------
     def append(self, blocks: array, num_uncached: int = 0) -> int:
         """Queue `blocks` (eviction order: the first is taken first); the first `num_uncached`

@@ -40,11 +40,12 @@ class RunSeries:
         time-series bucket ends (a run ending before it crosses none). Called before the run's later
         blocks are taken (its first step's are)."""
         cohort = self.scheduler.cohort
-        u0 = self.allocator.num_used_blocks - batch.cohort_step_blocks  # before the run's first step
+        # before the run's first step (a windowed cache has released the run's blocks already)
+        u0 = self.allocator.num_used_blocks - batch.cohort_step_blocks + cohort.released_after(0)
         grows = cohort.grows
         last, m1, m2 = cohort.crossing_moments(k - 1) if grows else (0, 0, 0)
         crosses = now + tk >= bucket_end
-        if not last and not crosses:  # no block taken inside the run, no bucket crossed
+        if not (last or m1 or m2 or crosses):  # no block taken or released inside the run, no bucket crossed
             self.marks, self.block_s, self.peak = (), u0 * tk, u0
             return
         # Step j ends T(j) = a*j + b*j(j-1)/2 after `now` while the run stays in one regime of the
@@ -64,9 +65,9 @@ class RunSeries:
             held = first * m1 + b * (m2 - m1) / 2
         else:
             run_time = self.backend.decode_run_time
-            held = sum((cohort.blocks_needed(j) - cohort.blocks_needed(j - 1)) * run_time(shape, j)
+            held = sum((cohort.net_blocks(j) - cohort.net_blocks(j - 1)) * run_time(shape, j)
                        for j in range(1, k))
-        self.block_s, self.peak = (u0 + last) * tk - held, u0 + last
+        self.block_s, self.peak = (u0 + last) * tk - held, u0 + cohort.peak_net(k - 1)
 
     def _marks(self, batch, shape, k: int, now: float, a: float, b, tk: float) -> list:
         """The samples of the last step ending in each bucket the run crosses, but the end's."""
@@ -101,9 +102,13 @@ class RunSeries:
         used, free, cached = alloc.num_used_blocks, alloc.num_free_blocks, alloc.num_cached_blocks
         reserved, frag = alloc.reserved_unused_tokens, alloc.external_fragmentation
         running, waiting, swapped = sched.num_running, len(sched.waiting), len(sched.swapped)
-        return [((t, running, waiting, swapped, used + m, cached - e, free - m - (cached - e),
-                  reserved + m * bs - j * size, frag), size)
-                for (j, t), m, e in zip(steps, more, evicted)]
+        written = size * cohort.groups
+        # a windowed cache released the run's blocks at once: those of steps after j are not free yet
+        later = [cohort.released_after(j) for j, _ in steps]
+        cf = cohort.releases_cached
+        return [((t, running, waiting, swapped, used + m + r, cached - e - r * cf,
+                  free - m - (cached - e) - r * (1 - cf), reserved + m * bs - j * written, frag), size)
+                for (j, t), m, e, r in zip(steps, more, evicted, later)]
 
 
     def with_arrivals(self, start: float) -> list | tuple:

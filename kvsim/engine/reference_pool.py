@@ -33,6 +33,29 @@ from kvsim.engine.block_manager import AllocationError
 from kvsim.sequence import NO_BLOCKS, Sequence
 
 
+class ContentKeys:
+    """Exact content keys of full blocks: `keys(seq, n)` names the sequence's first n blocks, each
+    key standing for the block's content and every block before it (shareable tokens by their values,
+    any other token by (request, position)). Keys are small integers, equal exactly when the content is."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self._keys: dict[tuple, int] = {}  # (parent key, content) -> key
+        self._seq_keys: dict[Sequence, list[int]] = {}
+
+    def __call__(self, seq: Sequence, n: int) -> list[int]:
+        keys = self._seq_keys.setdefault(seq, [])
+        ids, bs = seq.request.token_ids, self.block_size
+        shared = 0 if ids is None else len(ids) // bs
+        if len(keys) < n and shared:
+            tokens = np.asarray(ids)[:shared * bs].tolist()
+        for j in range(len(keys), n):
+            content = tuple(tokens[j * bs:(j + 1) * bs]) if j < shared else (seq.seq_id, j)
+            parent = keys[j - 1] if j else -1
+            keys.append(self._keys.setdefault((parent, j < shared, content), len(self._keys)))
+        return keys[:n]
+
+
 class ReferencePool:
     external_fragmentation = 0.0
     grows = True
@@ -49,22 +72,9 @@ class ReferencePool:
         self.registered: dict[Sequence, int] = {}  # blocks of the table registered so far
         self.reserved: list[int] = []
         self.written = 0  # tokens written into slots held (tables and reservations)
-        self._keys: dict[tuple, int] = {}  # (parent key, content) -> key: exact content identities
-        self._seq_keys: dict[Sequence, list[int]] = {}
+        self.keys = ContentKeys(block_size)
 
     # ---- content ------------------------------------------------------------------------------
-    def keys(self, seq: Sequence, n: int) -> list[int]:
-        """The keys of the sequence's first n blocks."""
-        keys = self._seq_keys.setdefault(seq, [])
-        ids, bs = seq.request.token_ids, self.block_size
-        shared = 0 if ids is None else len(ids) // bs
-        if len(keys) < n and shared:
-            tokens = np.asarray(ids)[:shared * bs].tolist()
-        for j in range(len(keys), n):
-            content = tuple(tokens[j * bs:(j + 1) * bs]) if j < shared else (seq.seq_id, j)
-            parent = keys[j - 1] if j else -1
-            keys.append(self._keys.setdefault((parent, j < shared, content), len(self._keys)))
-        return keys[:n]
 
     def _register(self, seq: Sequence, upto: int) -> None:
         """The table's blocks below depth `upto` hold the sequence's content (full blocks)."""

@@ -19,16 +19,23 @@ from kvsim.batch import Batch
 from kvsim.engine.block_manager import BlockManager
 from kvsim.engine.contiguous import ContiguousAllocator
 from kvsim.engine.fused_run import RunSeries
+from kvsim.engine.hybrid import HybridBlockManager
 from kvsim.engine.records import StepRecord
 from kvsim.engine.scheduler import Scheduler
 from kvsim.engine.settings import EngineSettings
+from kvsim.engine.windowed import WindowedScheduler
 from kvsim.sequence import Sequence
 
 if TYPE_CHECKING:
     import simpy
 
 
-def paged_allocator(settings: EngineSettings, num_blocks: int) -> BlockManager:
+def paged_allocator(settings: EngineSettings, num_blocks: int) -> BlockManager | HybridBlockManager:
+    """vLLM's paged KV cache: one block table per sequence, or one per KV cache group when some
+    group's layers keep a sliding window shorter than max_model_len (the hybrid allocator)."""
+    if settings.kv_windows:
+        return HybridBlockManager(num_blocks, settings.block_size, settings.kv_windows,
+                                  settings.enable_prefix_caching, settings.step_budget)
     return BlockManager(num_blocks, settings.block_size, settings.enable_prefix_caching)
 
 
@@ -43,8 +50,9 @@ ALLOCATORS = {"paged": paged_allocator, "contiguous": contiguous_allocator}
 def make_replica(index: int, settings: EngineSettings, backend, interval: float) -> Replica:
     """Replica `index` of a policy: its allocator sized by the backend, and its scheduler."""
     allocator = ALLOCATORS[settings.allocator](settings, backend.num_blocks)
-    scheduler = Scheduler(allocator, settings, use_cohort=backend.fuses_decode_runs,
-                          track_longest=backend.prices_longest_decode)
+    scheduler_class = WindowedScheduler if getattr(allocator, "window", 0) else Scheduler
+    scheduler = scheduler_class(allocator, settings, use_cohort=backend.fuses_decode_runs,
+                                track_longest=backend.prices_longest_decode)
     return Replica(index, scheduler, backend, interval, settings.async_scheduling)
 
 

@@ -44,10 +44,12 @@ _NEXT_STEP = "next_step"  # the head of the queue arrived after the previous ste
 class Scheduler:
     """One replica's scheduler over `allocator` (a KVAllocator), with the policy's `settings`."""
 
+    cohort_class = DecodeCohort  # a windowed KV cache has its own (kvsim.engine.windowed)
+
     def __init__(self, allocator, settings: EngineSettings, *, use_cohort: bool = False, track_longest: bool = True):
         self.allocator = allocator
         # track_longest: the cohort keeps its longest member (Batch.decode_max_context), for step prices that read it
-        self.cohort = DecodeCohort(allocator, track_longest) if use_cohort else None
+        self.cohort = self.cohort_class(allocator, track_longest) if use_cohort else None
         self.max_num_seqs = settings.max_num_seqs
         self.max_model_len = settings.max_model_len
         self.enable_chunked_prefill = settings.enable_chunked_prefill
@@ -162,7 +164,17 @@ class Scheduler:
 
     def _schedule_cohort(self, batch: Batch, budget: int) -> int:
         """The cohort first (the batch is empty), then the running sequences, whole."""
-        alloc, cohort, size = self.allocator, self.cohort, self.cohort.size
+        alloc = self.allocator
+        budget = self._cohort_step(batch, budget, alloc, self.cohort, self.cohort.size)
+        for seq in self.running:
+            n = seq.num_tokens - seq.num_computed_tokens
+            alloc.append(seq, n)
+            batch.add(seq, n)
+            budget -= n
+        return budget
+
+    def _cohort_step(self, batch: Batch, budget: int, alloc, cohort, size: int) -> int:
+        """The cohort's part of the step: its blocks (counted by _cohort_fits) and aggregates."""
         if self._cohort_step_blocks:  # counted by _cohort_fits for this very step
             alloc.reserve(self._cohort_step_blocks)
         batch.cohort_step_blocks = self._cohort_step_blocks
@@ -171,13 +183,7 @@ class Scheduler:
         if cohort.offsets is not None:
             batch.decode_max_context = cohort.offsets.top + cohort.clock + 1
         batch.min_output_left = cohort.steps_to_next_finish()
-        budget -= size
-        for seq in self.running:
-            n = seq.num_tokens - seq.num_computed_tokens
-            alloc.append(seq, n)
-            batch.add(seq, n)
-            budget -= n
-        return budget
+        return budget - size
 
     def _dissolve_cohort(self, batch: Batch) -> None:
         members = self.cohort.dissolve()

@@ -30,6 +30,9 @@ class EngineSettings:
     contiguous_reserve: str = "max_model_len"  # the contiguous allocator's slab: or "known_output"
     num_replicas: int = 1
     router: str = "least_loaded"  # a name in kvsim.engine.router.ROUTERS
+    # A windowed KV cache (kvsim.perf.kv_groups): each KV cache group's sliding window, 0 where the
+    # group keeps the whole context; () when one group of full attention holds every layer.
+    kv_windows: tuple[int, ...] = ()
     async_scheduling: bool = False  # a request arriving during a step first runs a step later (vLLM's AsyncScheduler)
     step_budget: int = field(init=False)  # tokens one step may schedule (kvsim.scenario.defaults.step_budget)
 
@@ -38,10 +41,12 @@ class EngineSettings:
                                                             self.enable_chunked_prefill))
 
 
-def engine_settings(scenario, policy, limits, bytes_per_block: int, async_default: bool = False) -> EngineSettings:
+def engine_settings(scenario, policy, limits, bytes_per_block: int, kv_windows: tuple = (),
+                    async_default: bool = False) -> EngineSettings:
     """The policy's engine: `limits` from kvsim.scenario.defaults.engine_limits, `bytes_per_block`
-    of the policy's KV cache (for the swap space in blocks); `async_default`: whether the priced
-    release schedules asynchronously by default (engine.async_scheduling unset)."""
+    of the policy's KV cache (for the swap space in blocks), `kv_windows` its groups' windows;
+    `async_default`: whether the priced release schedules asynchronously by default
+    (engine.async_scheduling unset)."""
     engine, hw = scenario.engine, scenario.hardware
     return EngineSettings(
         block_size=engine.block_size, max_num_seqs=limits.max_num_seqs,
@@ -49,5 +54,6 @@ def engine_settings(scenario, policy, limits, bytes_per_block: int, async_defaul
         enable_chunked_prefill=limits.enable_chunked_prefill, preemption_mode=engine.preemption_mode,
         num_host_blocks=int(engine.swap_space * GIB // bytes_per_block), allocator=policy.allocator,
         enable_prefix_caching=scenario.prefix_caching(policy), contiguous_reserve=policy.contiguous_reserve,
-        num_replicas=hw.num_replicas, router=hw.router,
+        num_replicas=hw.num_replicas * hw.data_parallel_size,  # every data-parallel rank is an engine
+        router=hw.router, kv_windows=kv_windows,
         async_scheduling=async_default if engine.async_scheduling is None else engine.async_scheduling)

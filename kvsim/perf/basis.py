@@ -7,7 +7,8 @@
   a backend that runs the steps on the device (triton);
 - "estimated": everything else, with the reason: a GPU preset with neither tables nor a calibration of
   its own (its datasheet priced with H100 efficiencies), a datasheet figure overridden, layers the
-  tables do not time (MoE experts, MLA, sliding-window or chunked attention: the roofline prices them),
+  tables do not time (sliding-window or chunked attention; MoE experts or MLA where the release's
+  tables lack their fused-MoE or MLA module rows: the roofline prices them),
   a calibration fitted on another GPU.
 
 Every output carries `PricingBasis.to_dict()` (summary.json's "pricing_basis", the report, `plan`,
@@ -48,14 +49,17 @@ class PricingBasis:
         return f"{self.label} ({self.why})"
 
 
-def unmeasured_layers(model, max_model_len: int) -> str:
-    """What of the model the kernel tables do not time ('' when every layer is a dense GQA layer whose
-    attention sees the whole sequence: a window no shorter than max_model_len never bites)."""
-    parts = []
-    if model.moe is not None:
-        parts.append("MoE experts")
-    if model.mla is not None:
-        parts.append("MLA attention")
+def unmeasured_layers(model, max_model_len: int, tables=None) -> str:
+    """What of the model the kernel `tables` do not time ('' when they time every layer: dense GQA layers
+    whose attention sees the whole sequence, as a window no shorter than max_model_len does, and MoE
+    experts or MLA attention where the tables hold their fused-MoE or MLA module rows); without
+    tables (the roofline): MoE experts and MLA attention whatever they are."""
+    if tables is None:
+        parts = [name for name, has in (("MoE experts", model.moe), ("MLA attention", model.mla)) if has is not None]
+    else:
+        from kvsim.perf.kernel_moe import untimed_layers
+
+        parts = untimed_layers(tables, model)
     windows = [w for kind, w in (("sliding_attention", model.sliding_window), ("chunked_attention",
                                                                                 model.attention_chunk_size))
                if w and w < max_model_len and (kind in model.layer_types or not model.layer_types)]
@@ -64,10 +68,10 @@ def unmeasured_layers(model, max_model_len: int) -> str:
     return " and ".join(parts)
 
 
-def _uncovered(scenario, model) -> str:
+def _uncovered(scenario, model, tables=None) -> str:
     from kvsim.scenario.defaults import max_model_len
 
-    return unmeasured_layers(model, max_model_len(scenario, model))
+    return unmeasured_layers(model, max_model_len(scenario, model), tables)
 
 
 def _overridden(gpu) -> list[str]:
@@ -88,7 +92,7 @@ def measured_tables(scenario, gpu, model=None) -> Path | None:
     tables ship for the GPU preset, the vLLM calibration is in use, no datasheet figure is overridden and
     the tables time every layer of `model`), or None for the roofline. A version, file or setting that
     cannot be honoured is one line."""
-    from kvsim.perf.kernels import shipped_path, shipped_versions, version_key
+    from kvsim.perf.kernels import shipped_versions
 
     b, src = scenario.backend, scenario.source
     want, version, own = b.pricing, scenario.engine.vllm_version, b.kernel_tables
@@ -99,12 +103,11 @@ def measured_tables(scenario, gpu, model=None) -> Path | None:
         return None
     overridden = _overridden(gpu)
     versions = shipped_versions(gpu.name)
-    uncovered = _uncovered(scenario, model) if model is not None else ""
-    if want == "auto" and own is None:
+    auto = want == "auto" and own is None
+    if auto:
         why = (f"hardware.{overridden[0]} overrides the {gpu.name} datasheet" if overridden else
                f"backend.calibration = {b.calibration} prices with the roofline" if b.calibration not in (None, "vllm")
-               else f"no measured kernel tables ship for {gpu.name}" if not versions
-               else f"the kernel tables do not time {model.name}'s {uncovered}" if uncovered else None)
+               else f"no measured kernel tables ship for {gpu.name}" if not versions else None)
         if why is not None:
             if version is not None:
                 raise KvsimError(f"{src}: engine.vllm_version: needs measured kernel tables, but {why} "
@@ -113,9 +116,28 @@ def measured_tables(scenario, gpu, model=None) -> Path | None:
     elif overridden:
         raise KvsimError(f"{src}: hardware.{overridden[0]}: measured kernel tables cannot follow an overridden "
                          f"datasheet figure; use backend.pricing = \"roofline\"")
-    if uncovered:
-        raise KvsimError(f"{src}: backend.pricing: the kernel tables do not time {model.name}'s {uncovered} "
-                         f"yet; use backend.pricing = \"roofline\" (an estimate)")
+    path = _tables_path(scenario, gpu, versions)
+    if model is None:
+        return path
+    from kvsim.perf.kernels import load_tables
+
+    uncovered = _uncovered(scenario, model, load_tables(str(path)))
+    if not uncovered:
+        return path
+    why = f"the kernel tables do not time {model.name}'s {uncovered}"
+    if auto and version is None:
+        return None
+    if auto:
+        raise KvsimError(f"{src}: engine.vllm_version: needs measured kernel tables, but {why} in vLLM {version}'s")
+    raise KvsimError(f"{src}: backend.pricing: {why} yet; use backend.pricing = \"roofline\" (an estimate)")
+
+
+def _tables_path(scenario, gpu, versions) -> Path:
+    """The kernel-table file asked for: backend.kernel_tables, else the shipped release (engine.vllm_version,
+    else the newest)."""
+    from kvsim.perf.kernels import shipped_path, version_key
+
+    src, version, own = scenario.source, scenario.engine.vllm_version, scenario.backend.kernel_tables
     if own is not None:
         if version is not None:
             raise KvsimError(f"{src}: engine.vllm_version: give it or backend.kernel_tables, not both "

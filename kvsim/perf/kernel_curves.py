@@ -319,27 +319,50 @@ class ModelKernels:
             self.notes.append(f"kv_cache_dtype {kv_cache_dtype}: {kv_table} attention tables, decode scaled by its "
                               f"KV bytes ({self.decode_scale:.3g}x): an estimate")
         kvb = 1.0 if kv_table == "fp8" else 2.0
-        q, kvw = self.heads * self.head_dim, self.kv * self.head_dim
-        inter = -(-model.intermediate_size // tp)
-        self.gemm_shapes = [(q + 2 * kvw, model.hidden_size), (model.hidden_size, q),
-                            (2 * inter, model.hidden_size), (model.hidden_size, inter)]
+        self.weight, self.kv_table, self.kv_bytes = weight, kv_table, kvb
+        self.layers = model.num_hidden_layers
+        self.allreduce_calls = 2 * self.layers + 1  # after attention, after the MLP, after the embedding
+        self.gemm_shapes = self.layer_shapes(model, tp)
         self.layer_gemms_curves = [gemm_curve(tables.gemm[weight], n, k, self.roof) for n, k in self.gemm_shapes]
         self.lm_head_shape = (-(-model.vocab_size // tp), model.hidden_size)
         self.lm_head = gemm_curve(tables.gemm[weight], *self.lm_head_shape, self.roof)
-        self.context = AttentionGrid.build(tables.context[kv_table], "context", self.heads, self.kv, self.head_dim,
-                                           kvb, self.roof)
+        self.context, self.generation = self.attention_grids(tables, model)
         c = self.context  # per batch row and length segment: log t = a + b log(length), and its flag
         log_s, log_t = np.log(c.length), np.log(c.s)
         slope = np.diff(log_t, axis=1) / np.diff(log_s)
         flag = c.flags[:, :-1] | c.flags[:, 1:]
         self._ctx = (c.batch.tolist(), c.length.tolist(), (log_t[:, :-1] - slope * log_s[:-1]).tolist(),
                      slope.tolist(), flag.tolist())
-        self.generation = AttentionGrid.build(tables.generation[kv_table], "generation", self.heads, self.kv,
-                                              self.head_dim, kvb, self.roof)
         self.allreduce = {mode: allreduce_curve(g, tp, self.roof) for mode, g in tables.allreduce.items()} \
             if tp > 1 else {}
 
+    def layer_shapes(self, model, tp: int) -> list[tuple[int, int]]:
+        """(n, k) of one layer's GEMMs: qkv, o, gate_up, down (a MoE or MLA model: kvsim.perf.kernel_moe)."""
+        q, kvw = self.heads * self.head_dim, self.kv * self.head_dim
+        inter = -(-model.intermediate_size // tp)
+        return [(q + 2 * kvw, model.hidden_size), (model.hidden_size, q), (2 * inter, model.hidden_size),
+                (model.hidden_size, inter)]
+
+    def attention_grids(self, tables: KernelTables, model) -> tuple[AttentionGrid, AttentionGrid]:
+        """The prefill and decode attention grids at this rank's heads."""
+        args = (self.heads, self.kv, self.head_dim, self.kv_bytes, self.roof)
+        return (AttentionGrid.build(tables.context[self.kv_table], "context", *args),
+                AttentionGrid.build(tables.generation[self.kv_table], "generation", *args))
+
     # -- queries (seconds, extrapolated) ----------------------------------------------------------
+    def step_gemms(self, m: float) -> tuple[float, bool]:
+        """Every layer's GEMMs for m token rows."""
+        t, flag = self.layer_gemms(m)
+        return self.layers * t, flag
+
+    def step_gemms_many(self, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t, flags = self.layer_gemms_many(m)
+        return self.layers * t, flags
+
+    def a2a_s(self, rows) -> float:
+        """Expert-parallel all-gather and reduce-scatter of a step of `rows` tokens (DP attention only)."""
+        return 0.0
+
     def layer_gemms(self, m: float) -> tuple[float, bool]:
         """One layer's qkv, o, gate_up and down GEMMs for m token rows."""
         total, flag = 0.0, False

@@ -47,6 +47,20 @@ def shipped_path(gpu_name: str, version: str) -> Path:
 
 
 @dataclass(slots=True, frozen=True)
+class MoeTable:
+    """vLLM's fused MoE layer timed per configuration (rows of `config`: hidden, moe intermediate size,
+    top-k, experts, moe TP, moe EP, routing code) over the tokens entering it: `ms` [config, tokens]."""
+
+    config: np.ndarray
+    tokens: np.ndarray
+    ms: np.ndarray
+
+
+MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "mxfp4")
+MLA_FAMILIES = {"mla_context": ("heads", "isl", "batch"), "mla_generation": ("heads", "batch", "step")}
+
+
+@dataclass(slots=True, frozen=True)
 class Grid:
     """One kernel family's timings: `axes` (name -> sorted int array) and `ms` over them (NaN: not timed)."""
 
@@ -69,6 +83,11 @@ class KernelTables:
                            if f"generation/{d}/ms" in arrays or d == "bfloat16"}
         self.allreduce = {mode: self._grid(arrays, "allreduce", ("gpus", "size"), f"{mode}_ms")
                           for mode in ("graph", "eager")}
+        # optional tables (a release may lack them; models that need them are priced by the roofline)
+        self.moe = {d: self._moe(arrays, d) for d in MOE_DTYPES if f"moe/{d}/ms" in arrays}
+        self.mla = {(family, kvd, gemm): self._grid(arrays, f"{family}/{kvd}/{gemm}", axes)
+                    for family, axes in MLA_FAMILIES.items() for kvd in ("bfloat16", "fp8")
+                    for gemm in ("bfloat16", "fp8_block") if f"{family}/{kvd}/{gemm}/ms" in arrays}
 
     @property
     def vllm_version(self) -> str:
@@ -104,6 +123,18 @@ class KernelTables:
         if finite.size == 0 or not np.isfinite(finite).all() or (finite <= 0).any():
             raise KvsimError(f"{self.path}: {prefix}/{ms_name}: times must be positive numbers (NaN: not timed)")
         return Grid(axes, ms)
+
+
+    def _moe(self, arrays: dict, dtype: str) -> MoeTable:
+        config, tokens, ms = (arrays.get(f"moe/{dtype}/{n}") for n in ("config", "tokens", "ms"))
+        if config is None or tokens is None or config.ndim != 2 or config.shape[1] != 7 or \
+                ms.shape != (len(config), len(tokens)) or (np.diff(tokens) <= 0).any():
+            raise KvsimError(f"{self.path}: moe/{dtype}: expected config [n, 7], increasing tokens and ms [n, tokens]")
+        ms = ms.astype(np.float64)
+        finite = ms[~np.isnan(ms)]
+        if finite.size == 0 or (finite <= 0).any() or not np.isfinite(finite).all():
+            raise KvsimError(f"{self.path}: moe/{dtype}/ms: times must be positive numbers (NaN: not timed)")
+        return MoeTable(config.astype(np.int64), tokens.astype(np.int64), ms)
 
 
 def _read_npz(path: Path) -> dict:

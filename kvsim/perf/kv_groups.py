@@ -169,22 +169,17 @@ def vllm_block_size(model: ModelSpec, gpu_name: str, block_size: int) -> int:
     return forced if forced and block_size % forced else block_size
 
 
-def simulation_problem(model: ModelSpec, layout: KvCacheLayout, max_model_len: int, gpu_name: str,
-                       block_size: int) -> str:
-    """Why kvsim's engine cannot yet simulate this layout exactly ('' if it can): it keeps one block
-    table per sequence over every layer, which is vLLM's layout when there is one full-attention (or
-    MLA) group, or windows no shorter than max_model_len."""
-    short = sorted({g.window for g in layout.groups if g.spec in (SLIDING_SPEC, CHUNKED_SPEC)
-                    and g.window < max_model_len})
-    if short:
-        kind = "sliding-window" if any(g.spec == SLIDING_SPEC for g in layout.groups) else "chunked-local"
-        return (f"model {model.name} has {kind} layers (window {', '.join(map(str, short))} tokens) that vLLM "
-                f"keeps in {len(layout.groups)} KV cache group(s): simulating them needs the hybrid KV cache "
-                f"allocator, not yet in kvsim (`kvsim memory` sizes them; engine.max_model_len <= {short[0]} "
-                f"simulates them exactly)")
+def simulation_problem(model: ModelSpec, layout: KvCacheLayout, gpu_name: str, block_size: int,
+                       preemption_mode: str = "recompute") -> str:
+    """Why kvsim's engine cannot simulate this layout as vLLM v0.11.0 runs it ('' if it can): an MLA
+    model at a block size vLLM would not use, or swap preemption (kvsim's own, from vLLM V0) with
+    sliding-window groups, whose windows a swapped-out sequence would have to bring back whole."""
     forced = vllm_block_size(model, gpu_name, block_size)
     if forced != block_size:
         return (f"vLLM v0.11.0 runs {model.name}'s latent attention (MLA) with block_size {forced} on {gpu_name}: "
                 f"set engine.block_size = {forced}")
+    windowed = any(g.spec == SLIDING_SPEC for g in layout.groups)
+    if windowed and preemption_mode == "swap":
+        return (f"engine.preemption_mode: swap is not simulated for {model.name}'s sliding-window KV cache groups "
+                f"(vLLM V1 has no swap): use recompute")
     return ""
-

@@ -31,7 +31,7 @@ import numpy as np
 
 from kvsim.batch import DecodeShape
 from kvsim.perf.basis import measured_tables
-from kvsim.perf.kernel_curves import ModelKernels
+from kvsim.perf.kernel_moe import model_kernels
 from kvsim.perf.kernels import load_tables
 from kvsim.perf.pricing import DecodeRunPrice
 from kvsim.perf.roofline import activation_bytes_per_token
@@ -110,9 +110,10 @@ class MeasuredStepModel:
 
     def __init__(self, model, gpu, tp: int, kv_cache_dtype: str, tables_path, terms: ServerTerms,
                  calibration, graph_sizes: tuple = (), swap_bytes_per_block: float = 0.0, max_rows: int = 8192,
-                 async_scheduling: bool = True):
+                 dp: int = 1, expert_parallel: bool = False, expert_skew: float = 0.0, async_scheduling: bool = True):
         self.tables = load_tables(str(tables_path))
-        self.kernels = ModelKernels(self.tables, model, gpu, tp, kv_cache_dtype, calibration)
+        self.kernels = model_kernels(self.tables, model, gpu, tp, kv_cache_dtype, calibration, dp, expert_parallel,
+                                     expert_skew)
         self.terms, self.tp, self.gpu = terms, tp, gpu
         self.layers = model.num_hidden_layers
         self.hidden = model.hidden_size
@@ -161,14 +162,14 @@ class MeasuredStepModel:
         """rows_time's parts for every row count up to `top`, graph and eager, computed at once:
         {graph: (seconds, GEMM extrapolated, all-reduce extrapolated) lists indexed by rows}."""
         m = np.arange(1, top + 1, dtype=float)
-        gemm, gflag = self.kernels.layer_gemms_many(m)
+        gemm, gflag = self.kernels.step_gemms_many(m)
         out = {}
         for graph in (True, False):
-            t = self.layers * gemm + self.elementwise_fixed_s + m * self.elementwise_s_per_token
+            t = gemm + self.elementwise_fixed_s + m * self.elementwise_s_per_token + self.kernels.a2a_s(m)
             aflag = np.zeros(top, dtype=bool)
             if self.tp > 1:
                 ar, aflag = self.kernels.allreduce_many(m * self.hidden, graph)
-                t = t + (2 * self.layers + 1) * ar
+                t = t + self.kernels.allreduce_calls * ar
             out[graph] = ([0.0, *t.tolist()], [False, *gflag.tolist()], [False, *aflag.tolist()])
         return out
 
@@ -181,9 +182,9 @@ class MeasuredStepModel:
                 t, gflag, aflag = (part[rows] for part in self._rows_pre[graph])
             else:  # past the rows computed at the start
                 k = self.kernels
-                gemm, gflag = k.layer_gemms(rows)
+                gemm, gflag = k.step_gemms(rows)
                 ar, aflag = k.allreduce_s(rows * self.hidden, graph) if self.tp > 1 else (0.0, False)
-                t = (self.layers * (gemm + 2 * ar) + ar + self.elementwise_fixed_s
+                t = (gemm + k.allreduce_calls * ar + k.a2a_s(rows) + self.elementwise_fixed_s
                      + rows * self.elementwise_s_per_token)
             self._note("gemm", rows, gflag)
             if self.tp > 1:
@@ -386,16 +387,18 @@ class MeasuredStepModel:
 
 def measured_step_model(scenario, policy, model, gpu, calibration, settings, capacity) -> MeasuredStepModel | None:
     """The measured pricer of the scenario's policy under its `settings` (kvsim.engine.settings) and KV
-    `capacity` (kvsim.perf.memory.KvCapacity), or None: the roofline prices it (see measured_tables)."""
+    `capacity` (kvsim.perf.memory.KvCapacity), or None: the roofline prices it (kvsim.perf.basis.measured_tables)."""
     path = measured_tables(scenario, gpu, model)
     if path is None:
         return None
     terms, _ = shipped_terms(gpu.name)
-    tp = scenario.hardware.tensor_parallel_size
+    hw = scenario.hardware
     graphs = () if scenario.backend.enforce_eager else vllm_capture_sizes(settings.max_num_seqs,
                                                                           settings.max_num_batched_tokens)
-    return MeasuredStepModel(model, gpu, tp, policy.kv_cache_dtype, path, terms, calibration, graphs,
-                             capacity.bytes_per_block, min(settings.step_budget, 32768), settings.async_scheduling)
+    return MeasuredStepModel(model, gpu, hw.tensor_parallel_size, policy.kv_cache_dtype, path, terms, calibration,
+                             graphs, capacity.bytes_per_block, min(settings.step_budget, 32768),
+                             hw.data_parallel_size, hw.enable_expert_parallel, scenario.model.expert_skew,
+                             settings.async_scheduling)
 
 
 def request_overhead_s(basis, gpu) -> float:

@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass
 
 from kvsim.errors import KvsimError
-from kvsim.perf.kv_groups import KvCacheLayout, kv_cache_layout, simulation_problem, vllm_block_size
+from kvsim.perf.kv_groups import SLIDING_SPEC, KvCacheLayout, kv_cache_layout, simulation_problem, vllm_block_size
 from kvsim.perf.weights import weights_per_gpu
 from kvsim.scenario.catalog import GPUS, GpuSpec, ModelSpec, tp_problem
 from kvsim.scenario.limits import MAX_KV_BLOCKS, MAX_TENSOR_PARALLEL
@@ -96,6 +96,13 @@ def kv_bytes_per_token(model: ModelSpec, kv_cache_dtype: str, tp: int = 1, per_t
     return model.num_hidden_layers * kv_bytes_per_token_layer(model, kv_cache_dtype, tp, per_token_scales)
 
 
+def mha_bytes_per_token(model: ModelSpec, kv_cache_dtype: str, tp: int = 1) -> float:
+    """What an MLA model's token would take on one GPU with multi-head attention instead: each head's key
+    (qk_nope + qk_rope dims) and value (v_head_dim) in every layer, the heads split over TP."""
+    heads = max(1, model.num_attention_heads // tp)
+    return model.num_hidden_layers * heads * (model.head_dim + model.v_head_dim) * kv_elem_bytes(model, kv_cache_dtype)
+
+
 def bytes_per_block(model: ModelSpec, kv_cache_dtype: str, block_size: int, tp: int = 1,
                     per_token_scales: bool = False) -> int:
     return math.ceil(kv_bytes_per_token(model, kv_cache_dtype, tp, per_token_scales) * block_size)
@@ -115,8 +122,9 @@ def policy_layout(scenario, policy, model: ModelSpec, gpu: GpuSpec, naive: bool 
     block = vllm_block_size(model, gpu.name, scenario.engine.block_size)
     args = (model, policy.kv_cache_dtype, block, scenario.hardware.tensor_parallel_size,
             policy.kv_cache_scales == "per_token")
-    layout = kv_layout(*args, naive)
-    if layout.hybrid and all(g.window >= max_model_len(scenario, model) for g in layout.groups if g.window):
+    layout = kv_layout(*args, naive or policy.allocator == "contiguous")  # a slab keeps every layer whole
+    windows = [g.window for g in layout.groups if g.window]
+    if windows and min(windows) >= max_model_len(scenario, model):
         return kv_layout(*args, naive=True)
     return layout
 
@@ -178,6 +186,7 @@ class KvCapacity:
     num_blocks: int
     block_size: int
     max_tokens: int
+    windows: tuple[int, ...] = ()  # each KV cache group's sliding window (0: whole context); () one full group
 
     def rows(self) -> list[tuple[str, float]]:
         return [
@@ -196,19 +205,26 @@ def compute_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, limits=No
     those of vLLM's shared pool (`policy_layout`): one page in each layer of a group. `limits`: the
     policy's engine_limits, when the caller has them."""
     hw, engine = scenario.hardware, scenario.engine
-    tp = hw.tensor_parallel_size
+    tp, dp = hw.tensor_parallel_size, hw.data_parallel_size
     limits = limits or engine_limits(scenario, policy, model, gpu)
     total = gpu.cuda_memory_gib * GiB
     budget = total * hw.gpu_memory_utilization
-    weights = weights_per_gpu(model, tp).total
+    weights = weights_per_gpu(model, tp, dp, hw.enable_expert_parallel).total
     activations = (engine.activation_reserve_gib * GiB if engine.activation_reserve_gib is not None
                    else float(activation_estimate(model, limits.step_budget, limits.max_num_seqs, tp)))
-    reserve = (engine.fixed_reserve_gib if engine.fixed_reserve_gib is not None else NON_TORCH_GIB[tp > 1]) * GiB
+    reserve = (engine.fixed_reserve_gib if engine.fixed_reserve_gib is not None else NON_TORCH_GIB[tp * dp > 1]) * GiB
     kv = budget - weights - activations - reserve
     layout = policy_layout(scenario, policy, model, gpu)
     num_blocks = layout.num_blocks(kv)
     return KvCapacity(total, budget, weights, activations, reserve, kv, layout.block_bytes, num_blocks,
-                      layout.block_size, layout.tokens(num_blocks))
+                      layout.block_size, layout.tokens(num_blocks), layout_windows(layout))
+
+
+def layout_windows(layout: KvCacheLayout) -> tuple[int, ...]:
+    """Each group's sliding window (0: it keeps the whole context), or () when none has a window:
+    what the engine's allocator needs to know of the layout (kvsim.engine.hybrid)."""
+    windows = tuple(g.window if g.spec == SLIDING_SPEC else 0 for g in layout.groups)
+    return windows if any(windows) else ()
 
 
 def check_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, cap: KvCapacity) -> None:
@@ -246,9 +262,9 @@ def kv_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, limits=None,
 
 
 def check_simulable(scenario, policy, model: ModelSpec, gpu: GpuSpec) -> None:
-    """One line when kvsim's engine cannot yet simulate the policy's KV cache layout exactly."""
-    problem = simulation_problem(model, policy_layout(scenario, policy, model, gpu), max_model_len(scenario, model),
-                                 gpu.name, scenario.engine.block_size)
+    """One line when kvsim's engine cannot simulate the policy's KV cache layout as vLLM runs it."""
+    problem = simulation_problem(model, policy_layout(scenario, policy, model, gpu), gpu.name,
+                                 scenario.engine.block_size, scenario.engine.preemption_mode)
     if problem:
         raise KvsimError(f"{scenario.source}: {problem}")
 

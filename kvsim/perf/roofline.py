@@ -39,6 +39,7 @@ from kvsim.batch import Batch, DecodeShape
 from kvsim.perf.calibration import Calibration, load_calibration  # noqa: F401  (re-exported)
 from kvsim.perf.memory import QUANTIZED_KV, bytes_per_block, kv_bytes_per_token, kv_elements_per_token, \
     kv_heads_per_gpu
+from kvsim.perf.moe import busiest_touched, expert_parallel_ranks, moe_load, ring_fraction
 from kvsim.perf.pricing import DecodeRunPrice
 from kvsim.perf.weights import weights_per_gpu
 from kvsim.scenario.catalog import GpuSpec, ModelSpec
@@ -87,6 +88,14 @@ def allreduce_seconds(size_bytes: float, workers: int, gpu: GpuSpec, c: Calibrat
         return 0.0
     return c.allreduce_latency_s + 2 * (workers - 1) / workers * size_bytes / (
         gpu.nvlink_gbps * 1e9 * c.allreduce_efficiency)
+
+
+def _undominated(lines: list) -> list:
+    """The first line (the floor, kept) and the others no other line is at least as high as at every step."""
+    rest = lines[1:]
+    keep = [ln for k, ln in enumerate(rest)
+            if not any(o[0] >= ln[0] and o[1] >= ln[1] and (o != ln or j < k) for j, o in enumerate(rest) if j != k)]
+    return [lines[0], *keep]
 
 
 def _line_sum(a: float, b: float, lo: int, hi: int) -> float:
@@ -154,8 +163,17 @@ class StepModel:
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, kv_cache_dtype: str,
                  calibration: Calibration, block_size: int = 16, graph_sizes: tuple = VLLM_GRAPH_SIZES,
-                 max_model_len: int = 0, per_token_scales: bool = False):
+                 max_model_len: int = 0, per_token_scales: bool = False, window: int = 0, dp: int = 1,
+                 expert_parallel: bool = False, expert_skew: float = 0.0):
         self.model, self.gpu, self.tp = model, gpu, tp
+        # Data-parallel attention ranks sharing the MoE layers (each rank's step sees dp x its tokens
+        # enter them), experts whole over tp x dp GPUs or sliced, and the routing's skew (kvsim.perf.moe)
+        self.dp, self.expert_skew = dp, expert_skew
+        self.ep_ranks = expert_parallel_ranks(tp, dp, expert_parallel)
+        # Sliding-window layers (a window shorter than max_model_len): their share of the layers,
+        # whose attention reads at most `window` keys a query (priced apart, `window_attention_lines`)
+        self.window = window
+        self.window_share = model.num_sliding_layers / model.num_hidden_layers if window else 0.0
         self.kv_cache_dtype, self.calibration, self.block_size = kv_cache_dtype, calibration, block_size
         self.max_model_len = max_model_len
         self.graph_sizes = tuple(sorted(graph_sizes))
@@ -163,19 +181,30 @@ class StepModel:
         c, layers = calibration, model.num_hidden_layers
         peak = (gpu.fp8_tflops if model.gemm_dtype == "fp8" else gpu.bf16_tflops) * 1e12
         bandwidth = gpu.hbm_bandwidth_gbps * 1e9 * c.memory_efficiency
-        w = weights_per_gpu(model, tp)
+        w = weights_per_gpu(model, tp, dp, expert_parallel)
         self.kv_bytes_per_token = kv_bytes_per_token(model, kv_cache_dtype, tp, per_token_scales)
         self.bytes_per_block = bytes_per_block(model, kv_cache_dtype, block_size, tp, per_token_scales)
         # Seconds per unit of work, per GPU.
         gemm_s_per_flop = 1.0 / (tp * peak * c.compute_efficiency)
         self.gemm_pad = c.gemm_pad_tokens
         self.layers_s_per_token = model.gemm_flops(1, 0) * gemm_s_per_flop
+        moe = model.moe
+        self.moe_s_per_token = (2 * model.num_moe_layers * moe.num_experts_per_tok * model.expert_params
+                                * gemm_s_per_flop) if moe else 0.0  # the routed experts' share of the above
         self.lm_head_s_per_seq = model.gemm_flops(0, 1) * gemm_s_per_flop  # only sampled rows go through lm_head
         layer_bytes = w.attn + w.attn_kv + w.attn_replicated + w.dense_mlp + w.shared_experts
         self.layers_weights_s = layer_bytes / bandwidth  # read by every step (norm weights left out: tiny)
         self.expert_weights_s = w.experts / bandwidth  # all routed experts; a step reads those its tokens touch
         self.lm_head_weights_s = (w.lm_head or w.embed) / bandwidth  # the embedding, when tied
         self.attn_s_per_pair = model.attention_flops(1) / (tp * peak * c.attention_efficiency)
+        # MLA: decode runs absorbed (each head's query against the latent: kv_lora_rank + rope for the
+        # keys, kv_lora_rank for the values); prefill expanded (attention_flops), kv_b_proj expanding the
+        # cached context's latent for every head besides the new tokens'
+        m = model.mla
+        self.decode_pair_s = (2.0 * layers * model.num_attention_heads * (m.latent_dim + m.kv_lora_rank)
+                              / (tp * peak * c.attention_efficiency)) if m else self.attn_s_per_pair
+        self.mla_expand_s_per_token = (2.0 * layers * m.kv_lora_rank * model.num_attention_heads
+                                       * (m.qk_nope_head_dim + m.v_head_dim) * gemm_s_per_flop) if m else 0.0
         quant = c.quantized_prefill_factor if kv_cache_dtype in QUANTIZED_KV else 1.0
         self.prefill_attn_s_per_pair = self.attn_s_per_pair * quant
         self.prefill_key_s = layers * c.prefill_key_s * quant
@@ -185,7 +214,7 @@ class StepModel:
             per_elem = c.dequant_flops_per_element * (2 if kv_cache_dtype == "int4" else 1)
             dequant = kv_elements_per_token(model, tp) * per_elem / (gpu.fp32_tflops * 1e12)
         self.dequant_s_per_kv_token = dequant
-        self.decode_s_per_pair = self.attn_s_per_pair + dequant  # decode attention's compute, dequantization included
+        self.decode_s_per_pair = self.decode_pair_s + dequant  # decode attention's compute, dequantization included
         self.kv_s_per_token = self.kv_bytes_per_token / bandwidth
         self.attn_floor_s = layers * c.attention_floor_s
         self.decode_floor_line = (self.attn_floor_s, 0.0)  # decode attention's floor, flat in a run
@@ -200,9 +229,15 @@ class StepModel:
         # Two all-reduces per layer (after attention and after the MLP) and one after the vocab-parallel
         # embedding, each of the step's hidden states.
         calls = 2 * layers + 1 if tp > 1 else 0
-        self.allreduce_fixed_s = calls * allreduce_seconds(0, tp, gpu, c)
         per_token = model.hidden_size * model.activation_bytes
+        if dp > 1 and moe:  # MoE layers: one all-reduce (attention's), then an all-gather and a reduce-scatter
+            calls = (2 * model.num_dense_layers + model.num_moe_layers + 1) if tp > 1 else 0
+        self.allreduce_fixed_s = calls * allreduce_seconds(0, tp, gpu, c)
         self.allreduce_s_per_token = calls * (allreduce_seconds(per_token, tp, gpu, c) - allreduce_seconds(0, tp, gpu, c))
+        if dp > 1 and moe:  # vLLM's allgather_reducescatter all2all over the tp x dp GPUs, of dp x the tokens
+            link = gpu.nvlink_gbps * 1e9 * c.allreduce_efficiency
+            self.allreduce_fixed_s += 2 * model.num_moe_layers * c.allreduce_latency_s
+            self.allreduce_s_per_token += (2 * model.num_moe_layers * ring_fraction(tp * dp) * dp * per_token / link)
         self._decode_base: dict[int, tuple] = {}
         self._last_lines: tuple = (None, None)  # (the shape last priced, its lines)
 
@@ -213,16 +248,27 @@ class StepModel:
 
     def gemm_time(self, num_tokens: int, num_seqs: int) -> float:
         layers = (num_tokens + self.gemm_pad) * self.layers_s_per_token
+        if self.expert_skew:  # the busiest expert-parallel GPU computes more than its share
+            layers += (num_tokens + self.gemm_pad) * self.moe_s_per_token * (self.moe_load(num_tokens)[1] - 1.0)
         head = (num_seqs + self.gemm_pad) * self.lm_head_s_per_seq
         return (max(layers, self.layers_weights_time(num_tokens)) if num_tokens else 0.0) + \
             (max(head, self.lm_head_weights_s) if num_seqs else 0.0)
 
     def layers_weights_time(self, num_tokens: int) -> float:
-        """Seconds to stream the layers' weights a step of num_tokens tokens reads."""
-        moe = self.model.moe
-        if moe is None:
+        """Seconds to stream the layers' weights a step of num_tokens tokens reads: of the routed
+        experts, those the tokens entering the MoE layers touch (dp x num_tokens with DP attention)."""
+        if self.model.moe is None:
             return self.layers_weights_s
-        return self.layers_weights_s + self.expert_weights_s * moe.expected_experts(num_tokens) / moe.n_routed_experts
+        return self.layers_weights_s + self.expert_weights_s * self.moe_load(num_tokens)[0]
+
+    def moe_load(self, num_tokens: int) -> tuple[float, float]:
+        """(share of this GPU's experts streamed, the busiest GPU's work over its share) (kvsim.perf.moe)."""
+        moe, skew, ranks = self.model.moe, self.expert_skew, self.ep_ranks
+        tokens = self.dp * num_tokens
+        touched, factor = moe_load(moe.n_routed_experts, moe.num_experts_per_tok, tokens, skew, ranks)
+        if skew and ranks > 1:
+            touched = busiest_touched(moe.n_routed_experts, moe.num_experts_per_tok, tokens, skew, ranks)
+        return touched, factor
 
     def decode_splits(self, rows: int) -> int:
         """The decode kernel's programs per (sequence, KV head) for a batch of `rows` (padded) sequences."""
@@ -273,6 +319,8 @@ class StepModel:
         if not num_prefill:
             return 0.0
         compute = attn_pairs * self.prefill_attn_s_per_pair + kv_tokens * self.dequant_s_per_kv_token
+        if self.mla_expand_s_per_token:  # MLA expands the cached context's latent (the new tokens' is a layer GEMM)
+            compute += (kv_tokens - new_tokens) * self.mla_expand_s_per_token
         serial = kv_tokens / num_prefill * self.prefill_key_s
         return max(compute, kv_tokens * self.kv_s_per_token, serial, self.attn_floor_s) + \
             new_tokens * self.quantized_prefill_token_s
@@ -319,29 +367,80 @@ class StepModel:
         padded = self.graph_batch(np_, nd)
         rows = padded or tokens  # a graph computes its padded rows too
         body = (self.gemm_time(rows, padded or seqs) + self.activation_time(rows, padded or seqs)
-                + self.allreduce_time(rows)
-                + self.decode_attention_time(nd, batch.decode_read_tokens, batch.decode_max_context, padded)
-                + self.prefill_attention_time(np_, batch.prefill_attn_pairs,
-                                              batch.prefill_context_tokens + batch.num_prefill_tokens,
-                                              batch.num_prefill_tokens))
+                + self.allreduce_time(rows) + self.attention_time(batch, nd, np_, padded))
         if padded:
             return self.overhead(seqs, True) + body + swap
         host = self.host_time(np_, nd)
         return self.overhead(seqs) + (body if body > host else host) + swap
 
+    def attention_time(self, batch: Batch, nd: int, np_: int, padded: int) -> float:
+        """Decode and prefill attention of a step; sliding-window layers (window_share of them) priced
+        on what they read (Batch.window_reads), the others on the whole context."""
+        decode = self.decode_attention_time(nd, batch.decode_read_tokens, batch.decode_max_context, padded)
+        prefill = self.prefill_attention_time(np_, batch.prefill_attn_pairs,
+                                              batch.prefill_context_tokens + batch.num_prefill_tokens,
+                                              batch.num_prefill_tokens)
+        share = self.window_share
+        if not share:
+            return decode + prefill
+        w = self.window
+        dec, pairs, kv = batch.window_reads(w)
+        longest = min(batch.decode_max_context, w)
+        if (dec, pairs, kv, longest) == (batch.decode_read_tokens, batch.prefill_attn_pairs, batch.prefill_context_tokens
+                                         + batch.num_prefill_tokens, batch.decode_max_context):
+            return decode + prefill  # no sequence past the window: the windowed layers read what the others do
+        windowed = (self.decode_attention_time(nd, dec, longest, padded)
+                    + self.prefill_attention_time(np_, pairs, kv, batch.num_prefill_tokens))
+        return (1.0 - share) * (decode + prefill) + share * windowed
+
+    def window_attention_lines(self, n: int, x0: int, growth: int, longest: int, rows: int) -> list[tuple]:
+        """decode_attention_lines for sliding-window layers: n sequences read x0 tokens (min(context,
+        window) each), `growth` more a step (those not yet past the window), the longest
+        min(longest, window), one more a step until it reaches the window. The same terms, their
+        slopes those of the windowed reads."""
+        c, m, w = self.decode_s_per_pair, self.kv_s_per_token, self.window
+        lines = [self.decode_floor_line, (c * x0, c * growth), (m * x0, m * growth)]
+        if self.decode_key_s:
+            s = self.decode_key_s / self.decode_splits(rows)
+            longest = min(longest, w)
+            if longest >= x0 / n:
+                first, g_first = longest, (1 if longest < w else 0)
+            else:
+                first, g_first = x0 / n, growth / n
+            lines.append((s * first, s * g_first))
+            if n > 1:
+                others, g_others = (x0 - first) / (n - 1), (growth - g_first) / (n - 1)
+                tail, g_tail = s * (first - others), s * (g_first - g_others)
+                cn, mn = c * n, m * n
+                lines += [(tail + cn * others, g_tail + cn * g_others), (tail + mn * others, g_tail + mn * g_others)]
+        return lines
+
+    def _blend(self, full: list, windowed: list) -> list:
+        """The lines of (1 - share) x max(full) + share x max(windowed): every pair's weighted sum, the
+        two floors' first (the eager step adds the host time to that one); lines that another beats at
+        every step (no lower start, no lower slope) are left out first."""
+        a, b = 1.0 - self.window_share, self.window_share
+        full, windowed = _undominated(full), _undominated(windowed)
+        pairs = [(a * fa + b * wa, a * fb + b * wb) for i, (fa, fb) in enumerate(full)
+                 for j, (wa, wb) in enumerate(windowed) if i or j]
+        return [(a * full[0][0] + b * windowed[0][0], 0.0), *pairs]
+
     # ---- runs of pure-decode steps in closed form -----------------------------------------------
     def _decode_lines(self, shape: DecodeShape) -> tuple:
         """Decode step i of n sequences holding x0 + i*n context tokens, the longest longest + i (0: the
-        mean), as _envelope's lines in i: the step's constant part, and decode_attention_lines."""
+        mean), as _envelope's lines in i: the step's constant part, and decode_attention_lines (blended
+        with window_attention_lines for sliding-window layers, which read window_x0 + i*window_growth)."""
         last = self._last_lines
         if shape == last[0]:  # a run is sized, then priced
             return last[1]
-        n, x0, longest = shape
+        n, x0, longest, window_x0, window_growth = shape
         base = self._decode_base.get(n)
         if base is None:
             base = self._decode_base[n] = self._decode_constants(n)
         fixed, top, host, rows = base
         attention = self.decode_attention_lines(n, x0, longest, rows)
+        if self.window_share and not (window_x0 == x0 and window_growth == n and longest < self.window):
+            attention = self._blend(attention, self.window_attention_lines(n, window_x0, window_growth, longest, rows))
         if top is None:  # a graph: fixed + max(attention terms)
             lines = _envelope(fixed, attention)
         else:  # eager: fixed + max(host, rest + attention terms)

@@ -48,6 +48,7 @@ from kvsim.errors import KvsimError, check_int
 from kvsim.planning.capacity import (Frames, PolicyCapacity, Ticker, capacity_search, check_search_args,
                                      default_requests, mean_figures, point_row)
 from kvsim.planning.executors import make_executor, run_all
+from kvsim.planning.parallel import Parallel, candidates, hardware_keys
 from kvsim.planning.points import at_load, base_rate, evaluate_point
 from kvsim.planning.sensitivity import check_scale, with_step_scale
 from kvsim.planning.replicas import ReplicaCount
@@ -95,14 +96,27 @@ class Deployment:
     at_target: dict = field(default_factory=dict)  # mean point figures at the target rate
     pricing: str = ""  # "measured" or "estimated" (kvsim.perf.basis.PricingBasis.label)
     pricing_why: str = ""
+    data_parallel_size: int = 1  # a MoE model's DP attention ranks a replica (kvsim.planning.parallel)
+    enable_expert_parallel: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.tensor_parallel_size, Parallel):
+            par = self.tensor_parallel_size
+            self.tensor_parallel_size, self.data_parallel_size, self.enable_expert_parallel = par.tp, par.dp, par.ep
+
+    @property
+    def layout(self):
+        """The replica's parallel layout as the search knows it."""
+        return Parallel(self.tensor_parallel_size, self.data_parallel_size, self.enable_expert_parallel) \
+            if self.data_parallel_size > 1 or self.enable_expert_parallel else self.tensor_parallel_size
 
     @property
     def label(self) -> str:
-        return f"{self.gpu} TP{self.tensor_parallel_size}×{self.num_replicas}"
+        return f"{self.gpu} TP{self.layout}×{self.num_replicas}"
 
     def answer(self) -> str:
         """e.g. '12 × H100-SXM as TP 4 × 3 replicas, $35.88/h (policy paged-fp8)'."""
-        return (f"{self.num_gpus} × {self.gpu} as TP {self.tensor_parallel_size} × {self.num_replicas} "
+        return (f"{self.num_gpus} × {self.gpu} as TP {self.layout} × {self.num_replicas} "
                 f"replica{'s' if self.num_replicas > 1 else ''}, ${self.usd_per_hour:,.2f}/h (policy {self.policy})")
 
     def row(self) -> dict:
@@ -132,7 +146,7 @@ class DeployResult(Frames):
 
 def _hardware(scenario, gpu: str, tp: int, replicas: int) -> dict:
     """[hardware] updates for a layout: the scenario's datasheet overrides apply to its own GPU only."""
-    out = {"gpu": gpu, "tensor_parallel_size": tp, "num_replicas": replicas}
+    out = {"gpu": gpu, **hardware_keys(tp), "num_replicas": replicas}
     if gpu.lower() != scenario.hardware.gpu.lower():
         out.update({f: None for f in _GPU_OVERRIDES})
     return out
@@ -146,12 +160,12 @@ def layouts(scenario, policies: list[str], gpus, tps) -> tuple[list[tuple[str, i
     base = model_spec(scenario.model_copy(update={"hardware": scenario.hardware.model_copy(
         update={"tensor_parallel_size": 1})}))
     for gpu in gpus:
-        for tp in tps:
-            reason = tp_problem(base, tp)
+        for tp in candidates(base, tps):  # a MoE model's: TP x DP x EP
+            reason = tp_problem(base, getattr(tp, "tp", tp))
             if not reason and gpu_price(scenario, gpu) is None:
                 reason = "no price (set cost.gpu_hour_usd)"
             if reason:
-                skipped.append({"gpu": gpu, "tensor_parallel_size": tp, "policy": "*", "reason": reason})
+                skipped.append({"gpu": gpu, **hardware_keys(tp), "policy": "*", "reason": reason})
                 continue
             for policy in policies:
                 sc = at_load(scenario, base_rate(scenario), policies=[policy],
@@ -160,12 +174,12 @@ def layouts(scenario, policies: list[str], gpus, tps) -> tuple[list[tuple[str, i
                     kv_capacity(sc, sc.policies[0], model_spec(sc), gpu_spec(sc))
                     ok.append((gpu, tp, policy))
                 except KvsimError as exc:
-                    skipped.append({"gpu": gpu, "tensor_parallel_size": tp, "policy": policy,
+                    skipped.append({"gpu": gpu, **hardware_keys(tp), "policy": policy,
                                     "reason": str(exc).split(": ", 1)[-1]})
     return ok, skipped
 
 
-def layout_basis(scenario, gpu: str, tp: int) -> tuple[str, str]:
+def layout_basis(scenario, gpu: str, tp) -> tuple[str, str]:
     """Whether a layout's answers are measured or estimated, and why (kvsim.perf.basis)."""
     from kvsim.perf.basis import pricing_basis
 
@@ -237,7 +251,7 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
         d.usd_per_m_output = d.usd_per_hour / (per_hour * output) * 1e6 if output else math.inf
     deployments.sort(key=lambda d: (d.usd_per_hour, -(d.safe_rate or 0.0), d.num_gpus, d.gpu, d.tensor_parallel_size))
     for d in deployments:
-        d.pricing, d.pricing_why = layout_basis(scenario, d.gpu, d.tensor_parallel_size)
+        d.pricing, d.pricing_why = layout_basis(scenario, d.gpu, d.layout)
     meta = {"model": model_spec(scenario).name, "policies": policies, "slo": scenario.slo.model_dump(),
             "seeds": seed_list, "num_requests": n_req, "long_run_requests": LONG_RUN * n_req,
             "resolution": resolution, "gpus": gpus, "tensor_parallel": list(tensor_parallel),
@@ -281,7 +295,7 @@ class _Search:
         return self.n_req * min(n, REQUEST_SCALE_CAP)
 
     def skip(self, lay, reason: str) -> None:
-        self.skipped.append({"gpu": lay[0], "tensor_parallel_size": lay[1], "policy": lay[2], "reason": reason})
+        self.skipped.append({"gpu": lay[0], **hardware_keys(lay[1]), "policy": lay[2], "reason": reason})
 
     def run(self, ok: list) -> list[Deployment]:
         best = self.best_policies(ok)
@@ -300,7 +314,7 @@ class _Search:
         self.points += rows
         chosen: dict = {}
         for lay, ans in zip(ok, single):
-            self.scout.append({"gpu": lay[0], "tensor_parallel_size": lay[1], "policy": lay[2],
+            self.scout.append({"gpu": lay[0], **hardware_keys(lay[1]), "policy": lay[2],
                                "replica_rate": ans.mean_rate})
             held = chosen.get(lay[:2])
             if held is None or ans.mean_rate > held[1].mean_rate:
@@ -393,7 +407,7 @@ class _Search:
                 ans.binding, ans.binding_detail, mean_figures(st.records[st.passed])))
         chosen = sorted(deployments, key=lambda d: (d.usd_per_hour, d.num_gpus, d.gpu))[:self.top]
         if chosen and self.headroom:
-            labels = [(d.gpu, d.tensor_parallel_size, d.policy, d.num_replicas) for d in chosen]
+            labels = [(d.gpu, d.layout, d.policy, d.num_replicas) for d in chosen]
             at_target = {(st.lay, st.passed): st.records[st.passed] for st in states if st.pinned}
             seed_index = {seed: i for i, seed in enumerate(self.seeds)}
             answers, rows = capacity_search(

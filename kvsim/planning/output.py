@@ -229,7 +229,7 @@ def deploy_table(result) -> Table:
         table.add_column(c, justify="left" if i in (0, 1, 3, 10, 11) else "right", no_wrap=i < 4)
     for d in result.deployments:
         knee = "–" if d.mean_rate is None else f"{_num(d.mean_rate)} ({_num(d.ci_low)}–{_num(d.ci_high)})"
-        table.add_row(d.gpu, f"{d.tensor_parallel_size} × {d.num_replicas}", str(d.num_gpus), d.policy,
+        table.add_row(d.gpu, f"{d.layout} × {d.num_replicas}", str(d.num_gpus), d.policy,
                       _num(d.safe_rate) if d.safe_rate is not None else f"≥{result.target_rate:g}",
                       knee, _num(d.usd_per_hour), _num(d.usd_per_m_input, 3), _num(d.usd_per_m_output, 3),
                       _num(d.headroom, pct=True), d.binding or "–", d.pricing or "–")

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass
 from kvsim.errors import KvsimError
 from kvsim.perf.kv_groups import CHUNKED_SPEC, SLIDING_SPEC, KvCacheLayout
 from kvsim.perf.memory import (KV_ELEM_BYTES, GiB, KvCapacity, check_capacity, compute_capacity, engine_limits,
-                               kv_bytes_per_token, max_model_len, policy_layout, prefill_flops, prefill_flops_saved)
+                               kv_bytes_per_token, max_model_len, mha_bytes_per_token, policy_layout,
+                               prefill_flops, prefill_flops_saved)
 from kvsim.scenario.catalog import GpuSpec, ModelSpec
 from kvsim.scenario.limits import MAX_TOKENS
 
@@ -197,6 +198,7 @@ def _policy_record(scenario, pol, model: ModelSpec, gpu: GpuSpec, rows: list[Mem
         "kv_cache_groups": [group_record(g, [r.seq_len for r in rows], chunk) for g in layout.groups],
         "layers_per_group": layout.group_size, "padding_layers": layout.padding_layers,
         "bytes_per_block": layout.block_bytes, "num_blocks": cap.num_blocks, "kv_tokens": cap.max_tokens,
+        **(mha_record(model, pol, cap, [r.seq_len for r in rows], tp) if model.mla else {}),
         "kv_bytes_per_token": None if windowed(layout, max_model_len(scenario, model)) else per_token,
         "bytes_per_seq": {key[r.seq_len]: r.bytes_per_seq for r in rows},
         "max_sequences": {key[r.seq_len]: r.num_seqs for r in rows},
@@ -231,6 +233,15 @@ def _bytes(x: float) -> str:
     return f"{x / 2**20:,.1f} MiB" if x < GiB else _gib(x)
 
 
+def mha_record(model: ModelSpec, pol, cap, lens, tp: int) -> dict:
+    """An MLA model's cache beside what multi-head attention would store (kv_bytes_per_token_mha,
+    max_sequences_mha keyed by length, the same KV memory in blocks of the same size)."""
+    per_token = mha_bytes_per_token(model, pol.kv_cache_dtype, tp)
+    tokens = int(cap.kv // (per_token * cap.block_size)) * cap.block_size
+    return {"kv_bytes_per_token_mha": per_token,
+            "max_sequences_mha": {str(n): tokens // (-(-n // cap.block_size) * cap.block_size) for n in lens}}
+
+
 def render_memory(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> list:
     """rich Tables for `kvsim memory`: the per-GPU breakdown per kv dtype, vLLM's KV cache groups (for
     a model whose layers do not all keep the whole context in one group), then bytes and fits per length."""
@@ -255,6 +266,10 @@ def render_memory(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> l
     special = len(layout.groups) > 1 or layout.groups[0].spec != "FullAttentionSpec"
     if special:
         head.add_row("KV cache groups", *(_groups_text(layout),) * len(caps))
+    if model.mla:  # the latent against what the heads' own keys and values would take
+        for label, pick in (("bytes per token (MLA)", kv_bytes_per_token), ("... with MHA", mha_bytes_per_token)):
+            head.add_row(label, *(f"{pick(model, d, tp):,.0f}" for d, _, _, _ in capacities(scenario, model, gpu,
+                                                                                         kv_dtypes)))
     if notes:
         head.caption = "\n".join(notes)
     out = [head]

@@ -100,7 +100,29 @@ def model_spec(scenario) -> ModelSpec:
     problem = tp_problem(spec, scenario.hardware.tensor_parallel_size)
     if problem:
         raise KvsimError(f"{scenario.source}: hardware.tensor_parallel_size: {problem}")
+    problem = moe_problem(spec, scenario)
+    if problem:
+        raise KvsimError(f"{scenario.source}: {problem}")
     return replace(spec, dtype=cfg.dtype)
+
+
+def moe_problem(model: ModelSpec, scenario) -> str:
+    """Why the scenario's expert-parallel or routing settings do not apply to the model ('' if they do),
+    as 'key: reason'."""
+    hw, skew = scenario.hardware, scenario.model.expert_skew
+    if not model.moe:
+        if hw.enable_expert_parallel:
+            return f"hardware.enable_expert_parallel: {model.name} has no routed experts"
+        if skew:
+            return f"model.expert_skew: {model.name} has no routed experts"
+        return ""
+    if skew and skew < 1:
+        return f"model.expert_skew: a power law's exponent of at least 1 (or 0: balanced), got {skew:g}"
+    ranks = hw.tensor_parallel_size * hw.data_parallel_size
+    if hw.enable_expert_parallel and ranks > model.moe.n_routed_experts:
+        return (f"hardware.enable_expert_parallel: {ranks} GPUs (tensor_parallel_size x data_parallel_size) for "
+                f"{model.name}'s {model.moe.n_routed_experts} experts: at most one GPU an expert")
+    return ""
 
 
 @dataclass(slots=True, frozen=True)

@@ -95,6 +95,10 @@ class ModelConfig(_Section):
     dtype: Literal["bfloat16", "float16", "float32", "fp8"] = Field("bfloat16", description=(
         "Weight dtype: sets weight memory and the GEMM rate (fp8 uses the GPU's fp8 TFLOP/s). "
         "vLLM: --dtype (fp8 weights: --quantization fp8)."))
+    expert_skew: Annotated[float, Field(ge=0, le=3)] = Field(0.0, description=(
+        "Mixture-of-experts routing: 0 balanced (each token's experts uniformly at random); else the tokens "
+        "per expert drawn from a power law of this exponent (AIConfigurator's routing skew: 1.01 mild, 1.2 "
+        "strong; at least 1), which leaves some experts idle and loads the busiest GPU of expert parallelism."))
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -111,6 +115,14 @@ class HardwareConfig(_Section):
     tensor_parallel_size: Annotated[int, Field(ge=1, le=L.MAX_TENSOR_PARALLEL)] = Field(1, description=(
         "GPUs per replica; weights and KV heads are sharded over them. Must divide num_attention_heads; "
         "KV heads are replicated when it exceeds their number, as vLLM does. vLLM: --tensor-parallel-size."))
+    data_parallel_size: Annotated[int, Field(ge=1, le=L.MAX_TENSOR_PARALLEL)] = Field(1, description=(
+        "Data-parallel ranks per replica, each an engine (its own scheduler and KV cache) of "
+        "tensor_parallel_size GPUs: a replica is tensor_parallel_size x data_parallel_size GPUs. A dense "
+        "model's ranks are independent replicas; a mixture-of-experts model's share their MoE layers "
+        "(vLLM's DP attention + MoE over every GPU of the replica). vLLM: --data-parallel-size."))
+    enable_expert_parallel: bool = Field(False, description=(
+        "Mixture-of-experts models: whole experts spread over the replica's tensor_parallel_size x "
+        "data_parallel_size GPUs instead of every expert sliced over them. vLLM: --enable-expert-parallel."))
     num_replicas: Annotated[int, Field(ge=1, le=L.MAX_REPLICAS)] = Field(1, description=(
         "Independent engine replicas (data parallel), each with tensor_parallel_size GPUs, behind one router. "
         "vLLM: --data-parallel-size, or separate servers behind a load balancer."))

@@ -126,6 +126,10 @@ class ModelSpec:
         return self.num_hidden_layers - self.num_moe_layers
 
     @property
+    def num_sliding_layers(self) -> int:
+        return sum(self.layer_type(i) == SLIDING for i in range(self.num_hidden_layers))
+
+    @property
     def v_head_dim(self) -> int:
         return self.mla.v_head_dim if self.mla else self.head_dim
 

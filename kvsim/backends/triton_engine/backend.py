@@ -32,6 +32,12 @@ def _check_scenario(scenario, model) -> None:
         raise KvsimError(f"{scenario.source}: hardware: {need} one GPU (tensor_parallel_size = 1, num_replicas = 1)")
     if model.dtype == "fp8":
         raise KvsimError(f"{scenario.source}: model.dtype: {need} bfloat16, float16 or float32 weights, not fp8")
+    kind = dense_engine_problem(model)
+    if kind:
+        raise KvsimError(f"{scenario.source}: model.name: {need} a dense model of full attention; {model.name} has "
+                         f"{kind} (use backend.name = \"analytic\")")
+    if hw.data_parallel_size != 1:
+        raise KvsimError(f"{scenario.source}: hardware.data_parallel_size: {need} one GPU")
     if scenario.backend.step_time_scale != 1.0:
         raise KvsimError(f"{scenario.source}: backend.step_time_scale: the triton backend times real steps; "
                          "a scale applies to the analytic backend only")
@@ -39,6 +45,23 @@ def _check_scenario(scenario, model) -> None:
         if policy.kv_cache_dtype.startswith("fp8") and policy.kv_cache_scales != "per_token":
             raise KvsimError(f"{scenario.source}: policy {policy.name}: kv_cache_scales: the triton backend stores "
                              f"fp8 KV with a scale per token and head; set kv_cache_scales = \"per_token\"")
+
+
+def dense_engine_problem(model) -> str:
+    """What keeps the triton engine (a dense Llama/Qwen-style runner over one KV cache of full attention)
+    from running `model` ('' if nothing does)."""
+    found = []
+    if model.moe:
+        found.append("routed experts (mixture of experts)")
+    if model.mla:
+        found.append("latent attention (MLA)")
+    kinds = {model.layer_type(i) for i in range(model.num_hidden_layers)} - {"full_attention"}
+    if kinds:
+        found.append("sliding-window layers" if "sliding_attention" in kinds else "chunked-local attention layers")
+    if not found and (model.quantization or model.attention_bias or model.sandwich_norms or model.encoder_params):
+        found.append("a layer structure it does not build (quantized weights, attention biases, sandwich norms "
+                     "or a vision encoder)")
+    return " and ".join(found)
 
 
 def _import_torch():

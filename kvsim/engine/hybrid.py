@@ -375,7 +375,7 @@ class HybridBlockManager:
         bs, computed = self.block_size, seq.num_computed_tokens
         need = -(-(computed + num_new_tokens) // bs)
         wants = [need - len(table) for table in ht.tables]
-        taken = sum(n for n in wants if n > 0)
+        taken = sum(wants) if min(wants) >= 0 else sum(n for n in wants if n > 0)
         if taken:  # every group's blocks in one take, group 0's first (as group by group)
             new, at = self._take(taken), 0
             for table, n in zip(ht.tables, wants):
@@ -494,7 +494,7 @@ class HybridBlockManager:
         they cover its computed tokens."""
         ht, need = self._tables[seq], -(-seq.num_computed_tokens // self.block_size)
         wants = [need - len(t) for t in ht.tables]
-        want = sum(n for n in wants if n > 0)
+        want = sum(wants) if min(wants) >= 0 else sum(n for n in wants if n > 0)
         if want > self.num_reserved_blocks:
             raise AllocationError(f"sequence {seq.seq_id}: claims {want} blocks, {self.num_reserved_blocks} reserved")
         if want:  # one slice of the reserved blocks, group 0's part first (as group by group)
@@ -520,7 +520,7 @@ class HybridBlockManager:
         full = computed // bs
         final = [self._free_table(seq, ht, g, full) for g in range(self.num_groups)]
         # a null prefix holds as many slots as tokens, so every group's unused slots are its tail's
-        self.reserved_unused_tokens -= sum(len(t) * bs - computed for t in ht.tables)
+        self.reserved_unused_tokens -= sum(map(len, ht.tables)) * bs - self.num_groups * computed
         del self._tables[seq]
         if self.enable_prefix_caching and seq.num_output_tokens < seq.request.output_len:
             self._parked[seq] = _Parked(final, ht.last)

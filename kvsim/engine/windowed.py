@@ -104,6 +104,10 @@ class WindowedCohort(DecodeCohort):
     def plan_releases(self, steps: int) -> None:
         """Release what the run's steps after the first free (clocks clock+1 .. clock+steps-1), in step
         order; `run_releases` then holds each step's blocks, the first step's (step_freed) first."""
+        heap = self._releases
+        if not heap or heap[0][0] >= self.clock + steps:  # none due in the run (a window longer than it)
+            self.run_releases = [self.step_freed]  # (the later steps' zeros left out: every reader pads)
+            return
         counts = [0] * steps
         self._releases_before(self.clock + steps, NEVER, counts)
         counts[0] = self.step_freed

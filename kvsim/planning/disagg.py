@@ -277,10 +277,18 @@ def pd_deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None,
 
 
 def _policy(scenario, policy, chosen) -> str:
-    """The policy searched: the named one, else the first served disaggregated (else the first)."""
+    """The policy searched: the named one, else the first served disaggregated (else the first paged one)."""
     if policy is not None:
-        return chosen(scenario, [policy])[0].name
-    return next((p.name for p in scenario.policies if scenario.disaggregated(p)), scenario.policies[0].name)
+        named = chosen(scenario, [policy])[0]
+        if named.allocator != "paged":
+            raise KvsimError(f"--policy: {named.name} uses the {named.allocator} allocator; disaggregated serving "
+                             "needs the paged one")
+        return named.name
+    found = next((p.name for p in scenario.policies if scenario.disaggregated(p)), None) or \
+        next((p.name for p in scenario.policies if p.allocator == "paged"), None)
+    if found is None:
+        raise KvsimError(f"{scenario.source}: policies: disaggregated serving needs a policy with the paged allocator")
+    return found
 
 
 def _candidates(scenario, gpus, tensor_parallel) -> tuple[list[str], list[int]]:

@@ -253,7 +253,7 @@ class PolicyConfig(_Section):
         "This policy's prefix caching (paged only). Default: engine.enable_prefix_caching."))
     disaggregated: Optional[bool] = Field(None, description=(
         "Serve this policy disaggregated (the [disaggregation] pools) or aggregated ([hardware]). Default: "
-        "disaggregated when the scenario has a [disaggregation] section."))
+        "disaggregated when the scenario has a [disaggregation] section and the policy's allocator is paged."))
     contiguous_reserve: Literal["max_model_len", "known_output"] = Field("max_model_len", description=(
         "Contiguous allocator: reserve max_model_len slots per request (what such engines must do) or only "
         "prompt + the request's known output length (an oracle bound)."))
@@ -532,15 +532,16 @@ class Scenario(_Section):
         for i, p in enumerate(self.policies):
             if p.disaggregated and self.disaggregation is None:
                 raise ValueError(f"policies[{i}].disaggregated: the scenario has no [disaggregation] section")
-            if self.disaggregated(p) and p.allocator != "paged":
+            if p.disaggregated and p.allocator != "paged":
                 raise ValueError(f"policies[{i}].allocator: disaggregated serving needs the paged allocator "
                                  "(vLLM's NixlConnector moves KV blocks)")
         return self
 
     def disaggregated(self, policy: PolicyConfig) -> bool:
-        """Whether the policy is served by the [disaggregation] pools."""
+        """Whether the policy is served by the [disaggregation] pools (by default: when the scenario has
+        them and the policy's allocator is paged)."""
         if policy.disaggregated is None:
-            return self.disaggregation is not None
+            return self.disaggregation is not None and policy.allocator == "paged"
         return policy.disaggregated
 
     def resolve(self, path: str) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 
 from kvsim.results.disaggregation import SPLIT
+from kvsim.results.figures import _subplots, policy_colors
 
 SPLIT_LABELS = {"queued": "queued (prefill pool)", "prefill": "prefill", "decode_wait": "decode admission",
                 "transfer": "KV transfer", "first_token": "decode's first step"}
@@ -77,13 +78,12 @@ def disaggregation_table_html(summaries: dict[str, dict]) -> str:
             + "</tr></thead><tbody>" + "".join(body) + "</tbody></table>")
 
 
-def disaggregation_figures(summaries: dict[str, dict], colors: dict[str, str]) -> list:
+def disaggregation_figures(summaries: dict[str, dict], meta: dict | None = None) -> list:
     """The TTFT split (stacked mean seconds per policy) and the link's use over time."""
-    from kvsim.results.figures import _subplots
-
     rows = disaggregated(summaries)
     if not rows:
         return []
+    colors = policy_colors((meta or {}).get("policy_order") or list(summaries))
     names = list(rows)
     split = _subplots(1, 1, [], "Where the time to first token went (mean seconds), disaggregated policies",
                       160 + 40 * len(names))

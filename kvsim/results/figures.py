@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.results.cells import csv_value
-from kvsim.results.disagg_report import disaggregation_figures
 from kvsim.results.headline import BAR_EXCLUDED, _Figure, slo_bounds, table_figures
 from kvsim.results.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS
 from kvsim.results.verdict import LABELS, percentile_label
@@ -393,7 +392,6 @@ def report_plots(summaries: dict[str, dict], requests_csv_path, timeseries_csv_p
     if policies:
         figures += [_kv_figure(series, policies, colors, {p: kv_percent(s) for p, s in summaries.items()}),
                     _queue_figure(series, policies, colors)]
-        figures += disaggregation_figures(summaries, colors)
     rows = why_missed(latencies)
     if any(r["group"] == "missed" for r in rows):
         figures.append(_why_figure(rows))

@@ -160,8 +160,9 @@ class PoolConfig(_Section):
         "Instances in this pool (vLLM: one `vllm serve --kv-transfer-config ...` each)."))
     router: Optional[Literal[POOL_ROUTERS]] = Field(None, description=(  # type: ignore[valid-type]
         "How requests are spread over this pool's instances: least_loaded, round_robin, prefix_affinity, or "
-        "most_free_blocks (the instance with the most free KV blocks, less those its queued transfers will "
-        "take). Default: prefix_affinity for prefill, most_free_blocks for decode."))
+        "most_free_blocks (the instance with the most free KV blocks as its engine reports them, as llm-d's "
+        "KV-cache utilization scorer ranks instances). Default: prefix_affinity for prefill, most_free_blocks "
+        "for decode."))
     gpu_memory_utilization: Optional[Fraction] = Field(None, description=(
         "This pool's --gpu-memory-utilization. Default: hardware.gpu_memory_utilization."))
     max_num_seqs: Optional[Annotated[int, Field(ge=1, le=L.MAX_NUM_SEQS)]] = Field(None, description=(

@@ -13,9 +13,10 @@ from kvsim.planning.safe import LONG_RUN
 
 
 def cheapest(passes, cost_p, cost_d, n):
-    """Brute force: the cheapest passing (P, D) of the n x n grid (fewest GPUs, then fewest P on ties)."""
+    """Brute force: the cheapest passing (P, D) of the n x n grid (fewest GPUs, then fewest P on ties;
+    costs equal to 1e-9 $ are ties, whatever order the float sums round in)."""
     ok = [(p, d) for p, d in itertools.product(range(1, n + 1), repeat=2) if passes(p, d)]
-    return min(ok, key=lambda pt: (pt[0] * cost_p + pt[1] * cost_d, pt[0] + pt[1], pt)) if ok else None
+    return min(ok, key=lambda pt: (round(pt[0] * cost_p + pt[1] * cost_d, 9), pt[0] + pt[1], pt)) if ok else None
 
 
 def walk(passes, cost_p, cost_d, n):

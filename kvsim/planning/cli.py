@@ -134,6 +134,10 @@ def cmd_plan(args, console) -> int:
         if args.target_rate is not None and pd:
             _print_lines(console, output.pd_lines(result))
             console.print(output.pd_table(result))
+            if result.skipped:
+                console.print(f"[dim]{len(result.skipped)} pool layouts left out: "
+                              + "; ".join(f"{s['pool']} {s['gpu']} TP{s['tensor_parallel_size']}: {s['reason']}"
+                                          for s in result.skipped) + "[/dim]", highlight=False)
         elif args.target_rate is not None:
             _print_lines(console, output.deploy_lines(result))
             console.print(output.deploy_table(result))

@@ -172,3 +172,28 @@ def test_link_presets_state_their_source_and_line_rate():
         assert spec.source and spec.bandwidth_gbps > 0
     assert LINKS["infiniband-ndr"].bandwidth_gbps == 400 / 8
     assert np.isclose(LINKS["nvlink4"].transfer_s(450e9), 1 + (NIXL_POST_US + 2.0) * 1e-6)
+
+
+def test_sweep_takes_the_pools_keys():
+    """`kvsim sweep --set disaggregation.decode.num_replicas=1,2`: a row per point and policy, the
+    second decode instance halving the decode batch (a lower TPOT)."""
+    from kvsim.planning.sweep import sweep
+
+    sc = disagg_scenario(prompt=600, output=200, n=300, rate=20.0)
+    result = sweep(sc, {"disaggregation.decode.num_replicas": [1, 2]}, workers=1)
+    rows = {r["disaggregation.decode.num_replicas"]: r for r in result.rows}
+    assert set(rows) == {1, 2} and rows[2]["tpot_p99_ms"] < rows[1]["tpot_p99_ms"]
+
+
+def test_the_answer_pages_cost_of_a_disaggregated_policy_is_its_pools():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
+    from kvdash.answers import hourly_cost
+
+    sc = disagg_scenario(prefill={"num_replicas": 2}, decode={"gpu": "H200", "tensor_parallel_size": 2},
+                         policies=[{"name": "agg", "disaggregated": False}, {"name": "pd"}])
+    assert hourly_cost(sc)[0] == pytest.approx(2.99)  # [hardware]: one H100
+    assert hourly_cost(sc, sc.policies[0])[0] == pytest.approx(2.99)
+    assert hourly_cost(sc, sc.policies[1])[0] == pytest.approx(2 * 2.99 + 2 * 3.79)

@@ -5,7 +5,7 @@ observer or arrival source is a new class satisfying one of these, not a new bra
 
 | Protocol | what it is | implementers |
 | --- | --- | --- |
-| `KVAllocator` | KV-cache blocks of one replica | `block_manager.BlockManager` (paged, prefix caching), `contiguous.ContiguousAllocator`, `reference_pool.ReferencePool` (the plain specification) |
+| `KVAllocator` | KV-cache blocks of one replica | `block_manager.BlockManager` (paged, prefix caching), `contiguous.ContiguousAllocator`, `reference_pool.ReferencePool` (the plain specification), `kv_transfer.HeldBlocks` (a prefill instance's: finished requests' blocks held until their KV has left) |
 | `Backend` | prices (or runs) engine steps | `kvsim.backends.analytic.AnalyticBackend`, `kvsim.backends.triton_engine.backend.TritonBackend` |
 | `EngineObserver` | is told what each step did | `kvsim.results.metrics.Metrics` |
 | `ArrivalSource` | releases requests, is told when they end | `arrivals.RequestStream` (open loop) |

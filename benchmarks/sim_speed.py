@@ -5,12 +5,14 @@ million synthetic requests; optionally paired against another checkout.
     python benchmarks/sim_speed.py --baseline /tmp/main     # each row run alternately here and there
     python benchmarks/sim_speed.py --only import,azure --repeat 7
     python benchmarks/sim_speed.py --requests 100000 --skip-million
+    python benchmarks/sim_speed.py --pair-pricing            # measured pricing (new) vs roofline (base), here
 
 Every figure comes from a fresh process (`python -m kvsim run ... --quiet`), measured by `os.wait4`:
 wall seconds, CPU seconds (user + system) and peak RSS. With `--baseline DIR` (a checkout of another
 commit, e.g. `git archive COMMIT | tar -x -C DIR`) each repeat runs the baseline and this tree back
 to back, in alternating order, and the table gives both medians and the median of the per-repeat
-ratios (new / baseline): on a shared machine only paired figures compare.
+ratios (new / baseline): on a shared machine only paired figures compare. `--pair-pricing` pairs
+this tree with itself, `backend.pricing = "measured"` (new) against `"roofline"` (base).
 
 Rows and targets (issue 16): the imports of an Azure whole CLI run (`python -X importtime`, the
 top-level modules' cumulative times summed, the lazy ones included) <= 0.15 s; Azure conversation trace,
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,19 +62,32 @@ SIMULATE = """
 import json, sys
 from kvsim.pipeline import run_scenario
 from kvsim.scenario.config import load_scenario
-r = run_scenario(load_scenario(sys.argv[1]), policies=["paged"], write=False)
+sc = load_scenario(sys.argv[1])
+if len(sys.argv) > 2:
+    sc = sc.model_copy(update={"backend": sc.backend.model_copy(update={"pricing": sys.argv[2]})})
+r = run_scenario(sc, policies=["paged"], write=False)
 s = r.summaries["paged"]
 print(json.dumps([r.runs[0].wall_s, s["engine_events"], s["engine_steps"]]))
 """
 
 
-def run(tree: Path, argv: list[str]) -> dict:
+class Tree(NamedTuple):
+    """A checkout to run, and the `--set` overrides every kvsim run of it gets."""
+
+    path: Path
+    sets: tuple = ()
+
+    def set_args(self) -> list[str]:
+        return [a for s in self.sets for a in ("--set", s)]
+
+
+def run(tree: Tree, argv: list[str]) -> dict:
     """Wall s, CPU s (user + system) and peak RSS MiB of one process run in `tree`, and its stdout
     (os.wait4: the child's own rusage)."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env = {**os.environ, "PYTHONPATH": str(tree.path)}
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, *argv], cwd=tree, env=env, stdout=subprocess.PIPE, stderr=err,
+        proc = subprocess.Popen([sys.executable, *argv], cwd=tree.path, env=env, stdout=subprocess.PIPE, stderr=err,
                                 text=True)
         out = proc.stdout.read()
         _, status, usage = os.wait4(proc.pid, 0)
@@ -79,18 +95,18 @@ def run(tree: Path, argv: list[str]) -> dict:
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode:
             err.seek(0)
-            raise SystemExit(f"{' '.join(argv)} failed in {tree}: {err.read().strip()[-400:]}")
+            raise SystemExit(f"{' '.join(argv)} failed in {tree.path}: {err.read().strip()[-400:]}")
     return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss / 1024, "out": out}
 
 
-def row_import(tree: Path, tmp: Path) -> dict:
+def row_import(tree: Tree, tmp: Path) -> dict:
     """Seconds of imports in a whole Azure CLI run (`-X importtime`, top-level modules summed: the
     lazy imports of the run included, each tree's own start-up settings applied)."""
     out = tmp / f"imports-{time.monotonic_ns()}"
     args = ["-X", "importtime", "-m", "kvsim", "run", str(ROOT / "scenarios/azure_conv.toml"), "--policy", "paged",
-            "--quiet", "--out", str(out)]
+            "--quiet", "--out", str(out), *tree.set_args()]
     with tempfile.TemporaryFile("w+") as err:
-        subprocess.run([sys.executable, *args], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+        subprocess.run([sys.executable, *args], cwd=tree.path, env={**os.environ, "PYTHONPATH": str(tree.path)},
                        stdout=subprocess.DEVNULL, stderr=err, check=True)
         err.seek(0)
         micros = sum(int(line.split("|")[1]) for line in err
@@ -99,28 +115,29 @@ def row_import(tree: Path, tmp: Path) -> dict:
     return {"wall": micros / 1e6, "cpu": None, "rss": None}
 
 
-def row_azure_sim(tree: Path, tmp: Path) -> dict:
-    r = run(tree, ["-c", SIMULATE, str(ROOT / "scenarios/azure_conv.toml")])
+def row_azure_sim(tree: Tree, tmp: Path) -> dict:
+    pricing = [s.split("=", 1)[1] for s in tree.sets if s.startswith("backend.pricing=")]
+    r = run(tree, ["-c", SIMULATE, str(ROOT / "scenarios/azure_conv.toml"), *pricing])
     sim, events, steps = json.loads(r["out"].strip().splitlines()[-1])
     return {**r, "wall": sim, "cpu": None, "rss": None, "events": events, "steps": steps}
 
 
-def _cli(tree: Path, tmp: Path, args: list[str]) -> dict:
+def _cli(tree: Tree, tmp: Path, args: list[str]) -> dict:
     out = tmp / f"out-{time.monotonic_ns()}"
-    r = run(tree, ["-m", "kvsim", "run", *args, "--quiet", "--out", str(out)])
+    r = run(tree, ["-m", "kvsim", "run", *args, "--quiet", "--out", str(out), *tree.set_args()])
     pol = json.loads((out / "summary.json").read_text())["policies"].values()
     return {**r, "events": sum(p["engine_events"] for p in pol), "steps": sum(p["engine_steps"] for p in pol)}
 
 
-def row_azure(tree: Path, tmp: Path) -> dict:
+def row_azure(tree: Tree, tmp: Path) -> dict:
     return _cli(tree, tmp, [str(ROOT / "scenarios/azure_conv.toml"), "--policy", "paged"])
 
 
-def row_mooncake(tree: Path, tmp: Path) -> dict:
+def row_mooncake(tree: Tree, tmp: Path) -> dict:
     return _cli(tree, tmp, [str(ROOT / "scenarios/mooncake.toml")])
 
 
-def row_million(tree: Path, tmp: Path, n: int) -> dict:
+def row_million(tree: Tree, tmp: Path, n: int) -> dict:
     path = tmp / f"million-{n}.toml"
     path.write_text(SYNTHETIC.format(n=n))
     return _cli(tree, tmp, [str(path)])
@@ -134,6 +151,8 @@ def main() -> None:
     ap.add_argument("--million-repeat", type=int, default=None, help="repeats of the million row (default --repeat)")
     ap.add_argument("--only", default="import,azure-sim,azure,mooncake,million")
     ap.add_argument("--skip-million", action="store_true")
+    ap.add_argument("--pair-pricing", action="store_true",
+                    help="measured pricing (new) against the roofline (base), both in this tree")
     args = ap.parse_args()
     n = args.requests
     rows = {
@@ -145,7 +164,10 @@ def main() -> None:
                     "<= 40 s, <= 1024 MiB"),
     }
     chosen = [k for k in args.only.split(",") if k in rows and not (k == "million" and args.skip_million)]
-    trees = [("new", ROOT)] + ([("base", args.baseline.resolve())] if args.baseline else [])
+    if args.pair_pricing:
+        trees = [("new", Tree(ROOT, ("backend.pricing=measured",))), ("base", Tree(ROOT, ("backend.pricing=roofline",)))]
+    else:
+        trees = [("new", Tree(ROOT))] + ([("base", Tree(args.baseline.resolve()))] if args.baseline else [])
     print(f"cpu: {os.cpu_count()} cores, python {sys.version.split()[0]}, load {os.getloadavg()[0]:.2f}; "
           f"new = {ROOT}" + (f", base = {args.baseline}" if args.baseline else ""))
     results = {}
@@ -160,7 +182,7 @@ def main() -> None:
                     got[label].append(fn(tree, Path(tmp)))
             results[key] = (name, target, got)
             print(f"  {name}: done ({os.getloadavg()[0]:.2f} load)", file=sys.stderr)
-    print_table(results, args.baseline is not None)
+    print_table(results, len(trees) > 1)
 
 
 def _med(values) -> float | None:

@@ -22,6 +22,7 @@ from kvsim.engine.router import make_router
 from kvsim.engine.settings import EngineSettings, engine_settings
 from kvsim.engine.simulator import Simulation
 from kvsim.perf.disaggregation import disaggregation
+from kvsim.perf.measured import request_overhead_s
 from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
 from kvsim.results.disaggregation import DisaggregationObserver
 from kvsim.results.metrics import Metrics
@@ -231,6 +232,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     check_deployments(scenario, model, gpu, chosen)  # a model that does not fit fails before any output
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
     interval = timeseries_interval(scenario)
+    overhead = request_overhead_s(scenario, gpu)  # the API server, on TTFT and E2E (measured pricing)
     if out_dir is None:
         out_dir = results_dir(scenario)
     out_dir = user_path(out_dir, "out_dir")
@@ -239,8 +241,8 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
                                                                   "timeseries_interval_s": interval})
     try:
         for policy in chosen:
-            metrics = Metrics(policy.name, scenario.slo, interval,
-                              writer.requests_file if writer else None)
+            metrics = Metrics(policy.name, scenario.slo, interval, writer.requests_file if writer else None,
+                              request_overhead_s=overhead)
             tick = progress(policy.name, total) if progress else None
             t0 = time.perf_counter()
             summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick)

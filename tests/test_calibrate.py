@@ -279,7 +279,8 @@ def test_serving_results_are_fitted_by_simulating_them(tmp_path):
     scenario = tmp_path / "s.toml"
     scenario.write_text('name = "s"\n[model]\nname = "Qwen3-0.6B"\n[engine]\nmax_model_len = 2048\n'
                         '[[policies]]\nname = "paged"\n[workload]\nnum_requests = 30\n'
-                        'arrival = { process = "poisson", rate = 20.0 }\n[output]\nreport_html = false\n')
+                        'arrival = { process = "poisson", rate = 20.0 }\n[output]\nreport_html = false\n'
+                        '[backend]\npricing = "roofline"\n')  # serving figures fit the roofline's coefficients
     summary = run_scenario(load_scenario(scenario), None, write=False).summaries["paged"]
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"completed": 30, "num_prompts": 30, "output_throughput": 1000.0,

@@ -1,7 +1,9 @@
-"""The analytic backend: exact block accounting (in the scheduler) priced by a roofline step model.
+"""The analytic backend: exact block accounting (in the scheduler) priced by measured vLLM kernels
+(kvsim.perf.measured) where tables ship for the GPU, else by the roofline step model.
 
-No GPU, no torch. `StepModel` (kvsim.perf.roofline) is its pricer: single steps, and runs of
-identical decode steps in closed form, so the simulator can advance a run as one event.
+No GPU, no torch. The pricer (a `kvsim.perf.pricing.RunPricer`: `MeasuredStepModel` or
+`kvsim.perf.roofline.StepModel`) prices single steps, and runs of identical decode steps in closed
+form, so the simulator can advance a run as one event.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import asdict
 
 from kvsim.batch import Batch, DecodeShape
 from kvsim.perf.calibration import resolve_calibration
+from kvsim.perf.measured import measured_step_model
 from kvsim.perf.pricing import DecodeRunPrice, RunPricer
 from kvsim.perf.roofline import VLLM_GRAPH_SIZES, StepModel
 
@@ -21,14 +24,19 @@ class AnalyticBackend:
 
     def __init__(self, scenario, policy, model, gpu, capacity, settings):
         calibration, self.calibration_source = resolve_calibration(scenario, gpu.name)
-        graphs = () if scenario.backend.enforce_eager else VLLM_GRAPH_SIZES
-        self.pricer: RunPricer = StepModel(model, gpu, scenario.hardware.tensor_parallel_size, policy.kv_cache_dtype,
-                                           calibration, settings.block_size, graphs, settings.max_model_len,
-                                           per_token_scales=policy.kv_cache_scales == "per_token")
+        pricer = measured_step_model(scenario, policy, model, gpu, calibration, settings, capacity)
+        if pricer is None:
+            graphs = () if scenario.backend.enforce_eager else VLLM_GRAPH_SIZES
+            pricer = StepModel(model, gpu, scenario.hardware.tensor_parallel_size, policy.kv_cache_dtype,
+                               calibration, settings.block_size, graphs, settings.max_model_len,
+                               per_token_scales=policy.kv_cache_scales == "per_token")
+            # whether a step's price reads the longest decode (Batch.decode_max_context), which the scheduler keeps
+            self.prices_longest_decode = calibration.decode_key_s > 0
+        else:
+            self.prices_longest_decode = pricer.prices_longest_decode
+        self.pricer: RunPricer = pricer
         self.num_blocks = capacity.num_blocks
         self.calibration = calibration
-        # whether a step's price reads the longest decode (Batch.decode_max_context), which the scheduler then keeps
-        self.prices_longest_decode = calibration.decode_key_s > 0
         # The Backend methods are the pricer's own (bound here: no call layer per step).
         self.execute = self.pricer.step_time
         self.decode_run = self.pricer.decode_run_within
@@ -53,5 +61,9 @@ class AnalyticBackend:
         pass
 
     def describe(self) -> dict:
-        return {"backend": self.name, "calibration": asdict(self.calibration),
-                "calibration_source": self.calibration_source}
+        out = {"backend": self.name, "calibration": asdict(self.calibration),
+               "calibration_source": self.calibration_source}
+        describe = getattr(self.pricer, "describe", None)  # the roofline's runs keep their summary as it was
+        if describe is not None:
+            out["pricing"] = describe()
+        return out

@@ -35,7 +35,9 @@ def add_commands(sub) -> None:
 
     cal = sub.add_parser("calibrate", help="fit the step-time model's coefficients to measured tables")
     cal.add_argument("tables", nargs="*", type=Path, metavar="TABLE",
-                     help="kvsim profile CSVs, Vidur mlp.csv / all_reduce.csv operator profiles")
+                     help="kvsim profile CSVs, Vidur mlp.csv / all_reduce.csv operator profiles, or one NVIDIA "
+                          "AIConfigurator data folder (<gpu>/ with gemm/, attention/, comm/) converted into a "
+                          "kernel-table file (-o FILE.npz) that backend.kernel_tables prices with")
     cal.add_argument("--serving", nargs=2, action="append", default=[], type=Path, metavar=("SCENARIO", "RESULT"),
                      help="a vllm bench serve --save-result JSON and the scenario it ran (fit by simulating it)")
     cal.add_argument("-o", "--out", type=Path, required=True, help="calibration JSON to write")
@@ -53,6 +55,8 @@ def add_commands(sub) -> None:
                      help="refuse a fit whose hold-out median |error| is above this fraction (default 0.10; "
                           "any phase or slice of 10+ observations: twice it)")
     cal.add_argument("--engine", default="", help="the engine the tables measured, recorded in the file")
+    cal.add_argument("--vllm-version", help="AIConfigurator folder: the vLLM release whose tables to convert "
+                     "(default: the newest with every table)")
     cal.set_defaults(handler=cmd_calibrate)
 
     val = sub.add_parser("validate", help="compare a scenario's analytic prediction with a measured run")
@@ -138,6 +142,8 @@ def cmd_calibrate(args, console) -> int:
 
     if not args.tables and not args.serving:
         raise KvsimError("calibrate: give at least one TABLE or --serving SCENARIO RESULT")
+    if any(t.is_dir() for t in args.tables):
+        return cmd_kernel_tables(args, console)
     _refuse_overwrite(args.out, "a file kvsim calibrate did not write", _written_by_calibrate)
     check_int(args.folds, "--folds", 2, MAX_FOLDS)
     max_error = fitting.MAX_HOLDOUT_ERROR if args.max_error is None else args.max_error
@@ -198,6 +204,53 @@ def cmd_calibrate(args, console) -> int:
                            "fitted": final.free, "slices": _rounded(rows),
                            **({"per_table": {str(t): v for t, v in final.tables.items()}} if final.tables else {})})
     console.print(f"calibration: {args.out}")
+    return 0
+
+
+def cmd_kernel_tables(args, console) -> int:
+    """`kvsim calibrate AIC_GPU_FOLDER -o FILE.npz`: AIConfigurator's tables converted, then checked by
+    holding whole shapes out of them (kvsim.calibrate.kernel_holdout)."""
+    from rich.table import Table
+
+    from kvsim.calibrate.aiconfigurator import AIC_GPUS, convert, versions, version_key, write_tables
+    from kvsim.calibrate.kernel_holdout import holdout_rows, stats
+    from kvsim.perf.calibration import Calibration, load_calibration, shipped_path
+    from kvsim.perf.kernels import KernelTables
+    from kvsim.scenario.catalog import GPUS
+
+    if len(args.tables) != 1 or args.serving:
+        raise KvsimError("calibrate: an AIConfigurator folder is converted on its own (one TABLE, no --serving)")
+    folder = args.tables[0].resolve()
+    if args.out.suffix != ".npz":
+        raise KvsimError(f"-o: {args.out}: kernel tables are written as .npz")
+    by_stem = {v: k for k, v in AIC_GPUS.items()}
+    gpu = args.gpu or by_stem.get(folder.name)
+    if gpu not in GPUS:
+        raise KvsimError(f"{folder}: name the GPU preset with --gpu (the folder's name {folder.name!r} is none of "
+                         f"{', '.join(AIC_GPUS.values())})")
+    found = versions(folder.parent, folder.name)
+    if not found:
+        raise KvsimError(f"{folder}: no vLLM release with gemm, attention and comm tables (an AIConfigurator "
+                         f"systems/data/<gpu> folder)")
+    version = args.vllm_version or max(found, key=version_key)
+    if version not in found:
+        raise KvsimError(f"--vllm-version: {version}: no complete tables in {folder} (found: {', '.join(found)})")
+    _refuse_overwrite(args.out, "a file it did not create")
+    arrays, meta = convert(folder.parent, gpu, version)
+    meta["source"]["folder"] = str(folder)
+    write_tables(args.out, arrays, meta)
+    tables = KernelTables(args.out)
+    cal_path = shipped_path(gpu)
+    table = Table(title=f"{gpu}, vLLM {version}: whole shapes held out, predicted from the rest")
+    for col in ("kernel family", "held out", "points", "median |error|", "p90 |error|", "extrapolated points"):
+        table.add_column(col, justify="left" if col in ("kernel family", "held out") else "right")
+    for family, held, inside, outside in holdout_rows(tables, GPUS[gpu], load_calibration(cal_path)
+                                                      if cal_path.exists() else Calibration()):
+        n, med, p90, _ = stats(inside)
+        table.add_row(family, held, f"{n:,}", "-" if med is None else f"{med:.1%}",
+                      "-" if p90 is None else f"{p90:.1%}", f"{len(outside):,}")
+    console.print(table)
+    console.print(f"kernel tables: {args.out} (backend.kernel_tables = \"{args.out.name}\" prices with them)")
     return 0
 
 

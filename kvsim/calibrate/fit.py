@@ -93,9 +93,9 @@ class Pricer:
 
 
 def simulate_with(scenario_path: str, policy: str, calibration: Calibration) -> dict:
-    """The analytic summary of one policy of a scenario under `calibration`. The fit reads no time series,
-    so it gets one bucket for the whole run: a trial calibration with hour-long steps would otherwise
-    cost the simulation a sample per bucket its decode runs cross (seconds per trial)."""
+    """The analytic summary of one policy of a scenario priced by the roofline under `calibration`. The fit
+    reads no time series, so it gets one bucket for the whole run: a trial calibration with hour-long steps
+    would otherwise cost the simulation a sample per bucket its decode runs cross (seconds per trial)."""
     from kvsim.perf.calibration import write_calibration
     from kvsim.pipeline import run_scenario
     from kvsim.scenario.config import load_scenario
@@ -105,9 +105,12 @@ def simulate_with(scenario_path: str, policy: str, calibration: Calibration) -> 
         path = os.path.join(folder, "calibration.json")
         write_calibration(path, calibration)
         sc = load_scenario(scenario_path)
-        backend = sc.backend.model_copy(update={"name": "analytic", "calibration": path})
+        # the coefficients fitted are the roofline's: price with it whatever the scenario asks
+        backend = sc.backend.model_copy(update={"name": "analytic", "calibration": path, "pricing": "roofline",
+                                                "kernel_tables": None})
+        engine = sc.engine.model_copy(update={"vllm_version": None})
         output = sc.output.model_copy(update={"timeseries_interval_s": MAX_DURATION_S})
-        sc = sc.model_copy(update={"backend": backend, "output": output})
+        sc = sc.model_copy(update={"backend": backend, "engine": engine, "output": output})
         return run_scenario(sc, None, [policy], write=False).summaries[policy]
 
 

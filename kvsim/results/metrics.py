@@ -73,9 +73,13 @@ class _ReplicaSeries:
 class Metrics:
     """Collects one policy's results as the simulation runs; see the module docstring."""
 
-    def __init__(self, policy: str, slo: SloConfig, timeseries_interval_s: float, requests_file=None):
-        """`requests_file`: a text file (opened with newline="") that gets one requests.csv row per request."""
+    def __init__(self, policy: str, slo: SloConfig, timeseries_interval_s: float, requests_file=None,
+                 request_overhead_s: float = 0.0):
+        """`requests_file`: a text file (opened with newline="") that gets one requests.csv row per request.
+        `request_overhead_s`: the API server's time (HTTP, tokenize, detokenize, stream) added to every
+        request's TTFT and E2E; the engine never sees it, so its step times and ITLs are unchanged."""
         self.policy = policy
+        self.request_overhead_s = request_overhead_s
         self.slo = slo
         self._ttft_ms, self._tpot_ms, self._e2e_ms = (math.inf if v is None else v
                                                       for v in (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms))
@@ -146,8 +150,8 @@ class Metrics:
 
     def on_finish(self, seq: Sequence) -> None:
         arrival = seq.request.arrival_time
-        ttft = seq.first_token_time - arrival
-        e2e = seq.finish_time - arrival
+        ttft = seq.first_token_time - arrival + self.request_overhead_s
+        e2e = seq.finish_time - arrival + self.request_overhead_s
         n_out = seq.num_output_tokens
         tpot = (seq.finish_time - seq.first_token_time) / (n_out - 1) if n_out > 1 else None
         self.ttft.append(ttft)

@@ -226,6 +226,10 @@ class EngineConfig(_Section):
     activation_reserve_gib: Optional[GiB] = Field(None, description=(
         "GiB per GPU set aside for activations. Default: estimated from the model and max_num_batched_tokens "
         "(vLLM measures it with a profiling forward pass)."))
+    vllm_version: Optional[Annotated[str, Field(pattern=r"^\d{1,3}\.\d{1,3}\.\d{1,3}$")]] = Field(None, description=(
+        "The vLLM release whose measured kernel timings (NVIDIA AIConfigurator's tables) price each step, "
+        "e.g. \"0.24.0\". Default: the newest shipped for the GPU (H100-SXM, H200, A100-80GB, B200); GPUs "
+        "without tables are priced by the roofline."))
     fixed_reserve_gib: Optional[GiB] = Field(None, description=(
         "GiB per GPU outside PyTorch's allocator (CUDA context, NCCL and cuBLAS workspaces). Default: "
         "vLLM's measured non-torch memory (kvsim.perf.memory)."))
@@ -477,7 +481,15 @@ class BackendConfig(_Section):
         "installed through the kvsim.backends entry point."))
     calibration: Optional[PathText] = Field(None, description=(  # relative to the scenario
         "analytic: JSON file of roofline coefficients (kvsim calibrate writes one), relative to the scenario "
-        "file. Default: built-in H100-class coefficients."))
+        "file, or a shipped engine: vllm, triton. Default: the GPU preset's shipped vLLM calibration, else "
+        "built-in H100-class coefficients. A file or triton prices with the roofline (pricing = auto)."))
+    pricing: Literal["auto", "measured", "roofline"] = Field("auto", description=(
+        "analytic: what prices a step. measured: the sum of real vLLM kernel timings (engine.vllm_version); "
+        "roofline: the calibrated roofline model; auto: measured where kernel tables ship for the GPU and "
+        "neither backend.calibration nor a datasheet override asks for the roofline."))
+    kernel_tables: Optional[PathText] = Field(None, description=(  # relative to the scenario
+        "analytic: a kernel-table file (.npz) that kvsim calibrate converted from AIConfigurator's tables, "
+        "relative to the scenario file; prices steps in place of the shipped tables."))
     device: Label = Field("cuda:0", description="triton: the torch device to run on.")
     seed: Seed = Field(0, description="triton: seed of the random model weights.")
     enforce_eager: bool = Field(False, description=(

@@ -279,13 +279,18 @@ def write_text_atomic(path: Path, text: str, what: str, may_replace=None) -> Non
     read-only folder or a signal leaves the earlier file (or none), never half of one. An existing
     `path` is replaced only when `may_replace(path)` is true (a file kvsim wrote); a file that appears
     meanwhile is never overwritten."""
+    write_bytes_atomic(path, text.encode("utf-8"), what, may_replace)
+
+
+def write_bytes_atomic(path: Path, data: bytes, what: str, may_replace=None) -> None:
+    """`data` into `path` as `write_text_atomic` writes text."""
     path = Path(path)
     tmp = path.with_name(f".{path.name[:100]}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     made = False
     try:
-        with open(tmp, "x", encoding="utf-8", newline="") as f:
+        with open(tmp, "xb") as f:
             made = True
-            f.write(text)
+            f.write(data)
         _put_in_place(tmp, path, may_replace)
     except BaseException as exc:
         if made:

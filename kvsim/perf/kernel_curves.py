@@ -1,0 +1,403 @@
+"""Curves through the measured kernel tables for one model's shapes, and the interpolation behind them.
+
+A step needs each kernel at the model's shapes only, so `ModelKernels` cuts each grid down once to
+curves over the axes a step varies (tokens; batch x length; message size), and the pricer evaluates
+those. Interpolation is piecewise linear between measured points, in log coordinates where the kernel
+scales as a power (GEMMs over m, n, k; all-reduce over the message; prefill attention over the prompt)
+and linearly where it is affine in the work (decode attention over batch and context: exact for a
+memory-bound kernel, and piecewise linear in the context so that runs of decode steps sum in closed
+form; head counts). Piecewise-linear interpolation never leaves the interval of its two points.
+Where the tables have no point (a shape past the grid, a head count or head size not timed, a batch
+too large for the collector's memory cap) a measured neighbour is scaled by the roofline's ratio
+(`Roofline`: the compute and memory terms of kvsim/perf/roofline.py, per kernel) and the point is
+flagged as extrapolated. The builders (`gemm_curve`, `AttentionGrid.build`, `allreduce_curve`) take any
+grid, so benchmarks/kernel_holdout.py can test them on shapes held out of the tables.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.errors import KvsimError
+from kvsim.perf.kernels import Grid, KernelTables
+
+KV_TABLE_DTYPE = {"auto": "bfloat16", "bfloat16": "bfloat16", "float16": "bfloat16", "fp8": "fp8", "fp8_e4m3": "fp8"}
+
+
+# ---- interpolation -----------------------------------------------------------------------------
+def bracket(values: np.ndarray, x: float) -> tuple[int, int]:
+    """(i, j): the grid points either side of x (i == j on a point; x outside: its nearest end twice)."""
+    n = len(values)
+    j = int(np.searchsorted(values, x))
+    if j < n and values[j] == x:
+        return j, j
+    if j == 0 or j == n:
+        return min(j, n - 1), min(j, n - 1)
+    return j - 1, j
+
+
+def interp1(xs: np.ndarray, ys: np.ndarray, x: float, logx: bool, logy: bool) -> float:
+    """Piecewise-linear through the finite (xs, ys), in log x and/or log y; NaN outside their range."""
+    ok = ~np.isnan(ys)
+    xs, ys = xs[ok], ys[ok]
+    if not len(xs) or x < xs[0] or x > xs[-1]:
+        return math.nan
+    X = np.log(xs) if logx else xs.astype(float)
+    Y = np.log(ys) if logy else ys
+    y = float(np.interp(math.log(x) if logx else x, X, Y))
+    return math.exp(y) if logy else y
+
+
+def interp_axis(values: np.ndarray, grid: np.ndarray, x: float, axis: int, logx: bool, logy: bool) -> np.ndarray:
+    """`grid` cut at x along `axis`: the two neighbouring slices blended (a NaN in either stays NaN);
+    NaN slices when x is outside the axis."""
+    i, j = bracket(values, x)
+    if values[i] == x:
+        return np.take(grid, i, axis=axis)
+    if not values[0] < x < values[-1]:
+        return np.full(np.delete(grid.shape, axis), np.nan)
+    x0, x1 = values[i], values[j]
+    w = (math.log(x / x0) / math.log(x1 / x0)) if logx else (x - x0) / (x1 - x0)
+    a, b = np.take(grid, i, axis=axis), np.take(grid, j, axis=axis)
+    if logy:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.exp((1 - w) * np.log(a) + w * np.log(b))
+    return (1 - w) * a + w * b
+
+
+# ---- the roofline, per kernel: what extrapolation scales a measured neighbour by ---------------
+class Roofline:
+    """Per-kernel roofline times (s) on `gpu` with a calibration's efficiencies: the compute and memory
+    terms kvsim/perf/roofline.py sums for a whole step, here for one kernel call of a given shape."""
+
+    def __init__(self, gpu, calibration, weight_bytes: float = 2.0):
+        c = calibration
+        self.gpu, self.calibration, self.weight_bytes = gpu, c, weight_bytes
+        peak = gpu.fp8_tflops if weight_bytes == 1 else gpu.bf16_tflops
+        self.gemm_flops = peak * 1e12 * c.compute_efficiency
+        self.attn_flops = gpu.bf16_tflops * 1e12 * c.attention_efficiency
+        self.bandwidth = gpu.hbm_bandwidth_gbps * 1e9 * c.memory_efficiency
+
+    def gemm(self, m: float, n: float, k: float) -> float:
+        moved = 2 * m * k + self.weight_bytes * n * k + 2 * m * n
+        return np.maximum(2.0 * m * n * k / self.gemm_flops, moved / self.bandwidth)
+
+    def prefill(self, batch: float, isl: float, heads: float, kv: float, head_dim: float, kv_bytes: float) -> float:
+        flops = 4.0 * heads * head_dim * batch * isl * (isl + 1) / 2
+        moved = batch * isl * head_dim * (4 * heads + 2 * kv * kv_bytes)
+        return np.maximum(flops / self.attn_flops, moved / self.bandwidth)
+
+    def decode(self, batch: float, step: float, heads: float, kv: float, head_dim: float, kv_bytes: float) -> float:
+        flops = 4.0 * heads * head_dim * batch * step
+        moved = batch * (step * 2 * kv * head_dim * kv_bytes + 4 * heads * head_dim)
+        return np.maximum(flops / self.attn_flops, moved / self.bandwidth)
+
+    def allreduce(self, elements: float, gpus: int) -> float:
+        from kvsim.perf.roofline import allreduce_seconds
+
+        return allreduce_seconds(2.0 * elements, gpus, self.gpu, self.calibration)
+
+
+# ---- curves for one model's shapes --------------------------------------------------------------
+@dataclass(slots=True)
+class Curve:
+    """Times at the points `x` of one axis (ms as read, seconds once a ModelKernels holds them), and
+    which of them were extrapolated."""
+
+    x: np.ndarray
+    ms: np.ndarray
+    extrapolated: np.ndarray
+    _lists: tuple = ()  # (x, ms, extrapolated) as Python lists, made on the first query (queries are per step)
+
+    def lists(self) -> tuple:
+        if not self._lists:
+            self._lists = (self.x.tolist(), self.ms.tolist(), self.extrapolated.tolist())
+        return self._lists
+
+
+def fill_along(x: np.ndarray, ms: np.ndarray, logx: bool, logy: bool, ratio) -> Curve:
+    """A curve through the finite points of `ms`: holes interpolated, the ends past the last finite
+    point on either side the nearest finite point x roofline ratio(x, x_anchor) (flagged)."""
+    ms = ms.astype(float).copy()
+    ok = ~np.isnan(ms)
+    flags = np.zeros(len(ms), dtype=bool)
+    if not ok.any():
+        return Curve(x, ms, ~flags)
+    first, last = int(np.argmax(ok)), len(ok) - 1 - int(np.argmax(ok[::-1]))
+    for i in range(len(ms)):
+        if ok[i]:
+            continue
+        if first < i < last:
+            ms[i] = interp1(x, np.where(ok, ms, np.nan), float(x[i]), logx, logy)
+        else:
+            a = first if i < first else last
+            ms[i] = ms[a] * ratio(float(x[i]), float(x[a]))
+            flags[i] = True
+    return Curve(x, ms, flags)
+
+
+def at(curve: Curve, x: float, logx: bool, logy: bool, ratio) -> tuple[float, bool]:
+    """(time, extrapolated) of a filled curve at x; past its ends, the end x roofline ratio."""
+    xs, ms, flags = curve.lists()
+    if x <= xs[0] or x >= xs[-1]:
+        a = 0 if x <= xs[0] else len(xs) - 1
+        if x == xs[a]:
+            return ms[a], flags[a]
+        return ms[a] * float(ratio(x, xs[a])), True
+    j = bisect_right(xs, x)
+    if xs[j - 1] == x:
+        return ms[j - 1], flags[j - 1]
+    i = j - 1
+    x0, x1, y0, y1 = xs[i], xs[j], ms[i], ms[j]
+    w = math.log(x / x0) / math.log(x1 / x0) if logx else (x - x0) / (x1 - x0)
+    y = math.exp((1 - w) * math.log(y0) + w * math.log(y1)) if logy else (1 - w) * y0 + w * y1
+    return y, flags[i] or flags[j]
+
+
+def at_many(curve: Curve, xs: np.ndarray, ratio) -> tuple[np.ndarray, np.ndarray]:
+    """`at` for many points at once (log-log), as (times, extrapolated): the pricer fills its per-row
+    tables with it when it starts, instead of one point at a time as steps come."""
+    x, t, fl = curve.x, curve.ms, curve.extrapolated
+    q = np.clip(xs, x[0], x[-1])
+    out = np.exp(np.interp(np.log(q), np.log(x), np.log(t)))
+    j = np.clip(np.searchsorted(x, q), 1, len(x) - 1)
+    flags = np.where(x[j - 1] == q, fl[j - 1], np.where(x[j] == q, fl[j], fl[j - 1] | fl[j]))
+    past = q != xs
+    if past.any():
+        out[past] *= ratio(xs[past], q[past])
+        flags = flags | past
+    return out, flags
+
+
+def cut(values: np.ndarray, grid: np.ndarray, x: float, axis: int, logx: bool, logy: bool,
+        ratio) -> tuple[np.ndarray, bool]:
+    """`grid` at x along `axis` (interpolated between its neighbours), or, off the axis or where nothing
+    was timed there, the nearest slice holding any time, scaled by ratio(x, anchor): (slice, extrapolated)."""
+    if values[0] <= x <= values[-1]:
+        sl = interp_axis(values, grid, x, axis, logx, logy)
+        if not np.isnan(sl).all():
+            return sl, False
+    timed = [i for i in range(len(values)) if not np.isnan(np.take(grid, i, axis=axis)).all()] or \
+        list(range(len(values)))
+    a = min(timed, key=lambda i: abs(math.log(values[i] / x)) if logx else abs(values[i] - x))
+    return np.take(grid, a, axis=axis) * ratio(x, float(values[a])), True
+
+
+def gemm_curve(grid: Grid, n: int, k: int, roof) -> Curve:
+    """A GEMM of (n, k) over the grid's token rows m (seconds): log-log in k, then n, then filled along m."""
+    m_axis = grid.axes["m"].astype(float)
+    n_axis = grid.axes["n"].astype(float)
+    by_k, ek = cut(grid.axes["k"], grid.ms, k, 2, True, True,
+                   lambda x, a: roof.gemm(m_axis[:, None], n_axis[None, :], x) / roof.gemm(m_axis[:, None], n_axis[None, :], a))
+    by_n, en = cut(grid.axes["n"], by_k, n, 1, True, True, lambda x, a: roof.gemm(m_axis, x, k) / roof.gemm(m_axis, a, k))
+    curve = fill_along(m_axis, by_n, True, True, lambda x, a: roof.gemm(x, n, k) / roof.gemm(a, n, k))
+    curve.extrapolated |= ek or en
+    curve.ms *= 1e-3
+    return curve
+
+
+def allreduce_curve(grid: Grid, gpus: int, roof) -> Curve:
+    """vLLM's all-reduce over `gpus` GPUs by message size (bfloat16 elements; seconds), log-log."""
+    size = grid.axes["size"].astype(float)
+    sl, e = cut(grid.axes["gpus"], grid.ms, gpus, 0, True, True,
+                lambda x, a: np.array([roof.allreduce(z, int(x)) / roof.allreduce(z, int(a)) for z in size]))
+    curve = fill_along(size, sl, True, True, lambda x, a: roof.allreduce(x, gpus) / roof.allreduce(a, gpus))
+    curve.extrapolated |= e
+    curve.ms *= 1e-3
+    return curve
+
+
+@dataclass(slots=True)
+class AttentionGrid:
+    """One attention family for one head configuration: seconds over [batch, length] (prompt tokens for
+    prefill, keys read for decode), filled where the collector skipped a shape, with its flags."""
+
+    family: str  # context or generation
+    batch: np.ndarray
+    length: np.ndarray
+    s: np.ndarray
+    flags: np.ndarray
+    shape: tuple  # (heads, kv heads, head_dim, KV bytes per element) for the roofline
+    roof: object
+
+    @classmethod
+    def build(cls, grid: Grid, family: str, heads: int, kv: int, head_dim: int, kv_bytes: float,
+              roof) -> "AttentionGrid":
+        """Interpolated across head counts (log heads, linear time), the KV heads and head size taken as
+        timed (else the nearest, scaled by the roofline), and shapes the collector skipped (large batch x
+        length) scaled from the largest batch timed at that length."""
+        ax = grid.axes
+        rf = roof.prefill if family == "context" else roof.decode
+        b = ax["batch"].astype(float)
+        s = ax["isl" if family == "context" else "step"].astype(float)
+        bb, ss = b[:, None], s[None, :]
+
+        def kernel(h, kvh, hd):  # the roofline over [batch, length]
+            return rf(bb, ss, h, kvh, hd, kv_bytes)
+
+        ms = np.swapaxes(grid.ms, -1, -2) if family == "context" else grid.ms  # as [.., batch, length]
+        kv_axis = list(ax["kv"])
+        key = 0 if kv == heads and 0 in kv_axis else kv
+        extrapolated = key not in kv_axis
+        if extrapolated:  # KV heads never timed: the nearest timed ones, scaled
+            near = min((k for k in kv_axis if k), key=lambda k: abs(math.log(k / kv)))
+            sl = ms[kv_axis.index(near)] * (kernel(heads, kv, head_dim) / kernel(heads, near, head_dim))
+        else:
+            sl = ms[kv_axis.index(key)]
+        kv_of = (lambda h: h) if key == 0 else (lambda h: kv)
+        sl, e = cut(ax["head_dim"], sl, head_dim, 0, True, False,
+                    lambda x, a: kernel(heads, kv, x) / kernel(heads, kv, a))
+        extrapolated |= e
+        sl, e = cut(ax["heads"], sl, heads, 0, True, False,
+                    lambda x, a: kernel(x, kv_of(x), head_dim) / kernel(a, kv_of(a), head_dim))
+        extrapolated |= e
+        out, flags = sl.copy(), np.zeros(sl.shape, dtype=bool)
+        for j in range(len(s)):  # along the batch axis at each length
+            c = fill_along(b, sl[:, j], family == "context", False,
+                           lambda x, a, j=j: rf(x, s[j], heads, kv, head_dim, kv_bytes)
+                           / rf(a, s[j], heads, kv, head_dim, kv_bytes))
+            out[:, j], flags[:, j] = c.ms, c.extrapolated
+        timed = [j for j in range(len(s)) if not np.isnan(out[:, j]).any()]
+        if not timed:
+            raise KvsimError(f"kernel tables: no {family} attention timed for {kv} KV heads, head_dim {head_dim} "
+                             f"or any near it")
+        roofs = kernel(heads, kv, head_dim)
+        for j in range(len(s)):  # lengths with no batch timed: from the nearest timed length
+            if np.isnan(out[:, j]).any():
+                near = min(timed, key=lambda i: abs(math.log(s[i] / s[j])))
+                out[:, j] = out[:, near] * roofs[:, j] / roofs[:, near]
+                flags[:, j] = True
+        return cls(family, b, s, out * 1e-3, flags | extrapolated, (heads, kv, head_dim, kv_bytes), roof)
+
+    def ratio(self, batch, length, batch0, length0) -> float:
+        rf = self.roof.prefill if self.family == "context" else self.roof.decode
+        return float(rf(batch, length, *self.shape) / rf(batch0, length0, *self.shape))
+
+    def knots(self, batch: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The times at every grid length for `batch` (linear between grid batches; past the grid, the
+        largest batch scaled by the roofline): (lengths, seconds, extrapolated)."""
+        b = self.batch
+        bq = min(max(batch, b[0]), b[-1])
+        i, j = bracket(b, bq)
+        w = 0.0 if i == j else (bq - b[i]) / (b[j] - b[i])
+        t = (1 - w) * self.s[i] + w * self.s[j]
+        flags = self.flags[i] | self.flags[j]
+        if bq != batch:
+            t = t * np.array([self.ratio(batch, x, bq, x) for x in self.length])
+            flags = np.ones_like(flags)
+        return self.length, t, flags
+
+
+class ModelKernels:
+    """The tables cut down to one model's kernels on one GPU of a tensor-parallel group: curves over
+    the axes a step varies. Times are seconds; each query also says whether it was extrapolated."""
+
+    def __init__(self, tables: KernelTables, model, gpu, tp: int, kv_cache_dtype: str, calibration):
+        from kvsim.perf.memory import kv_bytes_per_token, kv_heads_per_gpu
+
+        self.tables, self.tp = tables, tp
+        self.heads = max(1, model.num_attention_heads // tp)
+        self.kv = kv_heads_per_gpu(model, tp)
+        self.head_dim = model.head_dim
+        weight = "fp8" if model.dtype == "fp8" and "fp8" in tables.gemm else "bfloat16"
+        self.roof = Roofline(gpu, calibration, 1.0 if weight == "fp8" else 2.0)
+        self.notes: list[str] = []
+        if model.dtype != weight and not (model.dtype == "float16" and weight == "bfloat16"):
+            self.notes.append(f"{model.dtype} weights priced as {weight} GEMMs")
+        kv_table = KV_TABLE_DTYPE.get(kv_cache_dtype, "fp8")
+        if kv_table not in tables.generation:
+            kv_table = "bfloat16"
+        # decode reads the cache: a dtype the tables do not time scales its decode by bytes (an estimate)
+        table_kv = "fp8" if kv_table == "fp8" else "bfloat16"
+        self.decode_scale = 1.0
+        if KV_TABLE_DTYPE.get(kv_cache_dtype) != kv_table or model.activation_bytes != 2:
+            self.decode_scale = kv_bytes_per_token(model, kv_cache_dtype, tp) / kv_bytes_per_token(model, table_kv, tp)
+            self.notes.append(f"kv_cache_dtype {kv_cache_dtype}: {kv_table} attention tables, decode scaled by its "
+                              f"KV bytes ({self.decode_scale:.3g}x): an estimate")
+        kvb = 1.0 if kv_table == "fp8" else 2.0
+        q, kvw = self.heads * self.head_dim, self.kv * self.head_dim
+        inter = -(-model.intermediate_size // tp)
+        self.gemm_shapes = [(q + 2 * kvw, model.hidden_size), (model.hidden_size, q),
+                            (2 * inter, model.hidden_size), (model.hidden_size, inter)]
+        self.layer_gemms_curves = [gemm_curve(tables.gemm[weight], n, k, self.roof) for n, k in self.gemm_shapes]
+        self.lm_head_shape = (-(-model.vocab_size // tp), model.hidden_size)
+        self.lm_head = gemm_curve(tables.gemm[weight], *self.lm_head_shape, self.roof)
+        self.context = AttentionGrid.build(tables.context[kv_table], "context", self.heads, self.kv, self.head_dim,
+                                           kvb, self.roof)
+        c = self.context  # per batch row and length segment: log t = a + b log(length), and its flag
+        log_s, log_t = np.log(c.length), np.log(c.s)
+        slope = np.diff(log_t, axis=1) / np.diff(log_s)
+        flag = c.flags[:, :-1] | c.flags[:, 1:]
+        self._ctx = (c.batch.tolist(), c.length.tolist(), (log_t[:, :-1] - slope * log_s[:-1]).tolist(),
+                     slope.tolist(), flag.tolist())
+        self.generation = AttentionGrid.build(tables.generation[kv_table], "generation", self.heads, self.kv,
+                                              self.head_dim, kvb, self.roof)
+        self.allreduce = {mode: allreduce_curve(g, tp, self.roof) for mode, g in tables.allreduce.items()} \
+            if tp > 1 else {}
+
+    # -- queries (seconds, extrapolated) ----------------------------------------------------------
+    def layer_gemms(self, m: float) -> tuple[float, bool]:
+        """One layer's qkv, o, gate_up and down GEMMs for m token rows."""
+        total, flag = 0.0, False
+        for (n, k), curve in zip(self.gemm_shapes, self.layer_gemms_curves):
+            t, f = at(curve, m, True, True, lambda x, a, n=n, k=k: self.roof.gemm(x, n, k) / self.roof.gemm(a, n, k))
+            total += t
+            flag |= f
+        return total, flag
+
+    def layer_gemms_many(self, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """layer_gemms at many token counts at once."""
+        total, flags = np.zeros(len(m)), np.zeros(len(m), dtype=bool)
+        for (n, k), curve in zip(self.gemm_shapes, self.layer_gemms_curves):
+            t, f = at_many(curve, m, lambda x, a, n=n, k=k: self.roof.gemm(x, n, k) / self.roof.gemm(a, n, k))
+            total += t
+            flags |= f
+        return total, flags
+
+    def allreduce_many(self, elements: np.ndarray, graph: bool) -> tuple[np.ndarray, np.ndarray]:
+        curve = self.allreduce["graph" if graph else "eager"]
+        roof = self.roof.allreduce
+        return at_many(curve, elements, lambda x, a: np.array([roof(u, self.tp) / roof(v, self.tp)
+                                                               for u, v in zip(x, a)]))
+
+    def lm_head_gemm(self, m: float) -> tuple[float, bool]:
+        n, k = self.lm_head_shape
+        return at(self.lm_head, m, True, True, lambda x, a: self.roof.gemm(x, n, k) / self.roof.gemm(a, n, k))
+
+    def allreduce_s(self, elements: float, graph: bool) -> tuple[float, bool]:
+        curve = self.allreduce["graph" if graph else "eager"]
+        return at(curve, elements, True, True,
+                  lambda x, a: self.roof.allreduce(x, self.tp) / self.roof.allreduce(a, self.tp))
+
+    def context_s(self, batch: float, isl: float) -> tuple[float, bool]:
+        """One layer's prefill attention of `batch` prompts of `isl` new tokens, no cache: log-log along
+        the prompt, linear along the batch (pure Python: this runs once per prefill step)."""
+        b, s, a, slope, flags = self._ctx
+        bq = b[0] if batch < b[0] else b[-1] if batch > b[-1] else batch
+        sq = s[0] if isl < s[0] else s[-1] if isl > s[-1] else isl
+        p = bisect_right(s, sq) - 1
+        p = 0 if p < 0 else len(s) - 2 if p > len(s) - 2 else p
+        i = bisect_right(b, bq) - 1
+        i = 0 if i < 0 else len(b) - 1 if i > len(b) - 1 else i
+        ls = math.log(sq)
+        t = math.exp(a[i][p] + slope[i][p] * ls)
+        flag = flags[i][p]
+        if bq != b[i]:  # between two batch rows: linear in the batch
+            wb = (bq - b[i]) / (b[i + 1] - b[i])
+            t = (1 - wb) * t + wb * math.exp(a[i + 1][p] + slope[i + 1][p] * ls)
+            flag = flag or flags[i + 1][p]
+        if bq != batch or sq != isl:
+            t *= self.context.ratio(batch, isl, bq, sq)
+            flag = True
+        return t, flag
+
+    def decode_knots(self, batch: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One layer's decode attention for `batch` sequences as a piecewise-linear function of the
+        keys each attends to: (knots, seconds at the knots, extrapolated); kvsim.perf.measured extends
+        it past the last knot along the roofline's line (proportional to the keys)."""
+        knots, t, flags = self.generation.knots(batch)
+        return knots, t * self.decode_scale, flags

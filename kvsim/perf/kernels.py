@@ -1,0 +1,121 @@
+"""Measured vLLM kernel times: the shipped tables (NVIDIA AIConfigurator's), checked and loaded.
+
+The tables are NVIDIA AIConfigurator's timings of real vLLM kernels (github.com/ai-dynamo/aiconfigurator,
+Apache-2.0; `kernel_data/LICENSE`), converted once by `kvsim.calibrate.aiconfigurator` into one compressed
+`.npz` per GPU preset and vLLM release (`kernel_data/<gpu>-vllm-<version>.npz`, provenance under its
+`meta`): dense grids in ms per call, NaN where a shape was not timed, rounded to float16 (0.05%).
+Shipping them converted keeps pyarrow out of kvsim's dependencies and the package independent of the
+raw tables; a few hundred KiB of grids load in milliseconds. `kvsim.perf.kernel_curves` cuts them down
+to one model's shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from kvsim.errors import KvsimError
+
+DATA_DIR = Path(__file__).parent / "kernel_data"
+GPU_STEMS = {"H100-SXM": "h100_sxm", "H200": "h200_sxm", "A100-80GB": "a100_sxm", "B200": "b200_sxm"}
+# array name -> (dimensions, axis names) every kernel-table file must hold
+_GEMM_AXES = ("m", "n", "k")
+_CONTEXT_AXES = ("kv", "head_dim", "heads", "isl", "batch")
+_GENERATION_AXES = ("kv", "head_dim", "heads", "batch", "step")
+
+
+def version_key(version: str) -> tuple:
+    return tuple(int(x) if x.isdigit() else 0 for x in version.split("."))
+
+
+def shipped_versions(gpu_name: str) -> list[str]:
+    """vLLM releases whose kernel tables ship for this GPU preset, oldest first ([] for none)."""
+    stem = GPU_STEMS.get(gpu_name)
+    if stem is None:
+        return []
+    found = [p.name[len(stem) + 6:-4] for p in DATA_DIR.glob(f"{stem}-vllm-*.npz")]
+    return sorted(found, key=version_key)
+
+
+def shipped_path(gpu_name: str, version: str) -> Path:
+    return DATA_DIR / f"{GPU_STEMS[gpu_name]}-vllm-{version}.npz"
+
+
+@dataclass(slots=True, frozen=True)
+class Grid:
+    """One kernel family's timings: `axes` (name -> sorted int array) and `ms` over them (NaN: not timed)."""
+
+    axes: dict
+    ms: np.ndarray
+
+
+class KernelTables:
+    """One kernel-table file, checked: every array a step needs, consistent shapes, positive times."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        arrays = _read_npz(self.path)
+        self.meta = self._meta(arrays)
+        self.gemm = {d: self._grid(arrays, f"gemm/{d}", _GEMM_AXES) for d in ("bfloat16", "fp8")
+                     if f"gemm/{d}/ms" in arrays or d == "bfloat16"}
+        self.context = {d: self._grid(arrays, f"context/{d}", _CONTEXT_AXES) for d in ("bfloat16", "fp8")
+                        if f"context/{d}/ms" in arrays or d == "bfloat16"}
+        self.generation = {d: self._grid(arrays, f"generation/{d}", _GENERATION_AXES) for d in ("bfloat16", "fp8")
+                           if f"generation/{d}/ms" in arrays or d == "bfloat16"}
+        self.allreduce = {mode: self._grid(arrays, "allreduce", ("gpus", "size"), f"{mode}_ms")
+                          for mode in ("graph", "eager")}
+
+    @property
+    def vllm_version(self) -> str:
+        return self.meta["vllm_version"]
+
+    def _meta(self, arrays: dict) -> dict:
+        raw = arrays.get("meta")
+        try:
+            meta = json.loads(str(raw[()]))
+            if not isinstance(meta, dict) or not isinstance(meta.get("vllm_version"), str):
+                raise ValueError
+        except (TypeError, ValueError, IndexError, KeyError):
+            raise KvsimError(f"{self.path}: meta: missing or not the provenance record kvsim writes") from None
+        return meta
+
+    def _grid(self, arrays: dict, prefix: str, axis_names: tuple, ms_name: str = "ms") -> Grid:
+        axes = {}
+        for name in axis_names:
+            a = arrays.get(f"{prefix}/{name}")
+            if a is None:
+                raise KvsimError(f"{self.path}: {prefix}/{name}: missing")
+            if a.ndim != 1 or a.dtype.kind not in "iu" or len(a) < 1 or (a < 0).any() or (np.diff(a) <= 0).any():
+                raise KvsimError(f"{self.path}: {prefix}/{name}: must be increasing non-negative integers")
+            axes[name] = a.astype(np.int64)
+        ms = arrays.get(f"{prefix}/{ms_name}")
+        if ms is None:
+            raise KvsimError(f"{self.path}: {prefix}/{ms_name}: missing")
+        shape = tuple(len(a) for a in axes.values())
+        if ms.dtype.kind != "f" or ms.shape != shape:
+            raise KvsimError(f"{self.path}: {prefix}/{ms_name}: expected floats of shape {shape}, got {ms.dtype} {ms.shape}")
+        ms = ms.astype(np.float64)
+        finite = ms[~np.isnan(ms)]
+        if finite.size == 0 or not np.isfinite(finite).all() or (finite <= 0).any():
+            raise KvsimError(f"{self.path}: {prefix}/{ms_name}: times must be positive numbers (NaN: not timed)")
+        return Grid(axes, ms)
+
+
+def _read_npz(path: Path) -> dict:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise KvsimError(f"{path}: kernel tables not found") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise KvsimError(f"{path}: not a kernel-table file ({str(exc).splitlines()[0][:100]})") from None
+
+
+@lru_cache(maxsize=8)
+def load_tables(path) -> KernelTables:
+    return KernelTables(Path(path))

@@ -1,0 +1,411 @@
+"""Step time from measured vLLM kernels: a step priced as the sum, layer by layer, of the kernels vLLM runs.
+
+    GEMMs        qkv, o, gate_up, down at the step's token rows (a CUDA graph's padded size), per
+                 tensor-parallel rank; lm_head at one row per scheduled sequence (vLLM computes logits
+                 outside the graph, for the sampled rows only)
+    attention    decode attention at (decode sequences, mean keys each reads); prefill attention at
+                 (prompt chunks, their mean length) from the no-cache table, scaled to the chunks'
+                 query-key pairs when they attend to a cached prefix (AIConfigurator's own correction;
+                 the tables time no cached prefix, so this part is an estimate)
+    all-reduce   two per layer and one after the embedding (tp > 1) of rows x hidden bfloat16 elements:
+                 vLLM's all-reduce as timed inside a CUDA graph when the step replays one (a full graph for
+                 a decode batch, piecewise graphs for a mixed one), eager otherwise
+    elementwise  norms, RoPE, KV store, SiLU: not in the tables; AIConfigurator's memory-op estimate,
+                 bytes / (0.8 x HBM) + 3 us a kernel (`ServerTerms`)
+    sampler      the logits' bytes per sampled row over HBM (the roofline's estimate)
+    host         a fixed cost per step (CUDA-graph decode steps and the others apart) and per sequence
+
+Kernel times come from `kvsim.perf.kernels.ModelKernels` (the shipped AIConfigurator tables, or a file
+`kvsim calibrate` converted), server terms from `ServerTerms` (each with its public source). Decode
+attention is piecewise linear in the keys read, so a run of decode steps sums in closed form, segment
+by segment. Every part is memoised per shape; shapes priced past the tables (scaled by the roofline)
+are counted per kernel family (`extrapolated`). Pure Python and numpy: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+
+import numpy as np
+
+from kvsim.batch import DecodeShape
+from kvsim.errors import KvsimError
+from kvsim.perf.kernel_curves import ModelKernels
+from kvsim.perf.kernels import GPU_STEMS, load_tables
+from kvsim.perf.pricing import DecodeRunPrice
+from kvsim.perf.roofline import activation_bytes_per_token
+from kvsim.perf.server import ServerTerms, shipped_terms, vllm_capture_sizes
+
+_new = tuple.__new__  # builds a named tuple without its Python-level __new__ (once per fused decode run)
+
+
+class _Line:
+    """One layer's decode attention for a fixed batch: piecewise linear in the keys read (see
+    ModelKernels.decode_knots), and proportional to them past the last knot (segment `last`)."""
+
+    __slots__ = ("knots", "a", "b", "extrapolated", "last", "used")
+
+    def __init__(self, knots, values, flags):
+        self.knots = [float(x) for x in knots]
+        v = [float(y) for y in values]
+        f = [bool(x) for x in flags]
+        self.a, self.b = [], []  # segment j (knots[j] <= s < knots[j+1]): a[j] + b[j] * s
+        for j in range(len(v) - 1):
+            slope = (v[j + 1] - v[j]) / (self.knots[j + 1] - self.knots[j])
+            self.b.append(slope)
+            self.a.append(v[j] - slope * self.knots[j])
+        self.a.append(0.0)  # past the last knot: through the origin (the roofline's memory line)
+        self.b.append(v[-1] / self.knots[-1])
+        self.last = len(v) - 1
+        self.extrapolated = [f[j] or f[j + 1] for j in range(self.last)] + [True]
+        self.used: set = set()  # segments a priced step fell on
+
+    def segment(self, s: float) -> int:
+        j = bisect_right(self.knots, s) - 1
+        return 0 if j < 0 else j
+
+    def __call__(self, s: float) -> float:
+        j = self.segment(s)
+        return self.a[j] + self.b[j] * s
+
+    def steps_in(self, j: int, s0: float) -> float:
+        """How many steps of a run starting at s0 (one key more a step) stay in segment j: inf for the last."""
+        return math.inf if j >= self.last else math.ceil(self.knots[j + 1] - s0)
+
+    def run_sum(self, s0: float, k: int) -> float:
+        """sum over i < k of self(s0 + i), segment by segment."""
+        total, i = 0.0, 0
+        while i < k:
+            j = self.segment(s0 + i)
+            end = min(k, max(i + 1, self.steps_in(j, s0)))
+            n = end - i
+            total += self.a[j] * n + self.b[j] * (n * s0 + (i + end - 1) * n / 2)
+            self.used.add(j)
+            i = end
+        return total
+
+
+class MeasuredStepModel:
+    """Step time of one replica (tp GPUs) from measured kernels: a `kvsim.perf.pricing.RunPricer` whose
+    run searches are closed forms (as kvsim.perf.roofline.StepModel's).
+    A pure-decode batch of at most `graph_sizes[-1]` sequences replays a full CUDA graph padded to the
+    next capture size; a mixed batch of at most that many tokens replays piecewise graphs (padded too);
+    larger steps run eagerly (no capture sizes: always eager, as --enforce-eager)."""
+
+    prices_longest_decode = False  # vLLM's FlashAttention splits long sequences: no serial term
+
+    def __init__(self, model, gpu, tp: int, kv_cache_dtype: str, tables_path, terms: ServerTerms,
+                 calibration, graph_sizes: tuple = (), swap_bytes_per_block: float = 0.0, max_rows: int = 8192):
+        self.tables = load_tables(str(tables_path))
+        self.kernels = ModelKernels(self.tables, model, gpu, tp, kv_cache_dtype, calibration)
+        self.terms, self.tp, self.gpu = terms, tp, gpu
+        self.layers = model.num_hidden_layers
+        self.hidden = model.hidden_size
+        self.graph_sizes = tuple(sorted(graph_sizes))
+        self.graph_max = self.graph_sizes[-1] if self.graph_sizes else 0
+        self._pad = {}
+        bandwidth = gpu.hbm_bandwidth_gbps * 1e9
+        kernels_per_layer = terms.elementwise_kernels_per_layer + (1 if model.qk_norm else 0)
+        self.elementwise_fixed_s = self.layers * kernels_per_layer * terms.elementwise_kernel_s
+        self.elementwise_s_per_token = activation_bytes_per_token(model, kv_cache_dtype, tp) / (
+            bandwidth * terms.elementwise_bandwidth)
+        self.sampler_s_per_seq = terms.sampler_bytes_per_vocab * model.vocab_size / (
+            bandwidth * calibration.memory_efficiency)
+        self.swap_s_per_block = swap_bytes_per_block / (gpu.pcie_gbps * 1e9)
+        self._rows: dict = {True: {}, False: {}}  # graph or eager -> rows -> seconds (the rows priced so far)
+        self._rows_pre = self._rows_table(max_rows)
+        self._seqs: dict = {}
+        self._fixed: dict = {}  # num_seqs -> a pure-decode step's seconds besides attention
+        self._lines: dict = {}
+        self._run_key: tuple = (0, 0, None)  # (num_seqs, read_tokens, _run's answer) of the last run
+        # distinct shapes priced and those extrapolated, per kernel family (decode attention: on the lines)
+        self.priced: dict = {"gemm": set(), "lm_head": set(), "allreduce": set(), "prefill_attention": set()}
+        self.extrapolated: dict = {k: set() for k in self.priced}
+
+    # ---- the parts of a step, memoised per shape ------------------------------------------------
+    def _note(self, family: str, key, flag: bool) -> None:
+        self.priced[family].add(key)
+        if flag:
+            self.extrapolated[family].add(key)
+
+    def padded(self, tokens: int) -> int:
+        """The capture size a step of `tokens` rows replays, or 0 when it runs eagerly."""
+        if tokens > self.graph_max:
+            return 0
+        size = self._pad.get(tokens)
+        if size is None:
+            size = self._pad[tokens] = next(s for s in self.graph_sizes if s >= tokens)
+        return size
+
+    def _rows_table(self, top: int) -> dict:
+        """rows_time's parts for every row count up to `top`, graph and eager, computed at once:
+        {graph: (seconds, GEMM extrapolated, all-reduce extrapolated) lists indexed by rows}."""
+        m = np.arange(1, top + 1, dtype=float)
+        gemm, gflag = self.kernels.layer_gemms_many(m)
+        out = {}
+        for graph in (True, False):
+            t = self.layers * gemm + self.elementwise_fixed_s + m * self.elementwise_s_per_token
+            aflag = np.zeros(top, dtype=bool)
+            if self.tp > 1:
+                ar, aflag = self.kernels.allreduce_many(m * self.hidden, graph)
+                t = t + (2 * self.layers + 1) * ar
+            out[graph] = ([0.0, *t.tolist()], [False, *gflag.tolist()], [False, *aflag.tolist()])
+        return out
+
+    def rows_time(self, rows: int, graph: bool) -> float:
+        """Everything that scales with the step's token rows: every layer's GEMMs, elementwise kernels
+        and two all-reduces, and the embedding's all-reduce."""
+        t = self._rows[graph].get(rows)
+        if t is None:
+            if rows < len(self._rows_pre[graph][0]):
+                t, gflag, aflag = (part[rows] for part in self._rows_pre[graph])
+            else:  # past the rows computed at the start
+                k = self.kernels
+                gemm, gflag = k.layer_gemms(rows)
+                ar, aflag = k.allreduce_s(rows * self.hidden, graph) if self.tp > 1 else (0.0, False)
+                t = (self.layers * (gemm + 2 * ar) + ar + self.elementwise_fixed_s
+                     + rows * self.elementwise_s_per_token)
+            self._note("gemm", rows, gflag)
+            if self.tp > 1:
+                self._note("allreduce", (rows, graph), aflag)
+            self._rows[graph][rows] = t
+        return t
+
+    def seqs_time(self, seqs: int) -> float:
+        """What scales with the sampled rows: lm_head, the sampler and the host's work per sequence."""
+        t = self._seqs.get(seqs)
+        if t is None:
+            head, flag = self.kernels.lm_head_gemm(seqs)
+            self._note("lm_head", seqs, flag)
+            t = head + seqs * (self.sampler_s_per_seq + self.terms.per_seq_overhead_s)
+            self._seqs[seqs] = t
+        return t
+
+    def decode_line(self, num_seqs: int) -> _Line:
+        line = self._lines.get(num_seqs)
+        if line is None:
+            line = self._lines[num_seqs] = _Line(*self.kernels.decode_knots(num_seqs))
+        return line
+
+    def decode_attention_time(self, num_seqs: int, read_tokens: float) -> float:
+        """Every layer's decode attention for num_seqs sequences reading read_tokens keys in all."""
+        if not num_seqs:
+            return 0.0
+        line = self._lines.get(num_seqs) or self.decode_line(num_seqs)
+        s = read_tokens / num_seqs
+        j = line.segment(s)
+        line.used.add(j)
+        return self.layers * (line.a[j] + line.b[j] * s)
+
+    def prefill_attention_time(self, num_prefill: int, new_tokens: int, cached_tokens: int, pairs: int) -> float:
+        """Every layer's prefill attention: the no-cache table at the chunks' mean full length, times the
+        share of that length's query-key pairs the chunks compute."""
+        if not num_prefill:
+            return 0.0
+        full = (new_tokens + cached_tokens) / num_prefill
+        t, flag = self.kernels.context_s(num_prefill, full)
+        key = (num_prefill, int(full).bit_length())  # shapes counted per power of two of the length
+        self.priced["prefill_attention"].add(key)
+        if flag:
+            self.extrapolated["prefill_attention"].add(key)
+        whole = num_prefill * full * (full + 1) / 2
+        return self.layers * t * (pairs / whole if pairs < whole else 1.0)
+
+    # ---- a step -------------------------------------------------------------------------------
+    def step_time(self, batch) -> float:
+        """Seconds for one step of `batch` (a kvsim.batch.Batch; only its aggregate counts are read)."""
+        swapped = batch.swap_in_blocks + batch.swap_out_blocks
+        swap = swapped * self.swap_s_per_block
+        nd, np_ = batch.num_decode_seqs, batch.num_prefill_seqs
+        tokens = batch.num_prefill_tokens + nd
+        if not tokens:
+            return swap
+        padded = self.padded(tokens)
+        t = self._rows[padded > 0].get(padded or tokens)
+        if t is None:
+            t = self.rows_time(padded or tokens, padded > 0)
+        seq = self._seqs.get(np_ + nd)
+        t += self.seqs_time(np_ + nd) if seq is None else seq
+        if nd:
+            t += self.decode_attention_time(nd, batch.decode_read_tokens)
+        if np_:
+            t += self.prefill_attention_time(np_, batch.num_prefill_tokens, batch.prefill_context_tokens,
+                                             batch.prefill_attn_pairs)
+        overhead = self.terms.graph_step_overhead_s if padded and not np_ else self.terms.step_overhead_s
+        return t + overhead + swap
+
+    # ---- runs of pure-decode steps in closed form ----------------------------------------------
+    def _run(self, num_seqs: int, read_tokens: int) -> tuple:
+        """A cohort-only decode run's (fixed seconds a step, attention line, first mean keys, steps on
+        its first segment of the line, that segment's a and b x layers): the last run's, else anew."""
+        last = self._run_key
+        if last[0] == num_seqs and last[1] == read_tokens:
+            return last[2]
+        fixed = self._fixed.get(num_seqs)
+        if fixed is None:  # what a pure-decode step of num_seqs costs besides its attention
+            padded = self.padded(num_seqs)
+            fixed = self._fixed[num_seqs] = (self.rows_time(padded or num_seqs, padded > 0) + self.seqs_time(num_seqs)
+                                             + (self.terms.graph_step_overhead_s if padded
+                                                else self.terms.step_overhead_s))
+        line = self._lines.get(num_seqs) or self.decode_line(num_seqs)
+        s0 = read_tokens / num_seqs
+        j = line.segment(s0)
+        line.used.add(j)
+        out = (fixed, line, s0, line.steps_in(j, s0), self.layers * line.a[j], self.layers * line.b[j])
+        self._run_key = (num_seqs, read_tokens, out)
+        return out
+
+    def decode_run_time(self, shape: DecodeShape, k: int) -> float:
+        """Seconds for the first k pure-decode steps of a run of `shape` (kvsim.perf.pricing; its `longest`
+        is not read: see prices_longest_decode). Closed form, segment by segment."""
+        num_seqs, read_tokens = shape[0], shape[1]
+        if k <= 0 or num_seqs <= 0:
+            return 0.0
+        last = self._run_key
+        fixed, line, s0, inside, a, b = last[2] if last[0] == num_seqs and last[1] == read_tokens else \
+            self._run(num_seqs, read_tokens)
+        if k <= inside:  # the usual case: the whole run on one segment of the line
+            return (fixed + a + b * s0) * k + b * (k * (k - 1) / 2)
+        return fixed * k + self.layers * line.run_sum(s0, k)
+
+    def decode_run_within(self, shape: DecodeShape, max_steps: int, budget_s: float = math.inf) -> DecodeRunPrice:
+        """The first k <= max_steps steps of the run that start within budget_s: k = max_steps if those
+        all end before budget_s, else the smallest k whose steps reach it."""
+        fixed, line, s0, inside, a, b = self._run(shape[0], shape[1])
+        first = fixed + a + b * s0
+        if max_steps == 1:
+            return _new(DecodeRunPrice, (1, first, first))
+        total = self.decode_run_time(shape, max_steps)
+        if total < budget_s:
+            return _new(DecodeRunPrice, (max_steps, total, first))
+        k = self.decode_steps_within(shape, budget_s)
+        return _new(DecodeRunPrice, (k, self.decode_run_time(shape, k), first))
+
+    def decode_steps_within(self, shape: DecodeShape, budget_s: float) -> int:
+        """The smallest k >= 1 whose first k steps take budget_s or more."""
+        num_seqs = shape[0]
+        if num_seqs <= 0 or not math.isfinite(budget_s):
+            raise ValueError(f"need num_seqs > 0 and a finite budget, got {num_seqs}, {budget_s}")
+        fixed, line, s0, inside, a, slope = self._run(num_seqs, shape[1])
+        first = fixed + a + slope * s0
+        if first >= budget_s:
+            return 1
+        # the step time grows along the line: solve the quadratic of the first step's segment, then check
+        if slope > 0:
+            c = first - slope / 2
+            k = math.ceil((-c + math.sqrt(c * c + 2 * slope * budget_s)) / slope)
+        else:
+            k = math.ceil(budget_s / first)
+        k = max(k, 1)
+        if k <= inside:  # on the first segment: the quadratic's answer, checked against rounding
+            below = first * (k - 1) + slope * ((k - 1) * (k - 2) / 2)
+            if first * k + slope * (k * (k - 1) / 2) >= budget_s and (k == 1 or below < budget_s):
+                return k
+        run = self.decode_run_time
+        if run(shape, k) >= budget_s:
+            if k == 1 or run(shape, k - 1) < budget_s:
+                return k
+            lo, hi = 0, k
+        else:
+            lo, hi = k, 2 * k
+            while run(shape, hi) < budget_s:
+                lo, hi = hi, 2 * hi
+        while hi - lo > 1:  # the run crossed a knot of the line: bisection over the closed form
+            mid = (lo + hi) // 2
+            if run(shape, mid) >= budget_s:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    # ---- what priced the run --------------------------------------------------------------------
+    def describe(self) -> dict:
+        """Which tables priced the run, and how many of the shapes it priced lay past them."""
+        meta = self.tables.meta
+        priced = {k: len(v) for k, v in self.priced.items()}
+        extrapolated = {k: len(v) for k, v in self.extrapolated.items()}
+        priced["decode_attention"] = sum(len(line.used) for line in self._lines.values())
+        extrapolated["decode_attention"] = sum(line.extrapolated[j] for line in self._lines.values()
+                                               for j in line.used)
+        return {"source": "measured", "vllm_version": self.tables.vllm_version,
+                "tables": {"file": self.tables.path.name, "from": meta.get("source", {}),
+                           "kernels": {k: v.get("kernel_source") for k, v in meta.get("tables", {}).items()}},
+                "extrapolated": {k: f"{extrapolated[k]} of {n} shapes" for k, n in priced.items() if n},
+                "any_extrapolated": any(extrapolated.values()), "estimates": list(self.kernels.notes),
+                "server_terms": self.terms.to_dict()}
+
+
+SPEED_FIELDS = ("hbm_bandwidth_gbps", "bf16_tflops", "fp8_tflops", "fp32_tflops", "nvlink_gbps")
+
+
+def measured_tables(scenario, gpu):
+    """The kernel-table file the scenario's steps are priced with (backend.pricing; "auto": measured when
+    tables ship for the GPU preset, the vLLM calibration is in use and no datasheet figure is overridden),
+    or None for the roofline. A version, file or setting that cannot be honoured is one line."""
+    from kvsim.perf.kernels import shipped_path, shipped_versions, version_key
+    from kvsim.scenario.catalog import GPUS
+
+    b, src = scenario.backend, scenario.source
+    want, version, own = b.pricing, scenario.engine.vllm_version, b.kernel_tables
+    if want == "roofline":
+        if version is not None or own is not None:
+            key = "engine.vllm_version" if version is not None else "backend.kernel_tables"
+            raise KvsimError(f"{src}: {key}: needs measured pricing, but backend.pricing is roofline")
+        return None
+    overridden = [f for f in SPEED_FIELDS if gpu.name in GPUS and getattr(gpu, f) != getattr(GPUS[gpu.name], f)]
+    versions = shipped_versions(gpu.name)
+    if want == "auto" and own is None:
+        why = (f"hardware.{overridden[0]} overrides the {gpu.name} datasheet" if overridden else
+               f"backend.calibration = {b.calibration} prices with the roofline" if b.calibration not in (None, "vllm")
+               else f"no measured kernel tables ship for {gpu.name}" if not versions else None)
+        if why is not None:
+            if version is not None:
+                raise KvsimError(f"{src}: engine.vllm_version: needs measured kernel tables, but {why} "
+                                 f"(tables ship for {', '.join(_shipped_gpus())})")
+            return None
+    elif overridden:
+        raise KvsimError(f"{src}: hardware.{overridden[0]}: measured kernel tables cannot follow an overridden "
+                         f"datasheet figure; use backend.pricing = \"roofline\"")
+    if own is not None:
+        if version is not None:
+            raise KvsimError(f"{src}: engine.vllm_version: give it or backend.kernel_tables, not both "
+                             f"(the file names its own release)")
+        return scenario.resolve(own)
+    if not versions:
+        raise KvsimError(f"{src}: backend.pricing: no measured kernel tables ship for {gpu.name} "
+                         f"(they ship for {', '.join(_shipped_gpus())}; or give backend.kernel_tables)")
+    if version is None:
+        version = max(versions, key=version_key)
+    elif version not in versions:
+        raise KvsimError(f"{src}: engine.vllm_version: no kernel tables for vLLM {version} on {gpu.name} "
+                         f"(shipped: {', '.join(versions)})")
+    return shipped_path(gpu.name, version)
+
+
+def measured_step_model(scenario, policy, model, gpu, calibration, settings, capacity) -> MeasuredStepModel | None:
+    """The measured pricer of the scenario's policy under its `settings` (kvsim.engine.settings) and KV
+    `capacity` (kvsim.perf.memory.KvCapacity), or None: the roofline prices it (see measured_tables)."""
+    path = measured_tables(scenario, gpu)
+    if path is None:
+        return None
+    terms, _ = shipped_terms(gpu.name)
+    tp = scenario.hardware.tensor_parallel_size
+    graphs = () if scenario.backend.enforce_eager else vllm_capture_sizes(settings.max_num_seqs,
+                                                                          settings.max_num_batched_tokens)
+    return MeasuredStepModel(model, gpu, tp, policy.kv_cache_dtype, path, terms, calibration, graphs,
+                             capacity.bytes_per_block, min(settings.step_budget, 32768))
+
+
+def request_overhead_s(scenario, gpu) -> float:
+    """Seconds the API server adds to each request's TTFT and E2E (ServerTerms.api_server_s) when measured
+    kernels price the run (runs the roofline prices stay as they were)."""
+    if scenario.backend.name != "analytic" or measured_tables(scenario, gpu) is None:
+        return 0.0
+    return shipped_terms(gpu.name)[0].api_server_s
+
+
+def _shipped_gpus() -> list[str]:
+    from kvsim.perf.kernels import shipped_versions
+
+    return [g for g in GPU_STEMS if shipped_versions(g)]

@@ -1,0 +1,76 @@
+"""What vLLM's server adds around the measured kernels: CUDA-graph capture sizes and the server terms.
+
+`ServerTerms` are the costs a kernel table cannot hold (a step's fixed host cost, per-sequence work,
+elementwise kernels, the sampler, the API server) and how vLLM schedules (async scheduling). One JSON
+file per GPU (`kernel_data/<gpu>-server.json`, written by benchmarks/ship_kernel_tables.py) holds their
+values, each with its public source under "provenance".
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from kvsim.errors import KvsimError
+from kvsim.perf.kernels import DATA_DIR, GPU_STEMS
+
+_CAPTURE_LIMIT = 512  # vLLM's default ceiling on max_cudagraph_capture_size
+
+
+def vllm_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+    """vLLM's default cudagraph_capture_sizes (vllm/config/vllm.py `_set_cudagraph_sizes`, the rule
+    `CompilationConfig.max_cudagraph_capture_size` documents since v0.11): [1, 2, 4] + 8..248 by 8 +
+    256.. by 16 up to min(2 x max_num_seqs, 512), none above max_num_batched_tokens."""
+    top = min(2 * max_num_seqs, _CAPTURE_LIMIT, max_num_batched_tokens)
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, _CAPTURE_LIMIT + 1, 16)]
+    return tuple(s for s in sizes if s <= top) or (1,)
+
+
+@dataclass(slots=True, frozen=True)
+class ServerTerms:
+    """What a step costs beyond its kernels, and how the server around the engine adds to latency."""
+
+    graph_step_overhead_s: float = 1.2e-4  # a CUDA-graph (pure decode) step beyond its kernels
+    step_overhead_s: float = 1.2e-4  # a piecewise-graph or eager (prefill, mixed) step beyond its kernels
+    per_seq_overhead_s: float = 2.5e-6  # host work per scheduled sequence
+    elementwise_kernels_per_layer: float = 5.0  # add+RMSNorm x2, RoPE, KV store, SiLU-and-mul (+1: q/k norm)
+    elementwise_kernel_s: float = 3e-6  # AIConfigurator's mem_empirical_constant_latency
+    elementwise_bandwidth: float = 0.8  # AIConfigurator's mem_bw_empirical_scaling_factor
+    sampler_bytes_per_vocab: float = 12.0  # a sampled row: 16-bit logits written, read, fp32 copy written and read
+    api_server_s: float = 0.0  # per request, on TTFT and E2E: HTTP, tokenize, detokenize, stream (reported)
+    async_scheduling: bool = True  # the scheduler runs a step ahead of the GPU (reported)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+SERVER_TERMS = tuple(f.name for f in fields(ServerTerms))
+
+
+def load_server_terms(path: Path) -> tuple[ServerTerms, dict]:
+    """(terms, provenance) from a JSON file {"terms": {...}, "provenance": {...}}; one line per problem."""
+    from kvsim.scenario.files import read_json_object
+
+    data = read_json_object(path, "server terms")
+    terms, prov = data.get("terms"), data.get("provenance", {})
+    if not isinstance(terms, dict) or not isinstance(prov, dict):
+        raise KvsimError(f"{path}: terms: expected a JSON object of server terms with a provenance object")
+    values = {}
+    for key, value in terms.items():
+        if key not in SERVER_TERMS:
+            raise KvsimError(f"{path}: terms.{key}: unknown server term (known: {', '.join(SERVER_TERMS)})")
+        if key == "async_scheduling":
+            if not isinstance(value, bool):
+                raise KvsimError(f"{path}: terms.{key}: must be true or false")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+            raise KvsimError(f"{path}: terms.{key}: must be a non-negative number, got {str(value)[:40]}")
+        values[key] = value
+    return ServerTerms(**values), prov
+
+
+def shipped_terms(gpu_name: str) -> tuple[ServerTerms, dict]:
+    stem = GPU_STEMS.get(gpu_name)
+    path = DATA_DIR / f"{stem}-server.json"
+    if stem is None or not path.is_file():
+        return ServerTerms(), {k: "built-in default (no server terms shipped for this GPU)" for k in SERVER_TERMS}
+    return load_server_terms(path)

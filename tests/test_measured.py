@@ -1,0 +1,402 @@
+"""Measured-kernel pricing: the tables as shipped, interpolation through them, closed forms against brute
+force, extrapolation flagged, the scenario keys that choose it, and one-line errors for bad tables."""
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsim.batch import Batch, DecodeShape
+from kvsim.errors import KvsimError
+from kvsim.perf.calibration import load_calibration, shipped_path as calibration_path
+from kvsim.perf.kernel_curves import ModelKernels
+from kvsim.perf.kernels import KernelTables, load_tables, shipped_path, shipped_versions
+from kvsim.perf.measured import MeasuredStepModel, _Line
+from kvsim.perf.pricing import RunPricer, run_within, steps_within
+from kvsim.perf.server import ServerTerms, vllm_capture_sizes
+from kvsim.scenario.catalog import GPUS, MODELS
+
+LLAMA8, LLAMA70, QWEN06 = MODELS["Llama-3.1-8B"], MODELS["Llama-3.1-70B"], MODELS["Qwen3-0.6B"]
+H100 = GPUS["H100-SXM"]
+CAL = load_calibration(calibration_path("H100-SXM"))
+TABLES = shipped_path("H100-SXM", "0.24.0")
+
+
+def pricer(model=LLAMA8, tp=1, kv="auto", graphs=vllm_capture_sizes(1024, 8192), terms=ServerTerms()):
+    return MeasuredStepModel(model, H100, tp, kv, TABLES, terms, CAL, graphs)
+
+
+def raw(family: str, dtype: str = "bfloat16"):
+    return load_tables(str(TABLES)).__getattribute__(family)[dtype]
+
+
+# ---- the shipped tables ------------------------------------------------------------------------------
+def test_every_shipped_release_loads_and_prices_every_preset():
+    assert shipped_versions("H100-SXM") == ["0.14.0", "0.19.0", "0.24.0"]
+    assert shipped_versions("L40S") == [] and shipped_versions("MI300X") == []
+    for gpu in ("H100-SXM", "H200", "A100-80GB", "B200"):
+        for version in shipped_versions(gpu):
+            tables = KernelTables(shipped_path(gpu, version))
+            assert tables.vllm_version == version and tables.meta["source"]["repository"] == "ai-dynamo/aiconfigurator"
+            for model in (LLAMA8, LLAMA70, QWEN06):
+                k = ModelKernels(tables, model, GPUS[gpu], 8 if model is LLAMA70 else 1, "fp8", CAL)
+                t, _ = k.layer_gemms(300)
+                knots, values, _ = k.decode_knots(37)
+                assert t > 0 and np.isfinite(values).all() and (values > 0).all()
+
+
+def test_vllm_capture_sizes_follow_vllms_rule():
+    # [1, 2, 4] + 8..248 by 8 + 256.. by 16 up to min(2 x max_num_seqs, 512), none above the token budget
+    assert vllm_capture_sizes(1024, 8192) == (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
+    assert vllm_capture_sizes(16, 8192) == (1, 2, 4, 8, 16, 24, 32)
+    assert vllm_capture_sizes(256, 100) == (1, 2, 4, *range(8, 97, 8))
+
+
+# ---- interpolation through the measured points ---------------------------------------------------------
+def test_on_the_grid_a_kernel_costs_what_was_measured():
+    # Llama-3.1-70B on 8 GPUs: 8 heads, 1 KV head, head_dim 128, hidden 8192: every shape on the grid.
+    k = ModelKernels(load_tables(str(TABLES)), LLAMA70, H100, 8, "auto", CAL)
+    g = raw("gemm")
+    m, n, kk = list(g.axes["m"]), list(g.axes["n"]), list(g.axes["k"])
+    q = 8 * 128
+    # qkv (n = 1024 + 2 x 128 = 1280) is not a grid column; o_proj (8192 x 1024) and down (8192 x 3584) are
+    o_proj = g.ms[m.index(256), n.index(8192), kk.index(1024)] * 1e-3
+    assert k.layer_gemms_curves[1].ms[m.index(256)] == pytest.approx(o_proj, rel=1e-12)
+    assert k.gemm_shapes[1] == (8192, q)
+    ctx = raw("context")
+    row = ctx.ms[list(ctx.axes["kv"]).index(1), list(ctx.axes["head_dim"]).index(128), list(ctx.axes["heads"]).index(8)]
+    isl, batch = list(ctx.axes["isl"]), list(ctx.axes["batch"])
+    t, flag = k.context_s(4, 2048)
+    assert t == pytest.approx(row[isl.index(2048), batch.index(4)] * 1e-3, rel=1e-9) and not flag
+    gen = raw("generation")
+    row = gen.ms[list(gen.axes["kv"]).index(1), list(gen.axes["head_dim"]).index(128), list(gen.axes["heads"]).index(8)]
+    knots, values, flags = k.decode_knots(64)
+    assert list(knots) == list(gen.axes["step"])
+    timed = ~np.isnan(row[list(gen.axes["batch"]).index(64)])
+    assert values[timed] == pytest.approx(row[list(gen.axes["batch"]).index(64)][timed] * 1e-3, rel=1e-9)
+    assert not flags[timed].any() and flags[~timed].all()  # steps the collector skipped are scaled, and flagged
+    ar = raw("allreduce", "graph")
+    size = list(ar.axes["size"])
+    t, flag = k.allreduce_s(65536, True)
+    assert t == pytest.approx(ar.ms[list(ar.axes["gpus"]).index(8), size.index(65536)] * 1e-3, rel=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 8191), st.integers(1, 256), st.floats(1.0, 16384.0))
+def test_interpolation_never_leaves_its_two_measured_points(m, b, s):
+    k = ModelKernels(load_tables(str(TABLES)), LLAMA8, H100, 1, "auto", CAL)
+    t, _ = k.layer_gemms(m)
+    per = [c.ms for c in k.layer_gemms_curves]
+    i = int(np.searchsorted(k.layer_gemms_curves[0].x, m))
+    bounds = [sorted((p[max(i - 1, 0)], p[min(i, len(p) - 1)])) for p in per]
+    assert sum(a for a, _ in bounds) * (1 - 1e-12) <= t <= sum(c for _, c in bounds) * (1 + 1e-12)
+    # prefill attention: inside the four cells around (b, s)
+    g = k.context
+    ib, is_ = int(np.searchsorted(g.batch, b)), int(np.searchsorted(g.length, s))
+    cells = g.s[max(ib - 1, 0):ib + 1, max(is_ - 1, 0):is_ + 1]
+    t, _ = k.context_s(b, s)
+    assert cells.min() * (1 - 1e-9) <= t <= cells.max() * (1 + 1e-9)
+
+
+def test_past_the_tables_the_roofline_scales_the_nearest_point_and_says_so():
+    k = ModelKernels(load_tables(str(TABLES)), LLAMA8, H100, 1, "auto", CAL)
+    edge, flag = k.context_s(1, 16384)
+    assert not flag
+    longer, flag = k.context_s(1, 32768)
+    assert flag and longer == pytest.approx(edge * float(k.roof.prefill(1, 32768, 32, 8, 128, 2.0)
+                                                         / k.roof.prefill(1, 16384, 32, 8, 128, 2.0)), rel=1e-9)
+    assert 3.9 < longer / edge < 4.01  # prefill attention is quadratic in the prompt
+    # Llama-3's vocabulary (128,256 columns) is past the GEMM grid's 65,536: lm_head is scaled, and flagged
+    _, flag = k.lm_head_gemm(8)
+    assert flag
+    sm = pricer()
+    sm.step_time(Batch(num_decode_seqs=8, decode_context_tokens=8 * 1000))
+    sm.step_time(Batch(num_prefill_seqs=1, num_prefill_tokens=30000, prefill_attn_pairs=30000 * 30001 // 2))
+    d = sm.describe()
+    assert d["source"] == "measured" and d["vllm_version"] == "0.24.0" and d["any_extrapolated"]
+    assert d["extrapolated"]["lm_head"] == "2 of 2 shapes" and d["extrapolated"]["prefill_attention"] == "1 of 1 shapes"
+    assert d["extrapolated"]["decode_attention"] == "0 of 1 shapes"
+
+
+# ---- a step and runs of steps -------------------------------------------------------------------------
+def test_a_step_is_the_sum_of_its_kernels():
+    terms = ServerTerms(graph_step_overhead_s=1e-3, step_overhead_s=2e-3, per_seq_overhead_s=1e-5)
+    sm = pricer(model=LLAMA70, tp=4, terms=terms)
+    k = sm.kernels
+    # 100 decode sequences replay the graph of 104: GEMMs, elementwise and all-reduces at 104 rows, in-graph
+    gemm, _ = k.layer_gemms(104)
+    ar, _ = k.allreduce_s(104 * 8192, True)
+    head, _ = k.lm_head_gemm(100)
+    line = sm.decode_line(100)
+    want = (80 * (gemm + 2 * ar) + ar + sm.elementwise_fixed_s + 104 * sm.elementwise_s_per_token
+            + head + 100 * (sm.sampler_s_per_seq + 1e-5) + 80 * line(2000.0) + 1e-3)
+    assert sm.step_time(Batch(num_decode_seqs=100, decode_context_tokens=200_000)) == pytest.approx(want, rel=1e-12)
+    # a mixed step of 600 tokens (past the largest capture size, 512) runs eagerly: eager all-reduce, no padding
+    gemm, _ = k.layer_gemms(600)
+    ar, _ = k.allreduce_s(600 * 8192, False)
+    head, _ = k.lm_head_gemm(11)
+    ctx, _ = k.context_s(1, 1090)
+    share = (590 * 500 + 590 * 591 // 2) / (1090 * 1091 / 2)
+    b = Batch(num_prefill_seqs=1, num_prefill_tokens=590, prefill_context_tokens=500,
+              prefill_attn_pairs=590 * 500 + 590 * 591 // 2, num_decode_seqs=10, decode_context_tokens=10 * 300)
+    want = (80 * (gemm + 2 * ar) + ar + sm.elementwise_fixed_s + 600 * sm.elementwise_s_per_token + head
+            + 11 * (sm.sampler_s_per_seq + 1e-5) + 80 * sm.decode_line(10)(300.0) + 80 * ctx * share + 2e-3)
+    assert sm.step_time(b) == pytest.approx(want, rel=1e-12)
+    assert sm.step_time(Batch()) == 0.0
+
+
+def test_more_work_never_costs_less():
+    sm = pricer()
+    steps = [sm.step_time(Batch(num_decode_seqs=n, decode_context_tokens=n * 1500)) for n in range(1, 700, 7)]
+    assert all(b >= a * (1 - 1e-3) for a, b in zip(steps, steps[1:]))
+    longer = [sm.step_time(Batch(num_decode_seqs=64, decode_context_tokens=64 * s)) for s in range(1, 200_000, 997)]
+    assert all(b >= a for a, b in zip(longer, longer[1:]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 1100), st.integers(1, 140_000), st.integers(0, 10_000), st.integers(1, 2500),
+       st.sampled_from([1, 2, 8]), st.sampled_from(["auto", "fp8", "int4"]))
+def test_a_decode_run_costs_the_sum_of_its_steps(n, context, extra, k, tp, kv):
+    sm = pricer(model=LLAMA70 if tp == 8 else LLAMA8, tp=tp, kv=kv)
+    x0 = n * context + extra % n
+    brute = math.fsum(sm.step_time(Batch(num_decode_seqs=n, decode_context_tokens=x0 + i * n)) for i in range(k))
+    assert sm.decode_run_time(DecodeShape(n, x0), k) == pytest.approx(brute, rel=1e-9)
+
+
+def test_a_decode_run_within_a_budget_stops_at_the_first_step_that_reaches_it():
+    sm = pricer()
+    rng = random.Random(3)
+    for _ in range(200):
+        n, x0 = rng.randint(1, 600), rng.randint(1, 3000) * 100
+        budget = rng.uniform(1e-3, 3.0)
+        shape = DecodeShape(n, x0)
+        k = sm.decode_steps_within(shape, budget)
+        assert sm.decode_run_time(shape, k) >= budget
+        assert k == 1 or sm.decode_run_time(shape, k - 1) < budget
+        assert k == steps_within(sm, shape, budget)  # the Protocol's bisection agrees with the closed form
+        kk, total, first = sm.decode_run_within(shape, 50, budget)
+        assert first == pytest.approx(sm.decode_run_time(shape, 1), rel=1e-12)
+        assert (kk, total) == ((50, sm.decode_run_time(shape, 50)) if sm.decode_run_time(shape, 50) < budget
+                               else (k, sm.decode_run_time(shape, k)))
+        assert (kk, total, first) == run_within(sm, shape, 50, budget)
+
+
+def test_a_line_sums_across_its_knots():
+    line = _Line([1, 3, 7, 15], [1.0, 2.0, 4.0, 4.5], [False] * 4)
+    for s0 in (1.0, 2.5, 6.0, 14.2, 30.0):
+        for k in range(1, 40):
+            assert line.run_sum(s0, k) == pytest.approx(math.fsum(line(s0 + i) for i in range(k)), rel=1e-12)
+    assert line(30.0) == pytest.approx(4.5 * 30 / 15)  # past the last knot: proportional to the keys
+
+
+# ---- choosing the pricer from a scenario ---------------------------------------------------------------
+def scenario(tmp_path, extra: str = "", gpu: str = "H100-SXM"):
+    from kvsim.scenario.config import load_scenario
+
+    path = tmp_path / "s.toml"
+    path.write_text(f'name = "s"\n[model]\nname = "Llama-3.1-8B"\n[hardware]\ngpu = "{gpu}"\n'
+                    '[[policies]]\nname = "paged"\n[workload]\nnum_requests = 20\n'
+                    f'arrival = {{ process = "poisson", rate = 5.0 }}\n{extra}')
+    return load_scenario(path)
+
+
+def backend(sc):
+    from kvsim.backends.analytic import AnalyticBackend
+    from kvsim.pipeline import resolve_policy
+    from kvsim.scenario.catalog import gpu_spec, model_spec
+
+    model, gpu = model_spec(sc), gpu_spec(sc)
+    capacity, settings = resolve_policy(sc, sc.policies[0], model, gpu)
+    return AnalyticBackend(sc, sc.policies[0], model, gpu, capacity, settings)
+
+
+def test_measured_where_tables_ship_and_the_roofline_everywhere_else(tmp_path):
+    from kvsim.perf.roofline import StepModel
+
+    assert isinstance(backend(scenario(tmp_path)).pricer, MeasuredStepModel)
+    b = backend(scenario(tmp_path, '[engine]\nvllm_version = "0.14.0"\n', gpu="H200"))
+    assert isinstance(b.pricer, RunPricer) and b.pricer.describe()["vllm_version"] == "0.14.0" and b.describe()["pricing"]["source"] == "measured"
+    overridden = scenario(tmp_path)  # a datasheet override (kvsim plan's 2x FLOP/s): the tables cannot follow it
+    overridden = overridden.model_copy(update={"hardware": overridden.hardware.model_copy(update={"bf16_tflops": 2e3})})
+    for sc in (scenario(tmp_path, "", "L40S"), scenario(tmp_path, "", "MI300X"), overridden,
+               scenario(tmp_path, '[backend]\npricing = "roofline"\n'),
+               scenario(tmp_path, '[backend]\ncalibration = "triton"\n')):
+        b = backend(sc)
+        assert isinstance(b.pricer, StepModel) and "pricing" not in b.describe()
+
+
+@pytest.mark.parametrize("extra, gpu, message", [
+    ('[engine]\nvllm_version = "0.15.0"\n', "H100-SXM", "no kernel tables for vLLM 0.15.0 on H100-SXM (shipped: "
+     "0.14.0, 0.19.0, 0.24.0)"),
+    ('[engine]\nvllm_version = "0.24.0"\n', "L40S", "engine.vllm_version: needs measured kernel tables, but no "
+     "measured kernel tables ship for L40S"),
+    ('[backend]\npricing = "measured"\n', "MI300X", "backend.pricing: no measured kernel tables ship for MI300X"),
+    ('[engine]\nvllm_version = "0.24.0"\n[backend]\npricing = "roofline"\n', "H100-SXM",
+     "engine.vllm_version: needs measured pricing, but backend.pricing is roofline"),
+])
+def test_a_pricing_that_cannot_be_honoured_is_one_line(tmp_path, extra, gpu, message):
+    with pytest.raises(KvsimError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        backend(scenario(tmp_path, extra, gpu))
+
+
+def test_bad_kernel_tables_are_one_line_naming_the_file_and_array(tmp_path):
+    good = dict(np.load(TABLES))
+    cases = {
+        "missing.npz": None,
+        "garbage.npz": b"not a zip",
+        "no_gemm.npz": {k: v for k, v in good.items() if k != "gemm/bfloat16/ms"},
+        "shape.npz": {**good, "generation/fp8/ms": good["generation/fp8/ms"][:, :, :, :2]},
+        "negative.npz": {**good, "allreduce/graph_ms": -good["allreduce/graph_ms"]},
+        "axis.npz": {**good, "context/bfloat16/isl": good["context/bfloat16/isl"][::-1]},
+        "meta.npz": {**good, "meta": np.array("{}")},
+    }
+    expected = {"missing.npz": "kernel tables not found", "garbage.npz": "not a kernel-table file",
+                "no_gemm.npz": "gemm/bfloat16/ms: missing", "shape.npz": "generation/fp8/ms: expected floats",
+                "negative.npz": "allreduce/graph_ms: times must be positive",
+                "axis.npz": "context/bfloat16/isl: must be increasing", "meta.npz": "meta: missing"}
+    for name, content in cases.items():
+        path = tmp_path / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        elif content is not None:
+            np.savez_compressed(path, **content)
+        with pytest.raises(KvsimError, match=f"{name}: {expected[name]}"):
+            KernelTables(path)
+
+
+def test_the_cli_refuses_a_bad_kernel_table_file_with_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    sc = tmp_path / "s.toml"
+    (tmp_path / "bad.npz").write_bytes(b"PK\x03\x04 broken")
+    sc.write_text('name = "s"\n[model]\nname = "Llama-3.1-8B"\n[[policies]]\nname = "p"\n[workload]\n'
+                  'num_requests = 5\narrival = { process = "poisson", rate = 5.0 }\n[backend]\nkernel_tables = "bad.npz"\n')
+    out = subprocess.run([sys.executable, "-m", "kvsim", str(sc), "--out", str(tmp_path / "r")], capture_output=True,
+                         text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("kvsim: error: ") and "bad.npz" in out.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_provenance_names_the_source_of_every_server_term():
+    from kvsim.perf.kernels import DATA_DIR
+    from kvsim.perf.server import SERVER_TERMS, shipped_terms
+
+    for gpu in ("H100-SXM", "H200", "A100-80GB", "B200"):
+        terms, prov = shipped_terms(gpu)
+        assert set(prov) == set(SERVER_TERMS) and all(len(v) > 20 for v in prov.values())
+    doc = json.loads((DATA_DIR / "h100_sxm-server.json").read_text())
+    assert "6.44 ms" in doc["provenance"]["graph_step_overhead_s"]
+
+
+# ---- converting AIConfigurator's tables ---------------------------------------------------------------
+def write_aic(root, version="0.30.0", drop_column=None):
+    """A tiny AIConfigurator data folder for one GPU (the published column names)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    gpu = root / "h100_sxm"
+
+    def table(folder, name, rows):
+        path = gpu / folder / "vllm" / version
+        path.mkdir(parents=True, exist_ok=True)
+        cols = {k: [r[k] for r in rows] for k in rows[0] if k != drop_column}
+        pq.write_table(pa.table(cols), path / name)
+
+    gemm = [{"kernel_source": "torch", "gemm_dtype": "bfloat16", "m": m, "n": n, "k": k, "latency": 0.01 * m + n / 1e4}
+            for m in (1, 8, 64) for n in (1024, 4096) for k in (1024, 4096)]
+    gemm.append({**gemm[0], "latency": 0.03})  # a repeated shape: the median of its rows is kept
+    gemm.append({**gemm[0], "kernel_source": "other", "latency": 9.0})  # fewer rows: not the default kernel
+    table("gemm", "gemm_perf.parquet", gemm)
+    attn = dict(kernel_source="fa3", kv_cache_dtype="bfloat16", head_dim=128, window_size=0)
+    table("attention", "context_attention_perf.parquet",
+          [{**attn, "num_heads": h, "num_key_value_heads": kv, "isl": s, "batch_size": b, "latency": 0.001 * b * s}
+           for h, kv in ((8, 8), (8, 2), (16, 2)) for s in (16, 256) for b in (1, 4)])
+    table("attention", "generation_attention_perf.parquet",
+          [{**attn, "num_heads": h, "num_key_value_heads": 2, "batch_size": b, "step": s, "isl": 1,
+            "latency": 0.01 + 1e-5 * b * s} for h in (8, 16) for s in (3, 1023) for b in (1, 8)])
+    table("comm", "custom_allreduce_perf.parquet",
+          [{"backend": f"vllm_{mode}", "allreduce_dtype": "bfloat16", "num_gpus": g, "message_size": z,
+            "latency": 0.004 * g + z / 1e9} for mode in ("graph", "eager") for g in (2, 4) for z in (128, 65536)])
+    later = gpu / "gemm" / "vllm" / "0.31.0"
+    later.mkdir(parents=True)
+    (later / "reuse.yaml").write_text(f"schema_version: 1\nreuse:\n- table: gemm_perf\n  from_version: {version}\n")
+    return gpu
+
+
+def test_aiconfigurator_tables_convert_as_published(tmp_path):
+    from kvsim.calibrate.aiconfigurator import convert, versions
+
+    gpu = write_aic(tmp_path)
+    assert versions(tmp_path, "h100_sxm") == ["0.30.0"]  # 0.31.0 reuses gemm only: no attention or comm of its own
+    arrays, meta = convert(tmp_path, "H100-SXM", "0.30.0")
+    ms = arrays["gemm/bfloat16/ms"]
+    assert ms[0, 0, 0] == pytest.approx(np.median([0.01 + 0.1024, 0.03]))  # median of the repeats, other kernel out
+    assert meta["tables"]["gemm/bfloat16"]["kernel_source"] == "torch"
+    assert list(arrays["context/bfloat16/kv"]) == [0, 2]  # MHA (kv == heads) is AIConfigurator's kv 0
+    assert list(arrays["generation/bfloat16/step"]) == [3, 1023]  # keys attended, the new token's own included
+    assert arrays["generation/bfloat16/ms"][0, 0, 0, 1, 1] == pytest.approx(0.01 + 1e-5 * 8 * 1023)
+    assert list(arrays["allreduce/size"]) == [128, 65536] and arrays["allreduce/graph_ms"].shape == (2, 2)
+    assert meta["tables"]["gemm/bfloat16"]["file"].endswith("h100_sxm/gemm/vllm/0.30.0/gemm_perf.parquet")
+    assert gpu.is_dir()
+
+
+def test_kvsim_calibrate_converts_a_folder_and_a_scenario_prices_with_it(tmp_path):
+    import subprocess
+    import sys
+
+    gpu = write_aic(tmp_path)
+    out = tmp_path / "mine.npz"
+    run = subprocess.run([sys.executable, "-m", "kvsim", "calibrate", str(gpu), "-o", str(out)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert KernelTables(out).vllm_version == "0.30.0" and "held out" in run.stdout
+    b = backend(scenario(tmp_path, '[backend]\nkernel_tables = "mine.npz"\n'))
+    d = b.describe()["pricing"]
+    assert d["tables"]["file"] == "mine.npz" and d["vllm_version"] == "0.30.0"
+    assert b.execute(Batch(num_decode_seqs=4, decode_context_tokens=400)) > 0
+    again = subprocess.run([sys.executable, "-m", "kvsim", "calibrate", str(gpu), "-o", str(out)],
+                           capture_output=True, text=True)
+    assert again.returncode == 2 and "already exists" in again.stderr  # never overwritten
+    bad = tmp_path / "bad"
+    write_aic(bad, drop_column="latency")
+    run = subprocess.run([sys.executable, "-m", "kvsim", "calibrate", str(bad / "h100_sxm"), "-o",
+                          str(tmp_path / "x.npz")], capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().endswith("gemm_perf.parquet: missing column latency")
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_the_api_server_adds_to_ttft_and_e2e_of_measured_runs_only(tmp_path):
+    import csv
+
+    from kvsim.perf.measured import request_overhead_s
+    from kvsim.perf.server import shipped_terms
+    from kvsim.pipeline import run_scenario
+    from kvsim.scenario.catalog import gpu_spec
+
+    api = shipped_terms("H100-SXM")[0].api_server_s
+    assert api == pytest.approx(0.0102)
+    measured, roofline = scenario(tmp_path), scenario(tmp_path, '[backend]\npricing = "roofline"\n')
+    assert request_overhead_s(measured, gpu_spec(measured)) == api
+    assert request_overhead_s(roofline, gpu_spec(roofline)) == 0.0
+    run_scenario(measured, tmp_path / "out")
+    with open(tmp_path / "out" / "requests.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 20
+    for r in rows:  # the engine's clock in the time columns, the client's in TTFT and E2E
+        assert float(r["ttft_s"]) == pytest.approx(float(r["first_token_s"]) - float(r["arrival_s"]) + api, abs=1e-9)
+        assert float(r["e2e_s"]) == pytest.approx(float(r["finish_s"]) - float(r["arrival_s"]) + api, abs=1e-9)
+
+
+def test_the_measured_pricer_takes_the_pricing_protocols_arguments():
+    import inspect
+
+    for name in ("step_time", "decode_run_time", "decode_run_within", "decode_steps_within"):
+        want = list(inspect.signature(getattr(RunPricer, name)).parameters)
+        assert list(inspect.signature(getattr(MeasuredStepModel, name)).parameters) == want, name

@@ -129,6 +129,40 @@ def test_every_request_and_block_accounted_for(seed, prefill, decode, util, laye
     assert all(not rep.allocator.held for rep in sim.prefill)
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_each_requests_prompt_kv_crosses_the_link_once(seed, monkeypatch):
+    """Per request, under preemption and shared prefixes on two decode instances: one transfer; the
+    tokens it moves and those the decode cache held make its prompt; it moves its prompt's blocks less
+    the decode hits'; its bytes are those blocks' (16 tokens x 128 KiB a token, every layer of the
+    model's one KV group); the section's totals are the sums."""
+    from kvsim.results.disaggregation import DisaggregationObserver
+
+    seen = []
+    forward = DisaggregationObserver.on_transfer
+    monkeypatch.setattr(DisaggregationObserver, "on_transfer", lambda self, tr: (seen.append(tr), forward(self, tr)))
+    workload = {"seed": seed, "num_requests": 150, "arrival": {"process": "poisson", "rate": 40.0},
+                "prompt_len": {"dist": "uniform", "min": 1, "max": 3000}, "output_len": {"dist": "uniform", "min": 1, "max": 300},
+                "prefix": {"num_groups": 2, "prefix_len": 400, "fraction": 0.8}}
+    sc = disagg_scenario(decode={"num_replicas": 2, "gpu_memory_utilization": 0.21}, workload=workload,
+                         engine={"max_model_len": 4096})
+    summary, sim = simulate(sc)
+    assert summary["preemptions"] > 0 and summary["requests"]["finished"] == 150
+    ids = [tr.seq.request.request_id for tr in seen]
+    assert sorted(ids) == list(range(150))
+    block = 16
+    for tr in seen:
+        prompt = tr.seq.request.prompt_len
+        assert tr.tokens + tr.decode_hit_tokens == prompt and tr.tokens >= 1
+        assert tr.decode_hit_tokens % block == 0
+        assert tr.blocks == math.ceil(prompt / block) - tr.decode_hit_tokens // block
+        assert tr.link_s == pytest.approx((NIXL_POST_US + RDMA_LATENCY_US) * 1e-6 + tr.blocks * block * LLAMA8B_TOKEN_BYTES / 50e9,
+                                          rel=1e-12)
+    total = summary["disaggregation"]["transfers"]
+    assert total["blocks"] == sum(tr.blocks for tr in seen) and total["tokens"] == sum(tr.tokens for tr in seen)
+    assert total["bytes_all_links"] == sum(tr.blocks for tr in seen) * block * LLAMA8B_TOKEN_BYTES
+    assert total["decode_prefix_hit_tokens"] == sum(tr.decode_hit_tokens for tr in seen) > 0
+
+
 def test_a_request_no_pool_can_hold_is_rejected_with_a_reason():
     sc = disagg_scenario(prompt=4000, output=200, n=3, engine={"max_model_len": 4096})
     summary, _ = simulate(sc)

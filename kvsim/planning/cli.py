@@ -134,17 +134,13 @@ def cmd_plan(args, console) -> int:
         if args.target_rate is not None and pd:
             _print_lines(console, output.pd_lines(result))
             console.print(output.pd_table(result))
-            if result.skipped:
-                console.print(f"[dim]{len(result.skipped)} pool layouts left out: "
-                              + "; ".join(f"{s['pool']} {s['gpu']} TP{s['tensor_parallel_size']}: {s['reason']}"
-                                          for s in result.skipped) + "[/dim]", highlight=False)
+            _print_skipped(console, "pool layouts", [f"{s['pool']} {s['gpu']} TP{s['tensor_parallel_size']}: {s['reason']}"
+                                                     for s in result.skipped])
         elif args.target_rate is not None:
             _print_lines(console, output.deploy_lines(result))
             console.print(output.deploy_table(result))
-            if result.skipped:
-                console.print(f"[dim]{len(result.skipped)} layouts left out: "
-                              + "; ".join(f"{s['gpu']} TP{s['tensor_parallel_size']} {s['policy']}: {s['reason']}"
-                                          for s in result.skipped) + "[/dim]", highlight=False)
+            _print_skipped(console, "layouts", [f"{s['gpu']} TP{s['tensor_parallel_size']} {s['policy']}: {s['reason']}"
+                                                for s in result.skipped])
         else:
             _print_lines(console, output.plan_lines(result))
             console.print(output.plan_table(result))
@@ -155,6 +151,12 @@ def cmd_plan(args, console) -> int:
         if not args.quiet:
             console.print(f"results: {written}")
     return 0
+
+
+def _print_skipped(console, what: str, reasons: list[str]) -> None:
+    """One dim line: the layouts a search left out and why."""
+    if reasons:
+        console.print(f"[dim]{len(reasons)} {what} left out: " + "; ".join(reasons) + "[/dim]", highlight=False)
 
 
 def cmd_sweep(args, console) -> int:

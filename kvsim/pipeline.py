@@ -7,6 +7,7 @@ replays the same request stream against each policy, and writes the results atom
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Callable, Optional
 
 from kvsim.backends import load_backend
 from kvsim.errors import KvsimError
-from kvsim.engine.arrivals import RequestStream
+from kvsim.engine.arrivals import ClosedLoop, RequestStream
 from kvsim.engine.disaggregated import DisaggregatedSimulation
 from kvsim.engine.kv_transfer import HeldBlocks, KvLink
 from kvsim.engine.replica import ALLOCATORS, make_replica
@@ -33,6 +34,7 @@ from kvsim.scenario.config import results_dir
 from kvsim.scenario.defaults import engine_limits
 from kvsim.scenario.files import user_path
 from kvsim.scenario.traces import one_read_per_call
+from kvsim.scenario.sessions import is_closed_loop, sessions
 from kvsim.scenario.workload import expected_count, generate_requests, timeseries_interval
 
 
@@ -75,6 +77,7 @@ def run_meta(scenario, model, gpu) -> dict:
     meta = {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": hw.tensor_parallel_size,
             "num_replicas": hw.num_replicas, "backend": scenario.backend.name, "seed": scenario.workload.seed,
             "description": scenario.description, "arrival": scenario.workload.arrival.model_dump(),
+            "clients": clients_meta(scenario),
             "slo": scenario.slo.model_dump(), "policy_order": [p.name for p in scenario.policies]}
     if scenario.disaggregation is not None:
         meta["disaggregation"] = disaggregated_meta(scenario)
@@ -96,11 +99,34 @@ def disaggregated_meta(scenario) -> dict:
             "policies": [p.name for p in scenario.policies if scenario.disaggregated(p)]}
 
 
+def clients_meta(scenario) -> Optional[dict]:
+    """A closed loop's settings for summary.json's meta (None: an open loop)."""
+    if not is_closed_loop(scenario):
+        return None
+    wl = scenario.workload
+    return {"max_concurrency": wl.max_concurrency,
+            "think_time_s": wl.think_time_s.model_dump(exclude_none=True) if wl.think_time_s else None,
+            "sessions": wl.sessions.model_dump(exclude_none=True) if wl.sessions else None}
+
+
 def resolve_policy(scenario, policy, model, gpu) -> tuple[KvCapacity, EngineSettings]:
     """The policy's KV capacity and engine settings, its engine limits resolved once."""
     limits = engine_limits(scenario, policy, model, gpu)
     capacity = kv_capacity(scenario, policy, model, gpu, limits)
     return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block)
+
+
+def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
+    """The scenario's requests as an ArrivalSource: an open-loop stream, or clients in a closed
+    loop (`workload.max_concurrency`, `think_time_s`, `[workload.sessions]`); `reply_delay_s`: the
+    API server's time a client waits for a reply past the engine's last token (measured pricing)."""
+    if not is_closed_loop(scenario):
+        return RequestStream(generate_requests(scenario, max_model_len))
+    wl = scenario.workload
+    think = wl.think_time_s
+    return ClosedLoop(sessions(scenario, max_model_len), wl.max_concurrency, think.lowest if think else 0.0,
+                      wl.arrival.process == "immediate", wl.duration_s if wl.duration_s is not None else math.inf,
+                      reply_delay_s)
 
 
 def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
@@ -113,8 +139,9 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     replicas = [make_replica(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings),
                              metrics.interval) for i in range(settings.num_replicas)]
     sim = Simulation(replicas, metrics, make_router(settings, replicas, replicas[0].backend.num_blocks), on_progress)
+    source = arrival_source(scenario, settings.max_model_len, metrics.request_overhead_s)
     try:
-        end = sim.run(RequestStream(generate_requests(scenario, settings.max_model_len)))
+        end = sim.run(source)
         described = replicas[0].backend.describe()
     finally:
         for rep in replicas:  # a GPU backend holds most of the device: let the next policy have it
@@ -122,8 +149,20 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     summary = metrics.summary(duration_s=end, num_blocks=replicas[0].backend.num_blocks * len(replicas),
                               block_size=settings.block_size, bytes_per_block=capacity.bytes_per_block,
                               extra=_run_figures(sim, settings, policy, described), num_replicas=len(replicas))
+    if source.closed_loop:
+        _clients_figures(summary, source)
     summary["verdict"] = judge(summary).as_dict()
     return summary, sim
+
+
+def _clients_figures(summary: dict, source: ClosedLoop) -> None:
+    """A closed loop's "clients", and its backlog: requests first scheduled after the last one was
+    ready to be sent (none when everything was ready at t = 0: the SLO alone judges a closed loop)."""
+    summary["clients"] = source.describe()
+    arrivals, backlog = summary["arrivals"], source.backlog()
+    received = summary["requests"]["received"]
+    arrivals["backlog_at_last_arrival"] = backlog
+    arrivals["backlog_fraction"] = backlog / received if backlog is not None and received else None
 
 
 def _pool_replicas(pool, role_index: int, first: int, interval: float) -> tuple[list, EngineSettings]:
@@ -153,13 +192,16 @@ def simulate_disaggregated(scenario, policy, metrics: Metrics,
     sim = DisaggregatedSimulation(prefill, decode, observer, routers,
                                   KvLink(dis.link, dis.link_bytes_per_block, len(prefill), len(decode)), observer,
                                   dis.kv_transfer == "layerwise", dis.decode.model.num_hidden_layers, on_progress)
-    end = sim.run(RequestStream(generate_requests(scenario, settings.max_model_len)))
+    source = arrival_source(scenario, settings.max_model_len, metrics.request_overhead_s)
+    end = sim.run(source)
     described = decode[0].backend.describe()
     extra = {**_run_figures(sim, settings, policy, described), "num_replicas": len(prefill) + len(decode)}
     summary = metrics.summary(duration_s=end, num_blocks=dis.decode.capacity.num_blocks * len(decode),
                               block_size=settings.block_size, bytes_per_block=dis.decode.capacity.bytes_per_block,
                               extra=extra, num_replicas=len(decode), kv_replicas=range(len(prefill), len(sim.replicas)))
     summary["disaggregation"] = observer.summary(end, dis.describe(), {p.role: _pool_figures(p) for p in (dis.prefill, dis.decode)})
+    if source.closed_loop:
+        _clients_figures(summary, source)
     summary["verdict"] = judge(summary).as_dict()
     return summary, sim
 

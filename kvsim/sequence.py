@@ -65,6 +65,9 @@ class Request(NamedTuple):
     `token_ids` is the prompt content where it is known and may be shared with other requests
     (a group's system prompt, a trace's prefix hash ids); it covers the first `len(token_ids)`
     prompt tokens. The rest of the prompt is unique to this request, so no prefix cache can hit it.
+    It may run past the prompt into the output (a conversation's turn names its reply, which the
+    next turn carries: kvsim/scenario/sessions.py); content past the prompt must continue what an
+    earlier request named, as a conversation's turns do.
     `token_ids` is None when nothing of the prompt can be shared. It is an int32 array, or a
     `KeyedTokens` when a trace names the content by block keys.
     """

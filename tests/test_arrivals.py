@@ -3,7 +3,7 @@ closed-loop workload plugs into (a source told when each request ends releases t
 
 import pytest
 
-from kvsim.engine.arrivals import RequestStream
+from kvsim.engine.arrivals import ClosedLoop, RequestStream
 from kvsim.engine.replica import make_replica
 from kvsim.engine.router import make_router
 from kvsim.engine.simulator import Simulation
@@ -16,37 +16,35 @@ from kvsim.sequence import Request
 from conftest import make_scenario
 
 
-class Clients:
-    """A closed loop, as `vllm bench serve --max-concurrency N` with a think time: each of `clients`
-    sends its next request `think_s` after its previous one ended, `per_client` requests each."""
+class Client:
+    """A session of `turns` requests of fixed lengths, all ready at t = 0, `think_s` apart."""
 
-    closed_loop = True
+    def __init__(self, c: int, turns: int, think_s: float, owners: dict):
+        self.c, self.num_turns, self.think_s, self.arrival_time, self.turn = c, turns, think_s, 0.0, 0
+        self.sent, self.ended, self.owners = {}, {}, owners
+
+    def think(self, k: int) -> float:
+        return self.think_s
+
+    def request(self, k: int, request_id: int, t: float) -> Request:
+        self.sent[k] = t
+        self.owners[request_id] = (self, k)
+        return Request(request_id, t, 300 + 50 * self.c, 40, None)
+
+
+class Clients(ClosedLoop):
+    """`clients` clients sending `per_client` requests each, as `vllm bench serve --max-concurrency`
+    with a think time (kvsim.engine.arrivals.ClosedLoop), remembering when each ended."""
 
     def __init__(self, clients: int, per_client: int, think_s: float):
-        self.think_s, self.per_client = think_s, per_client
-        self.ready = [Request(c, 0.0, 300 + 50 * c, 40, None) for c in range(clients)]  # all at t = 0
-        self.sent, self.ended, self.exhausted = {}, {}, False
-        self.in_flight, self.max_in_flight = 0, 0
-
-    def next_request(self):
-        if not self.ready:
-            self.exhausted = self.in_flight == 0
-            return None
-        req = min(self.ready, key=lambda r: (r.arrival_time, r.request_id))
-        self.ready.remove(req)
-        self.sent[req.request_id] = req.arrival_time
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        return req
+        self.owners = {}
+        self.sessions = [Client(c, per_client, think_s, self.owners) for c in range(clients)]
+        super().__init__(iter(self.sessions), max_concurrency=clients, min_gap=think_s, immediate=True)
 
     def request_ended(self, seq, now: float) -> None:
-        self.in_flight -= 1
-        rid = seq.request.request_id
-        self.ended[rid] = now
-        client, turn = rid % 1000, rid // 1000
-        if turn + 1 < self.per_client:
-            self.ready.append(Request((turn + 1) * 1000 + client, now + self.think_s, 300 + 50 * client, 40, None))
-        self.exhausted = self.in_flight == 0 and not self.ready
+        client, k = self.owners[seq.request.request_id]
+        client.ended[k] = now
+        super().request_ended(seq, now)
 
 
 def simulate(source, replicas: int) -> Simulation:
@@ -65,11 +63,11 @@ def test_a_closed_loop_source_releases_each_request_a_think_time_after_the_last_
     source = Clients(clients=4, per_client=5, think_s=0.25)
     sim = simulate(source, replicas)
     assert sim.num_received == sim.num_ended == 20 and source.exhausted
-    assert source.max_in_flight == 4  # never more than the clients
-    for rid, sent in source.sent.items():
-        if rid >= 1000:  # every later turn went out think_s after the client's previous one ended
-            assert sent == pytest.approx(source.ended[rid - 1000] + 0.25, abs=1e-12)
-            assert sent >= source.ended[rid - 1000]
+    assert source.peak_in_flight == 4  # never more than the clients
+    for client in source.sessions:
+        for k in range(1, 5):  # every later request went out think_s after the client's previous one ended
+            assert client.sent[k] == pytest.approx(client.ended[k - 1] + 0.25, abs=1e-12)
+            assert client.sent[k] >= client.ended[k - 1]
 
 
 def test_an_open_loop_stream_ignores_ends():

@@ -280,6 +280,7 @@ def test_remembered_keyed_chains_equal_fresh_ones_and_tell_dtypes_apart():
 # ---- against the specification: kvsim.engine.reference_pool (vLLM v0.11.0's block pool) ------
 
 PREFIXES = [list(range(k * 100, k * 100 + 24)) for k in range(3)]
+CONVERSATIONS = [list(range(5000 + k * 100, 5000 + k * 100 + 60)) for k in range(2)]
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
@@ -297,6 +298,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.live: list[tuple[Sequence, Sequence]] = []
         self.preempted: list[tuple[Sequence, Sequence]] = []
         self.next_id = 0
+        self.said: dict[int, int] = {}  # a conversation's tokens so far (its last turn's prompt and reply)
 
     def _both(self, pair, call):
         """`call(allocator, seq)` on each allocator with its twin; both raise or neither does."""
@@ -342,6 +344,21 @@ class BlockManagerMachine(RuleBasedStateMachine):
         tokens = None if group is None else PREFIXES[group][:shared]
         prompt = (shared if group is not None else 1) + extra
         pair = (seq_of(self.next_id, prompt, tokens, output_len=1000), seq_of(self.next_id, prompt, tokens, output_len=1000))
+        self.next_id += 1
+        self._admit(pair, chunk)
+
+    @rule(conv=st.sampled_from([0, 1]), new=st.integers(1, 9), reply=st.integers(0, 12),
+          chunk=st.sampled_from([1000, 3, 8]))
+    def admit_turn(self, conv, new, reply, chunk):
+        """A conversation's next turn: its prompt is the conversation so far and `new` tokens, and
+        its shareable content runs on into its reply (which the turn after carries), so generated
+        blocks are registered too."""
+        prompt = self.said.get(conv, 0) + new
+        if prompt + reply > len(CONVERSATIONS[conv]):
+            return
+        self.said[conv] = prompt + reply
+        tokens = CONVERSATIONS[conv][:prompt + reply]
+        pair = tuple(seq_of(self.next_id, prompt, tokens, output_len=1000) for _ in range(2))
         self.next_id += 1
         self._admit(pair, chunk)
 

@@ -114,3 +114,26 @@ def test_run_all_on_a_model_that_does_not_fit_is_its_error_and_captions_follow_t
     toml = downloaded_toml(at)
     assert 'description = "Qwen3-8B on 1 × A100-80GB (TP 1 × 1 replica) (from chat.toml, changed in the dashboard)"' \
         in toml and "Llama-3.1-8B" not in toml
+
+
+def test_a_closed_loop_is_answered_in_clients_and_the_req_s_they_get(tmp_path):
+    """scenarios/closed_loop.toml: the question's load is its clients; each card gives the safe
+    concurrency of `kvsim plan` and the requests/s there; the target rate defaults to what the best
+    policy's safe clients get, planned as the open loop of the same requests."""
+    at = open_app()
+    at.sidebar.selectbox(key="kvsim.shipped").set_value("closed_loop").run()
+    widget(at, "multiselect", "policies").set_value(["paged", "paged-fp8"])
+    widget(at, "number_input", "workload.num_requests").set_value(300)
+    assert widget(at, "number_input", "workload.max_concurrency").value == 64
+    at = answer(at)
+    assert_clean(at)
+    cli(tmp_path, downloaded_toml_from_state(at), "--quiet", "--out", "out", command="plan")
+    plan = json.loads((tmp_path / "out/plan.json").read_text())
+    assert plan["meta"]["load_unit"] == "clients"
+    for p in plan["policies"]:
+        text = card_text(at, p["policy"])
+        assert "at 64 clients" in text
+        rps = p["at_safe_rate"]["throughput_rps"]
+        assert f"safe up to **{p['safe_rate']:.3g} clients**, {rps:.3g} req/s ({p['headroom']:+.0%})" in text
+    best = max(plan["policies"], key=lambda p: (p["safe_rate"], p["mean_rate"]))
+    assert keyed(at, "number_input", "kvsim.answer.target").value == float(f"{best['at_safe_rate']['throughput_rps']:.4g}")

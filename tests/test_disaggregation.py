@@ -231,3 +231,32 @@ def test_the_answer_pages_cost_of_a_disaggregated_policy_is_its_pools():
     assert hourly_cost(sc)[0] == pytest.approx(2.99)  # [hardware]: one H100
     assert hourly_cost(sc, sc.policies[0])[0] == pytest.approx(2.99)
     assert hourly_cost(sc, sc.policies[1])[0] == pytest.approx(2 * 2.99 + 2 * 3.79)
+
+
+@pytest.mark.parametrize("think", [0.0, 0.2])
+def test_a_closed_loop_served_disaggregated_fuses_as_step_by_step(monkeypatch, think):
+    """Clients (vllm bench --max-concurrency 16) on 1 prefill + 2 decode instances: every request
+    ends, never more than 16 in flight, and fused decode runs (bounded by what a step elsewhere can
+    release: Simulation.arrival_bound) give each request what one step per event gives; without
+    think time, bounded by the source's next send alone, they do not (the bound has teeth)."""
+    from kvsim.backends.analytic import AnalyticBackend
+    from kvsim.engine.simulator import Simulation
+    from test_simulation import assert_same_requests, per_request
+
+    workload = {"num_requests": 160, "arrival": {"process": "immediate", "rate": None}, "max_concurrency": 16,
+                "think_time_s": {"dist": "fixed", "value": think}, "prompt_len": {"dist": "uniform", "min": 50, "max": 1500},
+                "output_len": {"dist": "uniform", "min": 5, "max": 200}}
+    sc = disagg_scenario(decode={"num_replicas": 2}, workload=workload)
+    fused, fused_sum = per_request(monkeypatch, sc)
+    s = fused_sum["paged"]
+    assert s["requests"]["finished"] == 160 and s["clients"]["peak_in_flight"] == 16
+    assert s["disaggregation"]["transfers"]["count"] == 160
+    monkeypatch.setattr(AnalyticBackend, "fuses_decode_runs", False)
+    plain, plain_sum = per_request(monkeypatch, sc)
+    assert_same_requests(fused, plain)
+    assert s["engine_steps"] == plain_sum["paged"]["engine_steps"] and s["engine_events"] < s["engine_steps"]
+    if think == 0:
+        monkeypatch.undo()
+        monkeypatch.setattr(Simulation, "arrival_bound", lambda self, rep, now: self.source.next_time)
+        unbounded, _ = per_request(monkeypatch, sc)
+        assert any(unbounded[k][:2] != pytest.approx(plain[k][:2], rel=1e-9) for k in plain)

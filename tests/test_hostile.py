@@ -388,7 +388,7 @@ def test_lognormal_lengths_never_overflow():
     """Heavy tails are clipped at MAX_TOKENS (no max given), so no length overflows int64 to a negative
     number, even for parameters the schema would refuse (mean 1e30)."""
     from kvsim.scenario.config import LengthDist
-    from kvsim.scenario.workload import _lengths
+    from kvsim.scenario.workload import draw_lengths
     sc = scenario_from_dict({"model": {"name": "Llama-3.1-8B"}, "policies": [{"name": "p"}], "workload": {
         "num_requests": 2000, "prompt_len": {"dist": "lognormal", "mean": 2.0**31, "sigma": 3.0},
         "output_len": {"dist": "lognormal", "mean": 5, "sigma": 10.0, "min": 3}}})
@@ -398,7 +398,7 @@ def test_lognormal_lengths_never_overflow():
     assert prompt.min() >= 1 and prompt.max() == limits.MAX_TOKENS and (prompt == limits.MAX_TOKENS).sum() > 100
     assert output.min() == 3 and output.max() <= limits.MAX_TOKENS
     wild = LengthDist.model_construct(dist="lognormal", mean=1e30, sigma=10.0, min=None, max=None)
-    lengths = _lengths(wild, np.random.default_rng(0), 1000, None, None, "prompt_len")
+    lengths = draw_lengths(wild, np.random.default_rng(0), 1000, None, None, "prompt_len")
     assert min(lengths) >= 1 and max(lengths) == limits.MAX_TOKENS
 
 
@@ -442,7 +442,7 @@ def test_every_schema_field_is_described():
     sections = [c for c in vars(config).values()
                 if isinstance(c, type) and issubclass(c, config._Section) and c is not config._Section]
     fields = [(c.__name__, name, f.description) for c in sections for name, f in c.model_fields.items()]
-    assert len(sections) == 18 and len(fields) > 60  # 14: [cost]; 15: [workload.trace.columns]; 18: [disaggregation]
+    assert len(sections) == 20 and len(fields) > 60  # 14: [cost]; 15: [workload.trace.columns]; 16-17: think_time_s, [workload.sessions]; 20: [disaggregation]
     assert [(c, n) for c, n, d in fields if not d or len(d) < 15] == []
     schema = json.loads(subprocess.run([sys.executable, "-m", "kvsim", "schema"], cwd=ROOT, capture_output=True,
                                        text=True, check=True).stdout)

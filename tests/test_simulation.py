@@ -103,6 +103,16 @@ def per_request(monkeypatch, scenario) -> tuple[dict, dict]:
     return rows, summaries
 
 
+def assert_same_requests(fused: dict, plain: dict) -> None:
+    """per_request's rows agree: the same requests, counts exactly, times to 1e-9."""
+    assert fused.keys() == plain.keys() and fused
+    for key, (ttft, e2e, *counts) in plain.items():
+        f_ttft, f_e2e, *f_counts = fused[key]
+        assert f_counts == counts, key
+        assert f_ttft == pytest.approx(ttft, rel=1e-9, abs=1e-12), key
+        assert f_e2e == pytest.approx(e2e, rel=1e-9, abs=1e-12), key
+
+
 FUSION_CASES = {
     "tight memory, preemptions": dict(hardware=TIGHT, workload=BUSY, policies=[
         PAGED, CONTIGUOUS, {"name": "fp8", "kv_cache_dtype": "fp8"},
@@ -126,12 +136,7 @@ def test_fused_decode_runs_match_step_by_step(monkeypatch, case):
     fused, fused_sum = per_request(monkeypatch, sc)
     monkeypatch.setattr(AnalyticBackend, "fuses_decode_runs", False)
     plain, plain_sum = per_request(monkeypatch, sc)
-    assert fused.keys() == plain.keys() and fused
-    for key, (ttft, e2e, *counts) in plain.items():
-        f_ttft, f_e2e, *f_counts = fused[key]
-        assert f_counts == counts, key
-        assert f_ttft == pytest.approx(ttft, rel=1e-9, abs=1e-12), key
-        assert f_e2e == pytest.approx(e2e, rel=1e-9, abs=1e-12), key
+    assert_same_requests(fused, plain)
     for name, s in plain_sum.items():
         f = fused_sum[name]
         assert s["engine_events"] == s["engine_steps"]  # no fusion: one event a step
@@ -163,10 +168,14 @@ def test_the_cohort_keeps_its_longest_member_only_when_the_price_reads_it():
 @pytest.mark.parametrize("case", ["tight memory, preemptions", "prefix groups, two replicas"])
 def test_engine_clock_running_ahead_of_simpy_changes_nothing(monkeypatch, case):
     """Engines skip SimPy timeouts while no other event is due; yielding every step must agree exactly."""
+    monkeypatch.setattr(Simulation, "ONE_REPLICA_WITHOUT_SIMPY", False)
+    assert_running_ahead_changes_nothing(monkeypatch, make_scenario(**FUSION_CASES[case]))
+
+
+def assert_running_ahead_changes_nothing(monkeypatch, sc) -> None:
+    """Engines skipping SimPy timeouts, and every step yielding one: the same requests and summaries."""
     import simpy
 
-    monkeypatch.setattr(Simulation, "ONE_REPLICA_WITHOUT_SIMPY", False)
-    sc = make_scenario(**FUSION_CASES[case])
     ahead, ahead_sum = per_request(monkeypatch, sc)
     monkeypatch.setattr(simpy.Environment, "peek", lambda self: float("-inf"))  # every step yields
     stepped, stepped_sum = per_request(monkeypatch, sc)
@@ -187,12 +196,17 @@ def test_one_replica_without_simpy_replays_simpy_exactly(monkeypatch, case):
     """A lone replica's loop replays SimPy's clock and event order (OneReplicaClock): every figure,
     every request's times, every time-series row the same, to the bit."""
     sections = FUSION_CASES.get(case) or dict(engine={"max_model_len": 700, "max_num_seqs": 8}, workload=TIES)
-    sc = make_scenario(**sections)
+    assert_replays_simpy(monkeypatch, make_scenario(**sections))
+
+
+def assert_replays_simpy(monkeypatch, sc) -> dict:
+    """The lone replica without SimPy and with it: every request's figures and the summaries alike."""
     alone, alone_sum = per_request(monkeypatch, sc)
     monkeypatch.setattr(Simulation, "ONE_REPLICA_WITHOUT_SIMPY", False)
     queued, queued_sum = per_request(monkeypatch, sc)
     assert alone == queued and alone
     assert alone_sum == queued_sum
+    return alone_sum
 
 
 # ---- policy effects ------------------------------------------------------------------------

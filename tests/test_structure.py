@@ -137,10 +137,10 @@ def test_engine_functions_are_short():
 def test_allocators_backends_observers_sources_routers_and_pricers_satisfy_their_protocols():
     from conftest import make_scenario
     from kvsim.backends.analytic import AnalyticBackend
-    from kvsim.engine.arrivals import RequestStream
+    from kvsim.engine.arrivals import ClosedLoop, RequestStream
     from kvsim.engine.block_manager import BlockManager
     from kvsim.engine.contiguous import ContiguousAllocator
-    from kvsim.engine.interfaces import ArrivalSource, Backend, EngineObserver, KVAllocator, Router
+    from kvsim.engine.interfaces import ArrivalSource, Backend, ClosedLoopSource, EngineObserver, KVAllocator, Router
     from kvsim.engine.reference_pool import ReferencePool
     from kvsim.engine.router import LeastLoaded, OneReplica, PrefixAffinity, RoundRobin
     from kvsim.perf.pricing import RunPricer
@@ -156,6 +156,7 @@ def test_allocators_backends_observers_sources_routers_and_pricers_satisfy_their
     assert isinstance(backend, Backend) and isinstance(backend.pricer, RunPricer)
     assert isinstance(Metrics("p", sc.slo, 1.0), EngineObserver)
     assert isinstance(RequestStream([]), ArrivalSource)
+    assert isinstance(ClosedLoop(iter(())), ClosedLoopSource) and not isinstance(RequestStream([]), ClosedLoopSource)
     for router in (OneReplica(), LeastLoaded([]), RoundRobin([None]), PrefixAffinity([], 16, True)):
         assert isinstance(router, Router)
 

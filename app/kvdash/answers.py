@@ -38,23 +38,32 @@ class Card:
     binding: str
     binding_detail: str
     note: str = ""  # a label for the figures' provenance (e.g. measured or estimated), when there is one
+    unit: str = "req/s"  # what safe_rate counts: req/s, sessions/s, or clients (a closed loop's concurrency)
+    throughput: float | None = None  # requests/s at the safe load (a closed loop's: what its clients get)
 
 
 def cards(result, colors: dict, tied: dict, usd_per_hour: float | dict | None, output_tokens: float) -> list[Card]:
-    """A card per policy of a `kvsim.plan` result; the best is the first of the highest safe rates.
+    """A card per policy of a `kvsim.plan` result; the best is the first of the highest safe rates (a
+    closed loop: concurrencies), $ per million output tokens at the requests/s served there.
     `usd_per_hour`: one figure, or one per policy (a disaggregated policy's GPUs are its pools')."""
     best = max(result.policies, key=lambda p: (p.safe_rate, p.mean_rate), default=None)
+    unit = result.meta.get("load_unit") or "req/s"
     costs = usd_per_hour if isinstance(usd_per_hour, dict) else {}
     out = []
     for p in result.policies:
         usd = costs.get(p.policy) if costs else usd_per_hour
-        per_m = (usd / (p.safe_rate * 3600 * output_tokens) * 1e6
-                 if usd and p.safe_rate > 0 and output_tokens else None)
+        rps = p.safe_rate if unit == "req/s" else (p.at_safe_rate.get("throughput_rps") if p.safe_rate > 0 else None)
+        per_m = usd / (rps * 3600 * output_tokens) * 1e6 if usd and rps and output_tokens else None
         out.append(Card(p.policy, colors[p.policy], p is best and p.safe_rate > 0, p.sustainable_at_scenario_rate,
                         p.safe_rate, p.headroom, f"{p.mean_rate:.3g} (95% CI {p.ci_low:.3g}–{p.ci_high:.3g})",
                         tuple(tied.get(p.policy, ())), usd, per_m, p.binding or "–",
-                        p.binding_detail or ""))
+                        p.binding_detail or "", unit=unit, throughput=rps))
     return out
+
+
+def load_label(unit: str, value: float) -> str:
+    """e.g. '14 req/s', '64 clients'."""
+    return f"{value:.3g} {unit}"
 
 
 def hourly_cost(scenario, policy=None) -> tuple[float, str] | None:

@@ -21,7 +21,8 @@ from kvdash import errors, fields
 from kvdash.source import Base, choose_base, toml_value
 from kvsim.errors import KvsimError
 from kvsim.scenario.catalog import GPUS, MODELS
-from kvsim.scenario.config import PrefixConfig, Scenario, SloConfig, scenario_from_dict, scenario_from_toml
+from kvsim.scenario.config import (ArrivalConfig, PrefixConfig, Scenario, SloConfig, scenario_from_dict,
+                                   scenario_from_toml)
 from kvsim.scenario.overrides import apply_overrides
 
 # ---- which widgets the page shows: each is a scenario key, as `--set` and the TOML file name it
@@ -32,8 +33,10 @@ ENGINE = ("engine.max_num_seqs", "engine.max_num_batched_tokens", "engine.max_mo
 POLICY = ("allocator", "kv_cache_dtype", "enable_chunked_prefill", "max_num_batched_tokens", "enable_prefix_caching")
 WORKLOAD = ("workload.num_requests", "workload.duration_s", "workload.seed")
 ARRIVAL = {"gamma": ("cv",)}  # by arrival.process, beside the rate (or a trace's time_scale) in the main area
-RATE_KEY = {"trace": "time_scale"}  # the main area's arrival widget, by process (default: rate)
+RATE_KEY = {"trace": "arrival.time_scale", "immediate": "max_concurrency"}  # the main area's load widget under
+# workload., by arrival process (default: arrival.rate); a closed loop's load is its clients
 TP_DEGREES = (1, 2, 4, 8)
+PROCESSES = ArrivalConfig.model_fields["process"].annotation.__args__
 LENGTHS = {"fixed": ("value",), "uniform": ("min", "max"), "lognormal": ("mean", "sigma", "min", "max"),
            "trace": ()}  # by prompt_len.dist / output_len.dist
 PREFIX = fields.scalar_fields(PrefixConfig)
@@ -131,6 +134,7 @@ def _unset(data: dict, key: str) -> None:
 
 MAIN_LABELS = {"hardware.gpu": "GPU", "hardware.tensor_parallel_size": "TP (GPUs per replica)",
                "hardware.num_replicas": "replicas", "workload.arrival.rate": "arrival rate (req/s)",
+               "workload.max_concurrency": "clients (closed loop)",
                "workload.arrival.time_scale": "trace time scale (× gaps)", "slo.percentile": "SLO percentile",
                "slo.ttft_ms": "TTFT ≤ (ms)", "slo.tpot_ms": "TPOT ≤ (ms)"}
 
@@ -150,7 +154,7 @@ def _main(form: _Form, box, process: str) -> None:
     """The question: model, GPU, TP × replicas, arrival rate (a trace's time scale) and the SLO, with units."""
     cols = box.columns([2.2, 1.5, 1.1, 0.8, 1.2, 1.0, 1.0, 1.0], vertical_alignment="bottom")
     _model(form, cols[0])
-    rate = f"workload.arrival.{RATE_KEY.get(process, 'rate')}"
+    rate = f"workload.{RATE_KEY.get(process, 'arrival.rate')}"
     keys = ("hardware.gpu", "hardware.tensor_parallel_size", "hardware.num_replicas", rate,
             *(f"slo.{k}" for k in MAIN_SLO))
     for col, key in zip(cols[1:], keys):
@@ -187,7 +191,9 @@ def _workload(form: _Form, box) -> str:
     """The workload's widgets but its rate (in the main area); returns the arrival process."""
     for key in WORKLOAD:
         form.widget(box, key)
-    process = form.widget(box, "workload.arrival.process", label="arrival process")
+    closed = form.base.scenario.workload.arrival.process == "immediate"  # a closed loop stays one: open ones need a rate
+    process = form.widget(box, "workload.arrival.process", label="arrival process",
+                          options=["immediate"] if closed else [p for p in PROCESSES if p != "immediate"])
     for key in ARRIVAL.get(process, ()):
         form.widget(box, f"workload.arrival.{key}")
     _lengths(form, box, "prompt_len")
@@ -260,8 +266,18 @@ def workload_text(scenario: Scenario) -> str:
     arrival = wl.arrival
     if arrival.process == "trace":
         head = f"{wl.trace.format} trace replay" + (f" at {arrival.time_scale:g}× its gaps" if arrival.time_scale != 1 else "")
+    elif arrival.process == "immediate":
+        head = (f"a closed loop of {wl.max_concurrency:,} clients" if wl.max_concurrency
+                else f"{wl.num_requests:,} requests at once")
     else:
-        head = f"{arrival.process} arrivals at {arrival.rate:g} req/s" + (f" (cv {arrival.cv:g})" if arrival.process == "gamma" else "")
+        head = f"{arrival.process} arrivals at {arrival.rate:g} {'sessions' if wl.sessions else 'req'}/s" + (
+            f" (cv {arrival.cv:g})" if arrival.process == "gamma" else "")
+        if wl.max_concurrency:
+            head += f", at most {wl.max_concurrency:,} in flight"
+    if wl.sessions is not None:
+        head += f", in multi-turn sessions ({_turns_text(wl.sessions.turns)} turns)"
+    if wl.think_time_s is not None:
+        head += f", think time ~{_think_mean(wl.think_time_s):g} s"
 
     def length(d, what):
         return {"fixed": lambda: f"{what} {d.value:,}", "uniform": lambda: f"{what} {d.min:,}–{d.max:,}",
@@ -272,6 +288,15 @@ def workload_text(scenario: Scenario) -> str:
     if wl.num_requests:
         parts.append(f"{wl.num_requests:,} requests")
     return ", ".join(parts)
+
+
+def _turns_text(d) -> str:
+    return {"fixed": lambda: f"{d.value:,}", "uniform": lambda: f"{d.min:,}–{d.max:,}",
+            "lognormal": lambda: f"~{d.mean:,.0f}", "trace": lambda: "the dataset's"}[d.dist]()
+
+
+def _think_mean(d) -> float:
+    return {"fixed": d.value, "uniform": (d.min or 0) + ((d.max or 0) - (d.min or 0)) / 2}.get(d.dist, d.mean)
 
 
 def current() -> Current:

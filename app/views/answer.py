@@ -1,7 +1,7 @@
 """Answer: the dashboard's first screen. For the question above it (model, GPU, TP x replicas,
 arrival rate, SLO), a card per policy: does it meet the SLO at that rate, its safe rate (every seed
 and a run four times longer sustainable there), $/hour and $ per million output tokens at the safe
-rate, and what binds; then what serves a target rate on this GPU ("N × GPU as TP t × r replicas,
+rate, and what binds (a closed loop: its clients, the safe concurrency and the req/s it gets); then what serves a target rate on this GPU ("N × GPU as TP t × r replicas,
 $X/h") with the best policy. The numbers are `kvsim plan`'s and `kvsim plan --target-rate`'s with
 their default settings (kvdash.answers.CLI), cached by scenario. When the model does not fit, the page
 shows where the memory goes and a button for a layout that fits.
@@ -52,8 +52,9 @@ def card(c: answers.Card, r0: float) -> None:
     box.markdown(f"<span style='color:{c.color};font-size:1.3em'>■</span> **{star}{c.policy}**",
                  unsafe_allow_html=True)
     verdict = "✓ meets the SLO" if c.meets else "✗ misses the SLO"
-    box.markdown(f"{verdict} at {r0:.3g} req/s  \n"
-                 f"safe up to **{c.safe_rate:.3g} req/s** ({c.headroom:+.0%})  \n"
+    there = f", {c.throughput:.3g} req/s" if c.unit == "clients" and c.throughput else ""
+    box.markdown(f"{verdict} at {answers.load_label(c.unit, r0)}  \n"
+                 f"safe up to **{answers.load_label(c.unit, c.safe_rate)}**{there} ({c.headroom:+.0%})  \n"
                  f"knee {c.knee}" + (f"  \n= tie with {', '.join(c.tied)}" if c.tied else ""))
     money = ("no price: set cost.gpu_hour_usd" if c.usd_per_hour is None else
              f"**${c.usd_per_hour:,.2f}/hour**" + ("" if c.usd_per_m_output is None else
@@ -65,13 +66,23 @@ def card(c: answers.Card, r0: float) -> None:
 
 def target_answer(scenario, plan_result, here: tuple, r0: float) -> None:
     st.subheader("What serves a target rate")
+    if scenario.workload.sessions is not None:
+        st.caption("Multi-turn sessions are planned by their concurrency (the cards above): a rate of requests "
+                   "is not what their users set (`kvsim plan --target-rate` refuses them).")
+        return
     names = [p.policy for p in plan_result.policies]
-    best = max(plan_result.policies, key=lambda p: (p.safe_rate, p.mean_rate)).policy
+    best_answer = max(plan_result.policies, key=lambda p: (p.safe_rate, p.mean_rate))
+    best = best_answer.policy
+    closed = plan_result.meta.get("load_unit") == "clients"
+    if closed:  # a closed loop's rate: what its safe clients get from the best policy
+        r0 = best_answer.at_safe_rate.get("throughput_rps") or 1.0
     cols = st.columns([1, 1.4, 3], vertical_alignment="bottom")
     rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, float(f"{r0:.4g}"), step=1.0, format="%g",
                                 key=f"kvsim.answer.target:{cur.base.digest}",
                                 help="The SLO must be met at this arrival rate (`kvsim plan --target-rate R`). "
-                                     "Default: the scenario's own rate (a trace's: its mean rate).")
+                                     + ("A closed loop is planned as its requests arriving at this rate (Poisson, "
+                                        "no client limit). Default: the requests/s the best policy's safe clients get."
+                                        if closed else "Default: the scenario's own rate (a trace's: its mean rate)."))
     policy = cols[1].selectbox("policy", names, index=names.index(best), key=f"kvsim.answer.policy:{cur.base.digest}",
                                format_func=lambda n: f"{n} (best)" if n == best else n,
                                help="Default: the policy with the highest safe rate above.")
@@ -108,14 +119,18 @@ with errors.caught(st):
     per_policy = {p.name: answers.hourly_cost(scenario, p) for p in scenario.policies}
     shown = answers.cards(result, colors, tied_with(result.policies),
                           {name: c[0] if c else None for name, c in per_policy.items()}, out_tokens)
-    st.subheader(f"Each policy at {r0:.3g} req/s, and how far it goes")
+    st.subheader(f"Each policy at {answers.load_label(result.meta.get('load_unit') or 'req/s', r0)}, "
+                 "and how far it goes")
     for start in range(0, len(shown), CARDS_PER_ROW):
         for col, c in zip(st.columns(CARDS_PER_ROW), shown[start:start + CARDS_PER_ROW]):
             with col:
                 card(c, r0)
+    closed_loop = result.meta.get("load_unit") == "clients"
     st.caption(f"Safe: every one of {len(result.meta['seeds'])} seeds × {result.meta['num_requests']:,} requests "
-               f"and a {result.meta['long_run_requests']:,}-request run meet the SLO and keep up there; the knee is "
-               "the seeds' mean, ties overlap in their 95% intervals. "
+               f"and a {result.meta['long_run_requests']:,}-request run meet the SLO"
+               + (" with that many clients (a closed loop: each client sends its next request when its last one "
+                  "ended, as vllm bench serve --max-concurrency; req/s: what they get there)" if closed_loop
+                  else " and keep up there") + "; the knee is the seeds' mean, ties overlap in their 95% intervals. "
                + (f"$ from {cost[1]}. " if cost else "")
                + f"Same numbers: `python -m kvsim plan {cur.arguments() or 'SCENARIO.toml'}`.")
     target_answer(scenario, result, here, r0)  # a trace's own mean rate, as the plan replays it

@@ -18,7 +18,7 @@ from kvdash import errors, plans, runs, settings
 from kvsim.errors import KvsimError
 from kvsim.planning.capacity import DEFAULT_REQUESTS
 from kvsim.planning.output import deploy_lines, plan_files, plan_lines, tied_with
-from kvsim.planning.points import base_rate
+from kvsim.planning.points import REQ_RATE, base_rate, load_unit
 from kvsim.results.figures import policy_colors, policy_dashes
 from kvsim.results.report import slo_text
 from kvsim.results.verdict import LABELS, percentile_label
@@ -58,30 +58,36 @@ def capacity_figure(result, colors: dict) -> dict:
     the scenario's own rate (a line)."""
     ps = result.policies
     names = [p.policy for p in ps]
+    unit = result.meta.get("load_unit") or "req/s"
     data = [{"type": "bar", "x": names, "y": [p.safe_rate for p in ps], "name": "safe rate",
              "marker": {"color": [colors[n] for n in names]},
              "text": [f"{p.safe_rate:.3g}" for p in ps], "textposition": "inside", "insidetextanchor": "end",
              "customdata": [[p.binding or "–"] for p in ps],
-             "hovertemplate": "%{x}: safe at %{y:.3g} req/s; binds: %{customdata[0]}<extra></extra>"},
+             "hovertemplate": "%{x}: safe at %{y:.3g} " + unit + "; binds: %{customdata[0]}<extra></extra>"},
             {"type": "scatter", "mode": "markers", "x": names, "y": [p.mean_rate for p in ps],
              "name": "knee: mean of the seeds (95% CI)", "marker": {"color": "#333", "symbol": "diamond", "size": 9},
              "error_y": {"type": "data", "symmetric": False, "array": [p.ci_high - p.mean_rate for p in ps],
                          "arrayminus": [p.mean_rate - p.ci_low for p in ps], "color": "#333"},
              "text": [(">" if p.censored else "") + f"{p.mean_rate:.3g}" for p in ps],
-             "hovertemplate": "%{x}: knee %{text} req/s<extra></extra>"}]
+             "hovertemplate": "%{x}: knee %{text} " + unit + "<extra></extra>"}]
     r0 = result.meta["scenario_rate"]
     rates = [0, len(names) - 1] if names else [0, 0]
     data.append({"type": "scatter", "mode": "lines", "x": [names[rates[0]], names[rates[1]]] if names else [],
-                 "y": [r0, r0], "name": f"scenario rate {r0:.3g} req/s", "line": {"dash": "dash", "color": "#444"}})
+                 "y": [r0, r0], "name": f"the scenario's {r0:.3g} {unit}", "line": {"dash": "dash", "color": "#444"}})
     return {"data": data, "layout": {"height": 400, "title": {"text": "Safe rate per policy, and the knee it is below"},
-                                     "yaxis": {"title": {"text": "requests/s"}, "rangemode": "tozero"},
+                                     "yaxis": {"title": {"text": AXIS.get(unit, unit)}, "rangemode": "tozero"},
                                      "legend": {"orientation": "h", "y": -0.15}}}
+
+
+AXIS = {"req/s": "requests/s", "sessions/s": "sessions/s", "clients": "clients"}
+LOAD = {"req/s": "arrival rate", "sessions/s": "session arrival rate", "clients": "concurrency (closed loop)"}
 
 
 def curve_figure(result, colors: dict, column: str, title: str, bound) -> dict:
     """One figure at the percentile against the arrival rate, per policy: the mean over the seeds tried
     at each rate (open markers: some seed not sustainable there; a star: the safe rate)."""
     data = []
+    unit = result.meta.get("load_unit") or "req/s"
     dashes = policy_dashes(list(colors))
     for policy, color in colors.items():
         by_rate: dict = {}
@@ -98,7 +104,7 @@ def curve_figure(result, colors: dict, column: str, title: str, bound) -> dict:
                      "marker": {"symbol": ["star" if r == safe else "circle" if good else "circle-open"
                                            for r, good in zip(rates, ok)],
                                 "size": [14 if r == safe else 8 for r in rates]},
-                     "hovertemplate": policy + ": %{y:,.4g} at %{x:.3g} req/s<extra></extra>"})
+                     "hovertemplate": policy + ": %{y:,.4g} at %{x:.3g} " + unit + "<extra></extra>"})
     rates = [pt["rate"] for pt in result.points if pt["phase"] in SEARCH_PHASES]
     if bound is not None and rates:
         data.append({"type": "scatter", "mode": "lines", "x": [min(rates), max(rates)], "y": [bound, bound],
@@ -106,8 +112,8 @@ def curve_figure(result, colors: dict, column: str, title: str, bound) -> dict:
     yaxis = {"title": {"text": title}}
     if column.startswith("ttft"):
         yaxis["type"] = "log"
-    return {"data": data, "layout": {"height": 380, "title": {"text": f"{title} against the arrival rate"},
-                                     "xaxis": {"title": {"text": "arrival rate (requests/s)"}},
+    return {"data": data, "layout": {"height": 380, "title": {"text": f"{title} against the {LOAD.get(unit, 'load')}"},
+                                     "xaxis": {"title": {"text": f"{LOAD.get(unit, 'load')} ({AXIS.get(unit, unit)})"}},
                                      "yaxis": yaxis}}
 
 
@@ -222,10 +228,13 @@ def deploy_targets(scenario) -> plans.Targets | None:
     """The deployment search's form; its targets when submitted, else None."""
     with st.form("kvsim.capacity.deploy_form", border=True):
         cols = st.columns([1, 1, 2, 1, 1])
-        rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, float(f"{base_rate(scenario):.4g}"),
+        own = load_unit(scenario) == REQ_RATE  # a closed loop's load is clients, sessions come in sessions/s
+        rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, float(f"{base_rate(scenario):.4g}") if own else 1.0,
                                     step=1.0, format="%g", key=f"kvsim.capacity.target_rate:{cur.base.digest}",
                                     help="The SLO must be met at this arrival rate (`--target-rate R`). Default: the "
-                                         "scenario's own rate (a trace's: its mean rate).")
+                                         "scenario's own rate (a trace's: its mean rate). A closed loop is planned as "
+                                         "its requests arriving at this rate (Poisson, no client limit); multi-turn "
+                                         "sessions are planned by their concurrency only.")
         names = [None] + [p.name for p in scenario.policies]
         policy = cols[1].selectbox("policy", names, key="kvsim.capacity.policy",
                                    format_func=lambda n: "the best for each layout" if n is None else n,

@@ -300,6 +300,8 @@ class BenchResult:
     completed: Optional[int] = None
     total_input_tokens: Optional[int] = None
     total_output_tokens: Optional[int] = None
+    max_concurrency: Optional[int] = None  # --max-concurrency (None: no limit)
+    stated_concurrency: bool = False  # the JSON says max_concurrency (vLLM releases since late 2024 do)
 
 
 def read_bench_result(path: Path) -> BenchResult:
@@ -323,8 +325,9 @@ def bench_result(data, path: Path) -> BenchResult:
             res.figures[key] = value / 1e3 if key.endswith("_ms") else float(value)
     res.num_prompts = _count(data, "num_prompts", path)
     res.completed = _count(data, "completed", path)
-    for key in ("total_input_tokens", "total_output_tokens"):
+    for key in ("total_input_tokens", "total_output_tokens", "max_concurrency"):
         setattr(res, key, _count(data, key, path))
+    res.stated_concurrency = "max_concurrency" in data
     rate = data.get("request_rate")
     if rate == "inf" or (isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0):
         res.request_rate = float(rate)
@@ -345,7 +348,8 @@ def _count(data: dict, key: str, path) -> Optional[int]:
 def check_bench_workload(bench: BenchResult, scenario) -> None:
     """One line unless the benchmark ran the scenario's workload: its request count, mean input and output
     tokens a request and request rate, each within the tolerance WORKLOAD_TOLERANCE gives it (a
-    benchmark of another workload is not a measurement of this scenario, however close its figures)."""
+    benchmark of another workload is not a measurement of this scenario, however close its figures),
+    and its --max-concurrency (`workload.max_concurrency`; `--request-rate inf` is arrival `immediate`)."""
     from kvsim.scenario.workload import generate_requests
 
     n = prompt = output = 0
@@ -354,7 +358,8 @@ def check_bench_workload(bench: BenchResult, scenario) -> None:
         first, last = (r.arrival_time, r.arrival_time) if n == 0 else (first, r.arrival_time)
         n, prompt, output = n + 1, prompt + r.prompt_len, output + r.output_len
     arrival = scenario.workload.arrival
-    rate = arrival.rate if arrival.process != "trace" else ((n - 1) / (last - first) if last > first else None)
+    rate = (math.inf if arrival.process == "immediate" else arrival.rate if arrival.process != "trace"
+            else ((n - 1) / (last - first) if last > first else None))
     done = bench.completed or 0
     theirs = {"requests": bench.num_prompts if bench.num_prompts is not None else bench.completed,
               "mean input tokens": bench.total_input_tokens / done if done and bench.total_input_tokens else None,
@@ -367,8 +372,10 @@ def check_bench_workload(bench: BenchResult, scenario) -> None:
         a, b = theirs[what], ours[what]
         if a is None or b is None or (math.isinf(a) and math.isinf(b)):
             continue
-        if math.isinf(a) or abs(a - b) > tolerance * b:
+        if math.isinf(a) or math.isinf(b) or abs(a - b) > tolerance * b:
             off.append(f"{what} {_show(a)} vs {_show(b)} (±{tolerance:.0%})")
+    if bench.stated_concurrency and bench.max_concurrency != scenario.workload.max_concurrency:
+        off.append(f"max concurrency {bench.max_concurrency} vs {scenario.workload.max_concurrency}")
     if off:
         raise KvsimError(f"{bench.path}: the benchmark ran another workload than {scenario.source}: "
                          + "; ".join(off) + " (benchmark vs scenario): validate it against the scenario it ran")

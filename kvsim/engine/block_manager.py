@@ -155,7 +155,8 @@ class BlockManager:
 
     # ---- prefix caching ------------------------------------------------------------------
     def num_shareable(self, seq: Sequence) -> int:
-        """Table positions whose blocks may be shared: the full blocks of the shareable prompt."""
+        """Table positions whose blocks may be shared: the full blocks of the shareable content (the
+        prompt's, and past it a reply that a conversation's next turn carries)."""
         ids = seq.request.token_ids
         return 0 if ids is None or not self.enable_prefix_caching else len(ids) // self.block_size
 
@@ -328,7 +329,7 @@ class BlockManager:
     def _adopt(self, seq: Sequence, new: array) -> None:
         """Append blocks taken off the free queue to the sequence's table, one reference each."""
         table = seq.block_table
-        if seq.request.token_ids is not None and len(table) * self.block_size < seq.request.prompt_len:
+        if seq.request.token_ids is not None:
             shared = self.num_shareable(seq) - len(table)  # how many land at shareable positions
             if shared > 0:  # held, and holding nothing until registered
                 self.content.hold(new[:shared])
@@ -351,6 +352,11 @@ class BlockManager:
             new = self._reserved[:need]
             del self._reserved[:need]
             self._adopt(seq, new)
+        # Shareable content past the prompt (a conversation's reply, which its next turn carries):
+        # the full blocks the cohort wrote are registered now that the table holds them.
+        run = self._runs.get(seq) if self._runs else None
+        if run is not None and seq.num_computed_tokens // self.block_size > run.end:
+            self._register(seq, min(len(run.chain), seq.num_computed_tokens // self.block_size))
 
     @property
     def num_reserved_blocks(self) -> int:

@@ -45,18 +45,21 @@ class DisaggregatedSimulation(Simulation):
     def run(self, source: ArrivalSource) -> float:
         import simpy
 
-        self.source = source
+        self.source, self.closed = source, source.closed_loop
         env = self.env = simpy.Environment()
-        env.process(self._arrivals())
+        if not self.closed:
+            env.process(self._arrivals())
         for rep in self.prefill:
             env.process(self._prefill_loop(rep))
         for rep, receiver in zip(self.decode, self.receivers):
             env.process(self._decode_loop(rep, receiver))
+        if self.closed:
+            self.start_wakes(env)
         env.run()
         stuck = sum(rep.scheduler.num_unfinished for rep in self.replicas) + len(self.pending)
         if stuck or not source.exhausted or any(rep.allocator.held for rep in self.prefill):
             raise RuntimeError(f"simulation ended with {stuck} requests unaccounted for")
-        return max(env.now, *(rep.clock for rep in self.replicas))
+        return max(self.last_dispatch if self.closed else env.now, *(rep.clock for rep in self.replicas))
 
     # ---- arrivals ------------------------------------------------------------------------
     def dispatch(self, seq: Sequence, now: float) -> None:
@@ -141,7 +144,7 @@ class DisaggregatedSimulation(Simulation):
                 yield rep.idle
                 continue
             now = env.now
-            step = rep.begin(now, self._decode_horizon(rep.index, receiver, now))
+            step = rep.begin(now, self._decode_horizon(rep, receiver, now))
             batch = step.batch
             limit = self._start_reads(receiver, sched.max_num_batched_tokens - batch.num_tokens, bool(batch.preempted),
                                       now)
@@ -155,16 +158,18 @@ class DisaggregatedSimulation(Simulation):
             if finished:
                 self._ended(finished, step.end)
 
-    def _decode_horizon(self, index: int, receiver: RemoteKvReceiver, now: float) -> float:
+    def _decode_horizon(self, rep: Replica, receiver: RemoteKvReceiver, now: float) -> float:
         """Before when a decode instance's fused run must end: the next moment a request could reach it
-        or its reads could end (now: requests wait for its blocks, so it runs step by step)."""
+        or its reads could end (now: requests wait for its blocks, so it runs step by step). An idle
+        prefill instance starts on the next arrival; in a closed loop that may be one another
+        instance's step releases (`Simulation.arrival_bound`)."""
         if receiver.arriving:
             return now
         ends = self.prefill_ends
         horizon = min(ends)
-        if math.inf in ends:  # an idle prefill instance starts on the next arrival
-            horizon = min(horizon, self.next_arrival_time)
-        reads = self.reads[index] if receiver.num_receiving else None
+        if math.inf in ends:
+            horizon = min(horizon, self.arrival_bound(rep, now) if self.closed else self.next_arrival_time)
+        reads = self.reads[rep.index] if receiver.num_receiving else None
         return min(horizon, *reads.values()) if reads else horizon
 
     def _start_reads(self, receiver: RemoteKvReceiver, budget: int, blocked: bool, now: float) -> str:

@@ -8,7 +8,7 @@ observer or arrival source is a new class satisfying one of these, not a new bra
 | `KVAllocator` | KV-cache blocks of one replica | `block_manager.BlockManager` (paged, prefix caching), `contiguous.ContiguousAllocator`, `reference_pool.ReferencePool` (the plain specification), `kv_transfer.HeldBlocks` (a prefill instance's: finished requests' blocks held until their KV has left) |
 | `Backend` | prices (or runs) engine steps | `kvsim.backends.analytic.AnalyticBackend`, `kvsim.backends.triton_engine.backend.TritonBackend` |
 | `EngineObserver` | is told what each step did | `kvsim.results.metrics.Metrics` |
-| `ArrivalSource` | releases requests, is told when they end | `arrivals.RequestStream` (open loop) |
+| `ArrivalSource` | releases requests, is told when they end | `arrivals.RequestStream` (open loop), `arrivals.ClosedLoop` (a `ClosedLoopSource`) |
 | `Router` | picks a replica for each request | `router.LeastLoaded`, `router.RoundRobin`, `router.PrefixAffinity`, `router.MostFreeBlocks` |
 | `TransferObserver` | is told of each KV transfer of a disaggregated deployment | `kvsim.results.disaggregation.DisaggregationObserver` |
 
@@ -100,15 +100,26 @@ class EngineObserver(Protocol):
 
 @runtime_checkable
 class ArrivalSource(Protocol):
-    """Requests in arrival order. `next_request` gives the next one (None: none is known now);
-    `exhausted` is True once none will ever come. A `closed_loop` source hears of every request
-    that finished or was rejected through `request_ended`, and releases its next ones from there."""
+    """Requests in arrival order. `next_request` gives the next one (None: no more); `exhausted` is
+    True once none will ever come. A `closed_loop` source is a `ClosedLoopSource`."""
 
     exhausted: bool
     closed_loop: bool
 
     def next_request(self) -> Optional[Request]: ...
     def request_ended(self, seq: Sequence, now: float) -> None: ...
+
+
+@runtime_checkable
+class ClosedLoopSource(ArrivalSource, Protocol):
+    """A source whose requests depend on earlier ones ending (clients waiting for replies): it hears
+    of every request that finished or was rejected through `request_ended`; `next_time` is when its
+    next request is due (inf: none until a request ends), and `next_request` is taken only then (an
+    end may make an earlier one due). Every request it releases after an end at t is due at
+    t + `min_gap` or later."""
+
+    next_time: float
+    min_gap: float
 
 
 @runtime_checkable

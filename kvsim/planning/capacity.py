@@ -1,4 +1,5 @@
-"""`kvsim plan`: each policy's safe arrival rate under the scenario's SLO.
+"""`kvsim plan`: each policy's safe arrival rate under the scenario's SLO (a closed loop: its safe
+concurrency, the most clients; kvsim/planning/points.py `load_unit`).
 
 Per policy and seed a `Search` (kvsim/planning/search.py) brackets and bisects the rate; a rate is
 *sustainable* when the SLO is met at its percentile and the engine is stable
@@ -31,13 +32,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Callable, Optional
 
 import numpy as np
 
 from kvsim.errors import check_int
 from kvsim.planning.executors import make_executor, run_all
-from kvsim.planning.points import FIGURES, base_rate, check_fits, evaluate_point, mean_or_none
+from kvsim.planning.points import CLIENTS, FIGURES, base_rate, check_fits, evaluate_point, load_unit, mean_or_none
 from kvsim.planning.safe import LONG_RUN, SafeCheck, first_candidate, safe_rates
 from kvsim.planning.search import Search, expected_points, run_searches
 from kvsim.scenario.workload import expected_count
@@ -231,7 +233,7 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
                     policy_of=lambda label: label, headroom_rate: Optional[float] = None,
                     confirm: bool = True, key: str = "policy", growth_of=lambda label: 2.0,
                     known=lambda label, seed: (), floor=lambda label: 0.0,
-                    start_of=None) -> tuple[list[PolicyCapacity], list[dict]]:
+                    start_of=None, integer: bool = False) -> tuple[list[PolicyCapacity], list[dict]]:
     """The search for each label (a policy, or a deployment layout) over seeds, starting at `start`
     req/s with `num_requests(label)` requests a point (`known(label, seed)`: (rate, record) pairs
     already simulated, `growth_of(label)`: the search's step up, `start_of(label)`: its own start); with `confirm`, each label's safe
@@ -239,7 +241,7 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
     seeds' highest sustainable rates, unchecked.
     Returns the answers (headroom against `headroom_rate`, default `start`) and the point rows."""
     start_of = start_of or (lambda label: start)
-    searches = {label: [Search((label, seed), start_of(label), resolution, growth_of(label)) for seed in seeds]
+    searches = {label: [Search((label, seed), start_of(label), resolution, growth_of(label), integer) for seed in seeds]
                 for label in labels}
     for label, group in searches.items():
         for seed, search in zip(seeds, group):
@@ -255,7 +257,7 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
     checks = {}
     if confirm:
         checks = safe_rates(executor, {label: first_candidate(group) for label, group in searches.items()},
-                            seeds, resolution, point, tick, floor)
+                            seeds, resolution, point, tick, floor, integer)
     rows = []
     for label, group in searches.items():
         for seed, s in zip(seeds, group):
@@ -327,22 +329,24 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
     chosen = [p.name for p in chosen_policies(scenario, policies)]
     check_fits(scenario, chosen)
     n = num_requests or default_requests(scenario)
-    r0 = base_rate(scenario, n)  # a trace: the mean rate of the rows each point replays
+    unit = load_unit(scenario)
+    r0 = base_rate(scenario, n)  # a trace: the mean rate of the rows each point replays; a closed loop: its clients
     trace_rate = r0 if scenario.workload.arrival.process == "trace" else None
+    integer = unit == CLIENTS
     seed_list = [scenario.workload.seed + i for i in range(seeds)]
     tick = Ticker(progress, len(chosen) * (seeds * (expected_points(resolution) + 1) + LONG_RUN))
     own = executor is None
     executor = executor or make_executor(workers, ray)
     try:
         answers, rows = capacity_search(executor, scenario, chosen, seed_list, resolution, tick, start=r0,
-                                        num_requests=lambda label: n, trace_rate=trace_rate)
+                                        num_requests=lambda label: n, trace_rate=trace_rate, integer=integer)
         rows += name_step_time(executor, scenario, answers, seed_list[0], n, trace_rate, tick)
         tuning = []
         if tune:
             from kvsim.planning.tune import tune as tune_engine
 
             tuning, more = tune_engine(executor, scenario, answers, seed_list, resolution, n, trace_rate, tick,
-                                       capacity_search)
+                                       partial(capacity_search, integer=integer))
             rows += more
     finally:
         if own:
@@ -353,5 +357,5 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
             "arrival": scenario.workload.arrival.model_dump(), "scenario_rate": r0,
             "slo": scenario.slo.model_dump(), "seeds": seed_list, "num_requests": n, "resolution": resolution,
             "stability_tolerance": STABILITY_TOLERANCE, "policy_order": [p.name for p in scenario.policies],
-            "long_run_requests": LONG_RUN * n}
+            "long_run_requests": LONG_RUN * n, "load_unit": unit}
     return PlanResult(scenario.name or "scenario", meta, answers, rows, tuning)

@@ -23,6 +23,11 @@ policy) that meet the scenario's SLO at R requests/s, with their cost per hour a
 4. The `top` cheapest passing deployments get their own safe rate (the plan's, searched from R), so
    headroom is measured, not extrapolated.
 
+A closed loop (arrival process immediate with `max_concurrency` clients) is planned as the open
+loop of its requests at R, Poisson, as `vllm bench serve --request-rate R` runs without
+--max-concurrency (`rate_based`); vllm bench's semaphore over an arrival process keeps its clients;
+multi-turn sessions are refused (plan their concurrency instead).
+
 Cost: `$/hour` is the GPU price (kvsim.scenario.catalog.gpu_price: the scenario's [cost], else the
 presets) × GPUs. `$/M input` and `$/M output` charge that hour to the input (resp. output) tokens
 served at R: hourly cost / (R × mean tokens per request × 3600) × 10^6, each on its own (they are
@@ -49,7 +54,7 @@ from kvsim.planning.safe import LONG_RUN
 from kvsim.planning.search import expected_points
 from kvsim.scenario.catalog import GPUS, GpuSpec, gpu_price, gpu_spec, model_spec, tp_problem
 from kvsim.scenario import limits
-from kvsim.scenario.config import HardwareConfig
+from kvsim.scenario.config import HardwareConfig, scenario_from_dict
 
 TP_DEGREES = (1, 2, 4, 8)
 MAX_REPLICAS = 64
@@ -193,6 +198,8 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
     if unknown:
         raise KvsimError(f"--gpu: unknown GPU {', '.join(unknown)} (presets: {', '.join(GPUS)})")
     gpus = [known[g.lower()] for g in gpus] if gpus else list(GPUS)
+    closed = scenario.workload.arrival.process == "immediate"
+    scenario = rate_based(scenario)
     n_req = num_requests or default_requests(scenario)
     trace_rate = base_rate(scenario, n_req) if scenario.workload.arrival.process == "trace" else None
     seed_list = [scenario.workload.seed + i for i in range(seeds)]
@@ -221,8 +228,24 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
             "seeds": seed_list, "num_requests": n_req, "long_run_requests": LONG_RUN * n_req,
             "resolution": resolution, "gpus": gpus, "tensor_parallel": list(tensor_parallel),
             "mean_prompt_tokens": prompt, "mean_output_tokens": output, "top": top, "headroom": headroom,
-            "scout": search.scout}
+            "scout": search.scout, "from_closed_loop": closed}
     return DeployResult(target_rate, meta, deployments, skipped, search.points)
+
+
+def rate_based(scenario):
+    """The scenario with requests at a rate: a closed loop (arrival process immediate, clients) is
+    planned as the open loop `vllm bench serve --request-rate R` without --max-concurrency runs,
+    Poisson arrivals of the same requests (its clients and think time dropped); multi-turn sessions
+    are refused (their rate is in sessions and their turns wait on replies: plan their concurrency)."""
+    wl = scenario.workload
+    if wl.sessions is not None:
+        raise KvsimError(f"{scenario.source}: --target-rate plans requests per second; a scenario of multi-turn "
+                         "sessions is planned by its concurrency: kvsim plan without --target-rate")
+    if wl.arrival.process != "immediate":
+        return scenario
+    data = scenario.model_dump()
+    data["workload"].update(arrival={"process": "poisson", "rate": 1.0}, max_concurrency=None, think_time_s=None)
+    return scenario_from_dict(data, scenario.source, scenario.base_dir)
 
 
 class _Search:

@@ -92,25 +92,43 @@ def _num(x, digits=2, pct=False) -> str:
     return f"{x:+.0%}" if pct else f"{x:,.{digits}f}"
 
 
+def load_unit(meta: dict) -> str:
+    """What the plan's rates count: req/s, sessions/s, or clients (a closed loop's concurrency)."""
+    return meta.get("load_unit") or "req/s"
+
+
+def _there(p, unit: str) -> str:
+    """A closed loop's throughput at its safe concurrency."""
+    rps = p.at_safe_rate.get("throughput_rps") if unit == "clients" else None
+    return "" if rps is None else f", {rps:.3g} req/s there"
+
+
 def plan_lines(result) -> list[str]:
     m = result.meta
+    unit = load_unit(m)
+    closed = unit == "clients"
+    load = (f"a closed loop of {m['scenario_rate']:g} clients" if closed
+            else f"scenario rate {m['scenario_rate']:.3g} {unit}")
     lines = [f"{m['model']} on {m['gpu']}, TP {m['tensor_parallel_size']} × {m['num_replicas']} replica"
-             f"{'s' if m['num_replicas'] > 1 else ''}; scenario rate {m['scenario_rate']:.3g} req/s",
-             slo_text(m["slo"]) + f"; sustainable = SLO met and backlog ≤ {m['stability_tolerance']:.0%} at the last arrival",
-             f"{len(m['seeds'])} seeds × {m['num_requests']:,} requests a point, ±{m['resolution']:.0%} rate resolution; "
-             f"{len(result.points)} points simulated; safe = every seed and a {m.get('long_run_requests', 0):,}-request "
-             "run sustainable there"]
+             f"{'s' if m['num_replicas'] > 1 else ''}; {load}",
+             slo_text(m["slo"]) + ("; sustainable = SLO met (clients wait for their replies: a closed loop cannot "
+                                   "fall behind)" if closed else
+                                   f"; sustainable = SLO met and backlog ≤ {m['stability_tolerance']:.0%} at the last arrival"),
+             f"{len(m['seeds'])} seeds × {m['num_requests']:,} requests a point, ±{m['resolution']:.0%} "
+             f"{'concurrency' if closed else 'rate'} resolution; {len(result.points)} points simulated; safe = every "
+             f"seed and a {m.get('long_run_requests', 0):,}-request run sustainable there"]
     for p in result.policies:
         if p.safe_rate == 0:
             lowest = min(pt["rate"] for pt in result.points if pt["policy"] == p.policy)
-            lines.append(f"{p.policy}: no safe rate found, down to {lowest:.3g} req/s "
+            lines.append(f"{p.policy}: no safe {'concurrency' if closed else 'rate'} found, down to {lowest:.3g} {unit} "
                          f"(requests alone miss the SLO; at the knee: {p.binding_detail})")
     groups = [g for g in ties([p for p in result.policies if p.safe_rate > 0])]
     if groups:
         best = groups[0][0]
-        lines.append(f"best: {best.policy}, safe at {best.safe_rate:.3g} req/s ({best.headroom:+.0%} against the "
-                     f"scenario's rate; knee {best.mean_rate:.3g}, 95% CI {best.ci_low:.3g}–{best.ci_high:.3g}); "
-                     f"binds at the knee: {best.binding_detail}")
+        lines.append(f"best: {best.policy}, safe at {best.safe_rate:.3g} {unit}{_there(best, unit)} "
+                     f"({best.headroom:+.0%} against the scenario's {'clients' if closed else 'rate'}; knee "
+                     f"{best.mean_rate:.3g}, 95% CI {best.ci_low:.3g}–{best.ci_high:.3g}); binds at the knee: "
+                     f"{best.binding_detail}")
         if len(groups[0]) > 1:
             lines.append("tied with it (95% intervals overlap, the seeds cannot tell them apart): "
                          + ", ".join(f"{p.policy} (safe {p.safe_rate:.3g}, CI {p.ci_low:.3g}–{p.ci_high:.3g})"
@@ -130,15 +148,21 @@ def tied_with(answers: list) -> dict[str, list[str]]:
 
 def plan_table(result) -> Table:
     slo_cols = _slo_columns(result.meta["slo"], "worst_", " at safe")
-    table = Table(title="kvsim plan: safe rate per policy (every seed and a long run sustainable)")
+    unit = load_unit(result.meta)
+    closed = unit == "clients"
+    table = Table(title=f"kvsim plan: safe {'concurrency' if closed else 'rate'} per policy (every seed and a long "
+                        "run sustainable)")
     tied = tied_with(result.policies)
-    labels = ["policy", "safe req/s", "knee: mean (95% CI)", "tied with", "headroom", "at scenario rate",
-              *(c[1] for c in slo_cols), "binds at the knee"]
+    labels = ["policy", f"safe {unit}", *(["req/s at safe"] if closed else []), "knee: mean (95% CI)", "tied with",
+              "headroom", f"at scenario {'clients' if closed else 'rate'}", *(c[1] for c in slo_cols), "binds at the knee"]
+    left = {0, labels.index("tied with"), labels.index("tied with") + 2, len(labels) - 1}
     for i, label in enumerate(labels):
-        table.add_column(label, justify="left" if i in (0, 3, 5, len(labels) - 1) else "right", no_wrap=i == 0)
+        table.add_column(label, justify="left" if i in left else "right", no_wrap=i == 0)
     for p in result.policies:
         more = ">" if p.censored else ""
-        table.add_row(p.policy, _num(p.safe_rate), f"{more}{_num(p.mean_rate)} ({_num(p.ci_low)}–{_num(p.ci_high)})",
+        table.add_row(p.policy, _num(p.safe_rate, 0 if closed else 2),
+                      *([_num(p.at_safe_rate.get("throughput_rps"))] if closed else []),
+                      f"{more}{_num(p.mean_rate)} ({_num(p.ci_low)}–{_num(p.ci_high)})",
                       ", ".join(tied[p.policy]) or "–", _num(p.headroom, pct=True),
                       "✓ sustainable" if p.sustainable_at_scenario_rate else "✗ not sustainable",
                       *(_num(p.at_safe_rate.get(c[0]), 0) for c in slo_cols), p.binding or "–")
@@ -146,8 +170,9 @@ def plan_table(result) -> Table:
 
 
 def tuning_table(result) -> Table:
-    table = Table(title="kvsim plan --tune: engine settings that raise the safe rate (vLLM flags)")
-    for i, c in enumerate(["policy", "safe req/s at the scenario's settings", "tuned safe req/s", "gain",
+    unit = load_unit(result.meta)
+    table = Table(title=f"kvsim plan --tune: engine settings that raise the safe {'concurrency' if unit == 'clients' else 'rate'} (vLLM flags)")
+    for i, c in enumerate(["policy", f"safe {unit} at the scenario's settings", f"tuned safe {unit}", "gain",
                            "vllm serve flags", "binds then", "tried"]):
         table.add_column(c, justify="right" if i in (1, 2, 3) else "left", no_wrap=i in (0, 4))
     for t in result.tuning:
@@ -155,7 +180,7 @@ def tuning_table(result) -> Table:
                           + ("" if x["kept"] else " (not kept)") for x in t.tried) or "– (nothing to change)"
         table.add_row(t.policy, _num(t.baseline_safe_rate), _num(t.safe_rate), _num(t.gain, pct=True), t.flags(),
                       t.binding or "–", tried)
-    table.caption = "tried: max_num_seqs/max_num_batched_tokens: safe req/s"
+    table.caption = f"tried: max_num_seqs/max_num_batched_tokens: safe {unit}"
     return table
 
 
@@ -167,6 +192,9 @@ def deploy_lines(result) -> list[str]:
              f"{m['long_run_requests']:,}-request run must sustain the target; {len(result.points)} points simulated",
              f"$/M tokens at the target rate ({m['mean_prompt_tokens']:.0f} input, {m['mean_output_tokens']:.0f} "
              f"output tokens a request on average), each charging the whole hour"]
+    if m.get("from_closed_loop"):
+        lines.insert(1, "the scenario's closed loop planned as its requests arriving at the target rate (Poisson, "
+                        "no client limit: vllm bench serve --request-rate without --max-concurrency)")
     if result.deployments:
         d = result.deployments[0]
         lines.append(f"cheapest: {d.answer()}, ${d.usd_per_m_output:.3f} per million output tokens"

@@ -2,7 +2,8 @@
 
 `at_load(scenario, rate, seed, num_requests)` rewrites the workload so that requests arrive at
 `rate` per second: the Poisson or gamma rate itself, or for a trace a time compression
-(`workload.arrival.time_scale`) relative to the trace's own rate (`base_rate`). `evaluate_point`
+(`workload.arrival.time_scale`) relative to the trace's own rate (`base_rate`); for a closed loop
+(arrival process immediate) `rate` is its concurrency, `max_concurrency` clients. `evaluate_point`
 runs one policy of it (a pure function of its arguments: any worker gives the same record) and
 `point_record` (kvsim.results.verdict.flat_record) keeps the figures a capacity answer needs.
 """
@@ -13,13 +14,33 @@ from typing import Optional
 
 import numpy as np
 
+from kvsim.errors import KvsimError
 from kvsim.results.verdict import FIGURES, flat_record as point_record  # noqa: F401 (FIGURES: the record's keys)
 from kvsim.scenario.config import scenario_from_dict
 
+CLIENTS, REQ_RATE, SESSION_RATE = "clients", "req/s", "sessions/s"
+
+
+def load_unit(scenario) -> str:
+    """What a plan searches: `clients` for a closed loop (arrival process immediate, max_concurrency
+    clients: the load is how many), else the arrival rate: `sessions/s` when requests come as
+    multi-turn sessions, `req/s` otherwise (with max_concurrency too: vllm bench's semaphore over
+    its arrival process, whose clients stay as the scenario sets them)."""
+    wl = scenario.workload
+    if wl.arrival.process == "immediate":
+        if wl.max_concurrency is None:
+            raise KvsimError(f"{scenario.source}: workload.arrival.process 'immediate' without max_concurrency sends "
+                             "everything at t = 0: no rate or concurrency to search (set max_concurrency)")
+        return CLIENTS
+    return SESSION_RATE if wl.sessions is not None else REQ_RATE
+
+
 def base_rate(scenario, num_requests: Optional[int] = None) -> float:
-    """The scenario's own arrival rate (requests/s): the configured rate, or a trace's mean rate
+    """The scenario's own load: a closed loop's clients, the configured rate, or a trace's mean rate
     over the first `num_requests` rows (default: the requests it replays) at its own time_scale."""
     arrival = scenario.workload.arrival
+    if load_unit(scenario) == CLIENTS:
+        return float(scenario.workload.max_concurrency)
     if arrival.process != "trace":
         return arrival.rate
     from kvsim.scenario.traces import load_trace
@@ -47,7 +68,9 @@ def at_load(scenario, rate: float, seed: Optional[int] = None, num_requests: Opt
             data.setdefault(section, {}).update(values)
     wl = data["workload"]
     arrival = wl["arrival"]
-    if arrival["process"] == "trace":
+    if arrival["process"] == "immediate":  # a closed loop: the load is its clients
+        wl["max_concurrency"] = max(1, int(round(rate)))
+    elif arrival["process"] == "trace":
         own = trace_rate if trace_rate is not None else base_rate(scenario)
         arrival["time_scale"] = scenario.workload.arrival.time_scale * own / rate
     else:

@@ -12,6 +12,8 @@ knee is found in a few rounds); once a rate has passed below one that failed, bi
 scale) until the two are within the resolution. The safe rate is the highest rate that passed (0
 when none did in `MAX_STEPS` rounds). Every label (policy or deployment) has its own ladder; a
 round simulates every label still searching at once, so the answers do not depend on the executor.
+An `integer` ladder (a closed loop's concurrency) takes whole steps: at least one client down,
+and it stops when the rate that failed is one above the one that passed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Callable, Optional
 
 from kvsim.planning.executors import run_all
 from kvsim.planning.points import evaluate_point
+from kvsim.planning.search import whole_between
 
 LONG_RUN = 4
 MAX_STEPS = 12
@@ -39,6 +42,7 @@ class SafeCheck:
     records: list = field(default_factory=list)  # the seeds' records at `passed`
     long_record: Optional[dict] = None  # the long run's record at `passed`
     tried: list = field(default_factory=list)  # (rate, seed or None for the long run, record)
+    integer: bool = False  # whole rates only (a concurrency)
 
     @property
     def safe_rate(self) -> float:
@@ -47,10 +51,12 @@ class SafeCheck:
     def next_rate(self, shrink: float, floor: float) -> Optional[float]:
         """The rate to try after the last result, or None when done (module docstring)."""
         if self.passed is None:
-            return max(self.failed * shrink ** (2 ** (self.steps - 1)), floor)
+            rate = max(self.failed * shrink ** (2 ** (self.steps - 1)), floor)
+            return whole_between(min(rate, self.failed - 1), 0, self.failed) if self.integer else rate
         if self.failed is None or self.failed / self.passed <= 1 / shrink:
             return None
-        return (self.passed * self.failed) ** 0.5
+        rate = (self.passed * self.failed) ** 0.5
+        return whole_between(rate, self.passed, self.failed) if self.integer else rate
 
 
 def first_candidate(searches) -> float:
@@ -74,11 +80,12 @@ def verify(executor, items: list, seeds: list[int], task: Callable[[object, int,
 
 
 def safe_rates(executor, candidates: dict, seeds: list[int], resolution: float,
-               task: Callable[[object, float, int, bool], tuple], tick, floor=lambda label: 0.0) -> dict:
+               task: Callable[[object, float, int, bool], tuple], tick, floor=lambda label: 0.0,
+               integer: bool = False) -> dict:
     """{label: SafeCheck} down each label's ladder from its candidate rate (module docstring).
     `task(label, rate, seed, long)` gives the arguments of `evaluate_point` for one simulated point;
     `floor(label)`: a rate already known to pass this check, below which the ladder does not go."""
-    checks = {label: SafeCheck(label, rate, done=rate <= 0) for label, rate in candidates.items()}
+    checks = {label: SafeCheck(label, rate, done=rate <= 0, integer=integer) for label, rate in candidates.items()}
     shrink = (1 - resolution) / (1 + resolution)
     while True:
         todo = [c for c in checks.values() if not c.done]

@@ -8,6 +8,10 @@ and an unsustainable one `hi` bracket the knee it tries sqrt(lo * hi) until hi /
 (1 + res) / (1 - res). The knee is then sqrt(lo * hi): every rate in the bracket lies within
 ±res of it. Which rate comes next depends only on the search's own results, so many searches
 can run at once on any executor (`run_searches`) and still give the same answers.
+
+An `integer` search (a closed loop's concurrency: clients come whole) tries whole numbers from 1
+up: the same bracket and bisection rounded, until hi = lo + 1 or the bracket is within the
+resolution; its knee is lo, the most clients found sustainable.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class Search:
     start: float
     resolution: float = 0.02
     growth: float = 2.0  # the step up while nothing tried has failed
+    integer: bool = False  # whole loads only (a concurrency)
     lo: Optional[float] = None  # highest sustainable rate seen
     hi: Optional[float] = None  # lowest unsustainable rate seen
     lo_record: Optional[dict] = None
@@ -34,7 +39,15 @@ class Search:
 
     def next_rate(self) -> Optional[float]:
         """The next rate to try, or None when the search is done."""
+        rate = self._next()
+        if rate is None or not self.integer:
+            return rate
+        return whole_between(rate, self.lo or 0, self.hi or math.inf)
+
+    def _next(self) -> Optional[float]:
         lo, hi = self.lo, self.hi
+        if self.integer and ((lo is not None and hi is not None and hi - lo <= 1) or hi == 1):
+            return None
         if lo is None and hi is None:
             return self.start
         if hi is None:
@@ -55,10 +68,11 @@ class Search:
 
     @property
     def knee(self) -> float:
-        """sqrt(lo * hi); lo when nothing tried failed (censored), 0 when nothing passed."""
+        """sqrt(lo * hi); lo when nothing tried failed (censored) or the search is integer, 0 when
+        nothing passed."""
         if self.lo is None:
             return 0.0
-        if self.hi is None:
+        if self.hi is None or self.integer:
             return self.lo
         return math.sqrt(self.lo * self.hi)
 
@@ -66,6 +80,14 @@ class Search:
     def censored(self) -> bool:
         """True when even the highest rate tried was sustainable (the knee is above it)."""
         return self.lo is not None and self.hi is None
+
+
+def whole_between(rate: float, lo: float, hi: float) -> Optional[float]:
+    """`rate` rounded to a whole number strictly between lo and hi (at least 1), or None if none is."""
+    low, high = math.floor(lo) + 1, math.ceil(hi) - 1 if math.isfinite(hi) else math.inf
+    if low > high:
+        return None
+    return float(min(max(round(rate), low, 1), high))
 
 
 def expected_points(resolution: float) -> int:

@@ -47,14 +47,36 @@ def _table_rows(summaries: dict[str, dict]) -> tuple[list[str], list[list[str]]]
     return header, rows
 
 
-def _rate_text(arrival: dict, offered) -> str:
-    process = arrival.get("process")
+def _rate_text(arrival: dict, offered, clients: dict | None = None) -> str:
+    """How the load came: e.g. 'poisson 14 req/s, offered 13.9 req/s', or a closed loop's clients."""
+    process, clients = arrival.get("process"), clients or {}
+    n, sessions, think = clients.get("max_concurrency"), clients.get("sessions"), clients.get("think_time_s")
+    unit = "sessions/s" if sessions else "req/s"
     if process == "trace":
         scale = arrival.get("time_scale", 1.0)
         text = "trace replay" + (f" (time × {scale:g})" if scale != 1.0 else "")
+    elif process == "immediate":
+        text = f"closed loop of {n:,} clients" if n else "every request at t = 0"
     else:
-        text = f"{process} {arrival.get('rate', 0):g} req/s" + (f" (cv {arrival['cv']:g})" if process == "gamma" else "")
-    return text + ("" if offered is None else f", offered {offered:.2f} req/s")
+        text = f"{process} {arrival.get('rate', 0):g} {unit}" + (f" (cv {arrival['cv']:g})" if process == "gamma" else "")
+    if n and process != "immediate":
+        text += f", at most {n:,} in flight"
+    if sessions:
+        text += f", sessions of {_dist_text(sessions.get('turns') or {})} turns"
+    if think:
+        text += f", think time {_dist_text(think)} s"
+    return text + ("" if offered is None else f", {'sent' if n and process == 'immediate' else 'offered'} {offered:.2f} req/s")
+
+
+def _dist_text(dist: dict) -> str:
+    kind = dist.get("dist")
+    if kind == "fixed":
+        return f"{dist['value']:g}"
+    if kind == "uniform":
+        return f"{dist['min']:g}–{dist['max']:g}"
+    if kind in ("exponential", "lognormal"):
+        return f"{kind} mean {dist['mean']:g}"
+    return str(kind)
 
 
 def slo_text(slo: dict) -> str:
@@ -73,7 +95,7 @@ def verdict_lines(summaries: dict[str, dict], meta: dict | None = None) -> list[
         pools = meta.get("disaggregation")
         where = ("" if pools and set(pools["policies"]) >= set(meta.get("policy_order") or summaries) else
                  f" on {meta.get('gpu')}, TP {tp} × {replicas} replica{'s' if replicas > 1 else ''}")
-        lines.append(f"{meta['model']}{where}; {_rate_text(meta.get('arrival') or {}, offered)}")
+        lines.append(f"{meta['model']}{where}; {_rate_text(meta.get('arrival') or {}, offered, meta.get('clients'))}")
         if pools:
             lines.append(deployment_line(meta))
     if meta.get("slo"):

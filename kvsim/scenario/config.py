@@ -287,24 +287,36 @@ class LengthDist(_Section):
 
     @model_validator(mode="after")
     def _params(self):
-        need = {"fixed": ("value",), "uniform": ("min", "max"), "lognormal": ("mean", "sigma"), "trace": ()}
-        missing = [k for k in need[self.dist] if getattr(self, k) is None]
-        if missing:
-            raise ValueError(f"dist '{self.dist}' needs {', '.join(missing)}")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError("min must not exceed max")
+        _dist_params(self, {"fixed": ("value",), "uniform": ("min", "max"), "lognormal": ("mean", "sigma"), "trace": ()})
         return self
+
+
+def _dist_params(dist, need: dict, strict: bool = False) -> None:
+    """A distribution's parameters: those its `dist` needs are given (`strict`: and no other), min <= max."""
+    missing = [k for k in need[dist.dist] if getattr(dist, k) is None]
+    if missing:
+        raise ValueError(f"dist '{dist.dist}' needs {', '.join(missing)}")
+    extra = [k for k in ("value", "min", "max", "mean", "sigma")
+             if strict and k not in need[dist.dist] and getattr(dist, k) is not None]
+    if extra:
+        raise ValueError(f"dist '{dist.dist}' takes no {', '.join(extra)}")
+    if dist.min is not None and dist.max is not None and dist.min > dist.max:
+        raise ValueError("min must not exceed max")
 
 
 class ArrivalConfig(_Section):
     """Poisson, gamma (bursty: cv > 1) or deterministic (evenly spaced) arrivals at `rate`
-    requests/s, or the trace's own times."""
+    requests/s, the trace's own times, or everything at once (`immediate`)."""
 
-    process: Literal["poisson", "gamma", "deterministic", "trace"] = Field("poisson", description=(
+    process: Literal["poisson", "gamma", "deterministic", "trace", "immediate"] = Field("poisson", description=(
         "poisson (exponential gaps), gamma (gaps with coefficient of variation cv; cv > 1 is bursty), "
-        "deterministic (every gap 1/rate: capacity in closed form) or trace (the trace's own arrival times)."))
+        "deterministic (every gap 1/rate: capacity in closed form), trace (the trace's own arrival times) or "
+        "immediate (every request, or session, ready at t = 0: vllm bench serve --request-rate inf; with "
+        "max_concurrency, a closed loop of that many clients). With [workload.sessions] it is when sessions "
+        "start."))
     rate: Optional[Annotated[float, Field(ge=L.MIN_RATE, le=L.MAX_RATE)]] = Field(None, description=(
-        "Mean arrival rate in requests per second (poisson, gamma and deterministic)."))
+        "Mean arrival rate in requests per second (poisson, gamma and deterministic; sessions per second "
+        "with [workload.sessions])."))
     cv: Annotated[float, Field(ge=L.MIN_CV, le=L.MAX_CV)] = Field(1.0, description=(
         "gamma: coefficient of variation of the gaps (1 = Poisson, 2 = bursty)."))
     time_scale: Annotated[float, Field(ge=L.MIN_SCALE, le=L.MAX_SCALE)] = Field(1.0, description=(
@@ -312,8 +324,53 @@ class ArrivalConfig(_Section):
 
     @model_validator(mode="after")
     def _rate(self):
-        if self.process != "trace" and self.rate is None:
+        if self.process not in ("trace", "immediate") and self.rate is None:
             raise ValueError(f"process '{self.process}' needs 'rate' (requests per second)")
+        if self.process == "immediate" and self.rate is not None:
+            raise ValueError("process 'immediate' takes no rate: every request is ready at t = 0")
+        return self
+
+
+class TimeDist(_Section):
+    """A duration in seconds: fixed, uniform [min, max], exponential (mean) or lognormal (mean, sigma)."""
+
+    dist: Literal["fixed", "uniform", "exponential", "lognormal"] = Field("fixed", description=(
+        "fixed (value), uniform in [min, max], exponential (mean; vLLM's multi-turn benchmark sleeps "
+        "exponentially) or lognormal (mean, sigma of the underlying normal)."))
+    value: Optional[Annotated[float, Field(ge=0, le=L.MAX_DURATION_S)]] = Field(None, description="fixed: seconds.")
+    min: Optional[Annotated[float, Field(ge=0, le=L.MAX_DURATION_S)]] = Field(None, description="uniform: shortest, seconds.")
+    max: Optional[Annotated[float, Field(ge=0, le=L.MAX_DURATION_S)]] = Field(None, description="uniform: longest, seconds.")
+    mean: Optional[Annotated[float, Field(gt=0, le=L.MAX_DURATION_S)]] = Field(None, description=(
+        "exponential, lognormal: mean in seconds."))
+    sigma: Optional[Annotated[float, Field(ge=L.MIN_SIGMA, le=L.MAX_SIGMA)]] = Field(None, description=(
+        "lognormal: standard deviation of the underlying normal."))
+
+    @model_validator(mode="after")
+    def _params(self):
+        _dist_params(self, {"fixed": ("value",), "uniform": ("min", "max"), "exponential": ("mean",),
+                            "lognormal": ("mean", "sigma")}, strict=True)
+        return self
+
+    @property
+    def lowest(self) -> float:
+        """The least value it can draw (its infimum)."""
+        return {"fixed": self.value, "uniform": self.min}.get(self.dist, 0.0)
+
+
+class SessionConfig(_Section):
+    """Multi-turn sessions: each a conversation of turns; a turn's prompt is everything said so far
+    (earlier prompts and replies) and `workload.prompt_len` new tokens, its reply `workload.output_len`
+    tokens, sent `workload.think_time_s` after the previous reply ended."""
+
+    turns: LengthDist = Field(LengthDist(dist="fixed", value=4), description=(
+        "Turns per session (fixed, uniform, lognormal; trace: each ShareGPT conversation's own turns, with "
+        f"prompt_len and output_len dist = \"trace\"). At most {L.MAX_TURNS:,}."))
+
+    @model_validator(mode="after")
+    def _bounded(self):
+        top = self.turns.value if self.turns.dist == "fixed" else self.turns.max
+        if top is not None and top > L.MAX_TURNS:
+            raise ValueError(f"turns: at most {L.MAX_TURNS:,} turns a session, got {top:,}")
         return self
 
 
@@ -401,6 +458,17 @@ class WorkloadConfig(_Section):
         "Output length distribution: every request generates exactly this many tokens (no early EOS)."))
     prefix: Optional[PrefixConfig] = Field(None, description="Shared system-prompt groups (none by default).")
     trace: Optional[TraceConfig] = Field(None, description="A trace to replay (none by default).")
+    max_concurrency: Optional[Annotated[int, Field(ge=1, le=L.MAX_CONCURRENCY)]] = Field(None, description=(
+        "Clients: at most this many requests (sessions, with [workload.sessions]) in flight, each client "
+        "sending its next one when its last ended (and think_time_s passed); arrivals wait for a free client in "
+        "order. vllm bench serve --max-concurrency (a semaphore over the arrival process); with arrival process "
+        "immediate, a closed loop (what kvsim plan then searches). Default: no limit (an open loop)."))
+    think_time_s: Optional[TimeDist] = Field(None, description=(
+        "A client's pause after each reply before its next request (a session's next turn), seconds. "
+        "Needs max_concurrency or [workload.sessions]. Default: none."))
+    sessions: Optional[SessionConfig] = Field(None, description=(
+        "Multi-turn sessions (none by default): requests come as conversations whose turns carry what was "
+        "said before, so prefix caching is exercised as in chat."))
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -413,12 +481,29 @@ class WorkloadConfig(_Section):
                              "gamma or deterministic arrivals, with prompt_len and output_len dist = \"trace\"")
         if self.trace is None and self.num_requests is None and self.duration_s is None:
             raise ValueError("give num_requests or duration_s")
-        if self.num_requests is None and self.duration_s is not None and self.arrival.process != "trace":
+        self._clients()
+        if self.num_requests is None and self.duration_s is not None and self.arrival.process not in ("trace", "immediate"):
             expected = self.arrival.rate * self.duration_s
             if expected > L.MAX_REQUESTS:
                 raise ValueError(f"arrival.rate × duration_s = {expected:,.0f} requests, more than "
                                  f"{L.MAX_REQUESTS:,}: set num_requests or shorten duration_s")
         return self
+
+    def _clients(self) -> None:
+        """Closed-loop and session keys that only work together."""
+        if self.think_time_s is not None and self.max_concurrency is None and self.sessions is None:
+            raise ValueError("think_time_s: a think time needs clients: set max_concurrency or [workload.sessions]")
+        if (self.arrival.process == "immediate" and self.max_concurrency is None and self.num_requests is None):
+            raise ValueError("arrival.process 'immediate' without max_concurrency sends everything at t = 0: "
+                             "give num_requests")
+        if self.sessions is None:
+            return
+        dataset = self.trace is not None and self.trace.format == "sharegpt"
+        traced = [k for k, d in (("sessions.turns", self.sessions.turns), ("prompt_len", self.prompt_len),
+                                 ("output_len", self.output_len)) if d.dist == "trace"]
+        if traced and (not dataset or len(traced) < 3):
+            raise ValueError("sessions from a dataset: sessions.turns, prompt_len and output_len all dist = \"trace\", "
+                             "with a [workload.trace] of format \"sharegpt\" (its conversations' turns)")
 
 
 class SloConfig(_Section):

@@ -13,6 +13,8 @@ their own CSV logs with a column mapping, ShareGPT-style conversations and `vllm
   shuffled.
 - `vllm_bench`: a `vllm bench serve --save-result --save-detailed` JSON: its `input_lens` and
   `output_lens`.
+- ShareGPT conversations as multi-turn sessions (`load_sharegpt_conversations`, for
+  kvsim/scenario/sessions.py): every (human, gpt) pair of a conversation is a turn.
 
 Datasets without times have `arrival_s` all 0: the scenario's arrivals are then synthetic. Bad
 input is one line naming the file and the line (a CSV) or the entry (`conversation 12`).
@@ -109,6 +111,58 @@ def load_sharegpt(path: Path, bytes_per_token: Optional[float] = None) -> Trace:
         raise KvsimError(f"{path}: no conversation has a first two turns within vllm bench's ShareGPT bounds "
                          f"({SHAREGPT_MIN_LEN}-{SHAREGPT_MAX_PROMPT} prompt tokens, at most {SHAREGPT_MAX_TOTAL} in all)")
     return sorted_trace(np.zeros(len(cols.prompt)), cols.prompt, cols.output)
+
+
+class Conversations:
+    """A ShareGPT-style dataset's conversations as sessions: per conversation, its (human, gpt)
+    turn pairs' tokens, in file order (`turns(i)` and `lengths(i)` cycle over them)."""
+
+    __slots__ = ("prompt", "output", "start")
+
+    def __init__(self, prompt: list, output: list, start: list):
+        self.prompt, self.output, self.start = prompt, output, start  # flat turns; start[i]: conversation i's first
+
+    def __len__(self) -> int:
+        return len(self.start) - 1
+
+    def turns(self, i: int) -> int:
+        i %= len(self)
+        return self.start[i + 1] - self.start[i]
+
+    def lengths(self, i: int) -> tuple[list, list]:
+        i %= len(self)
+        a, b = self.start[i], self.start[i + 1]
+        return self.prompt[a:b], self.output[a:b]
+
+    @property
+    def mean_turns(self) -> float:
+        return len(self.prompt) / len(self)
+
+
+def load_sharegpt_conversations(path: Path, bytes_per_token: Optional[float] = None) -> Conversations:
+    """Every conversation with at least one (prompt, reply) pair: turns taken two by two in order
+    (a trailing prompt without a reply is dropped), tokens estimated as `load_sharegpt` does. No
+    length filter: a turn whose conversation outgrows max_model_len is rejected by the engine and
+    ends its session."""
+    path = Path(path)
+    bpt = bytes_per_token or DEFAULT_BYTES_PER_TOKEN
+    prompt, output, start = [], [], [0]
+    for index, conv in _json_items(path, "conversation"):
+        turns = conv.get("conversations") if isinstance(conv, dict) else None
+        if not isinstance(turns, list):
+            raise KvsimError(f"{path}: conversation {index}: expected an object with a \"conversations\" list")
+        pairs = len(turns) // 2
+        if not pairs:
+            continue
+        tokens = [_turn_tokens(path, index, t, bpt) for t in turns[:2 * pairs]]
+        prompt += tokens[0::2]
+        output += tokens[1::2]
+        start.append(len(prompt))
+        if len(prompt) > MAX_REQUESTS:
+            raise KvsimError(f"{path}: more than {MAX_REQUESTS:,} turns")
+    if len(start) < 2:
+        raise KvsimError(f"{path}: no conversation has a prompt and a reply")
+    return Conversations(prompt, output, start)
 
 
 def load_vllm_bench(path: Path) -> Trace:

@@ -37,3 +37,5 @@ MAX_SEEDS = 1000  # seeds per searched rate (kvsim plan --seeds)
 MIN_RESOLUTION = 1e-4  # relative rate resolution of a capacity search (bisection steps stay finite)
 MAX_WORKERS = 256  # local worker processes (each holds a copy of kvsim)
 MAX_POINTS = 10_000  # points of one sweep (each a validated scenario, simulated in full)
+MAX_CONCURRENCY = 2**20  # clients of a closed loop (workload.max_concurrency)
+MAX_TURNS = 100_000  # turns of one session

@@ -153,11 +153,16 @@ def one_read_per_call(fn):
 @lru_cache(maxsize=4)
 def _load_cached_with(path: str, fmt: str, options, mtime_ns: int, size: int, ino: int) -> Trace:
     """A format read with options (a csv's column mapping, a dataset's bytes per token)."""
-    from kvsim.scenario.datasets import load_csv_columns, load_sharegpt
+    from kvsim.scenario.datasets import load_csv_columns, load_sharegpt, load_sharegpt_conversations
 
     if fmt == "sharegpt":
         return load_sharegpt(Path(path), options)
+    if fmt == CONVERSATIONS:
+        return load_sharegpt_conversations(Path(path), options)
     return load_csv_columns(Path(path), *options)
+
+
+CONVERSATIONS = "sharegpt conversations"  # a ShareGPT dataset read whole, as multi-turn sessions
 
 
 def _options(cfg):
@@ -174,18 +179,30 @@ def load_trace(scenario) -> Trace:
     """The scenario's `workload.trace`, cut to `max_requests`; parsed once per file version (and once per
     run: `one_read_per_call`)."""
     cfg = scenario.workload.trace
+    trace = _read(scenario, cfg.format)
+    return trace if cfg.max_requests is None else trace.head(cfg.max_requests)
+
+
+def load_conversations(scenario):
+    """The scenario's ShareGPT dataset as conversations (kvsim.scenario.datasets.Conversations),
+    read as `load_trace` reads a file."""
+    return _read(scenario, CONVERSATIONS)
+
+
+def _read(scenario, fmt: str):
+    cfg = scenario.workload.trace
     path = scenario.resolve(cfg.path)
     read = _read_once.get()
     options = _options(cfg)
-    key = (str(path), cfg.format, options)
+    key = (str(path), fmt, options)
     trace = None if read is None else read.get(key)
     if trace is None:
         if not os.path.lexists(path):
             raise KvsimError(f"{scenario.source}: workload.trace.path: file not found: {path}")
         with open_regular(path, "trace") as f:
             st = os.fstat(f.fileno())
-        trace = (_load_cached(str(path), cfg.format, st.st_mtime_ns, st.st_size, st.st_ino) if options is None
-                 else _load_cached_with(str(path), cfg.format, options, st.st_mtime_ns, st.st_size, st.st_ino))
+        trace = (_load_cached(str(path), fmt, st.st_mtime_ns, st.st_size, st.st_ino) if options is None
+                 else _load_cached_with(str(path), fmt, options, st.st_mtime_ns, st.st_size, st.st_ino))
         if read is not None:
             read[key] = trace
-    return trace if cfg.max_requests is None else trace.head(cfg.max_requests)
+    return trace

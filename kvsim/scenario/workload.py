@@ -41,7 +41,7 @@ import numpy as np
 from kvsim.scenario.config import ArrivalConfig, LengthDist, PrefixConfig
 from kvsim.scenario.limits import MAX_MODEL_LEN, MAX_TOKENS
 from kvsim.scenario.trace_rows import MOONCAKE_BLOCK_SIZE, VOCAB_SIZE, Trace, block_token_ids
-from kvsim.scenario.traces import load_trace
+from kvsim.scenario.traces import load_conversations, load_trace
 from kvsim.sequence import KeyedTokens, Request
 
 CHUNK = 65536
@@ -67,6 +67,8 @@ def expected_count(scenario) -> Optional[int]:
     the expectation, about rate × duration_s.
     """
     wl = scenario.workload
+    if wl.sessions is not None:
+        return session_requests(scenario)
     trace = load_trace(scenario) if wl.trace is not None else None
     limit = _limit(wl, trace)
     if wl.duration_s is None:
@@ -74,8 +76,21 @@ def expected_count(scenario) -> Optional[int]:
     if wl.arrival.process == "trace":
         in_time = int(np.searchsorted(trace.arrival_s * wl.arrival.time_scale, wl.duration_s, side="right"))
         return in_time if limit is None else min(limit, in_time)
+    if wl.arrival.process == "immediate":
+        return limit  # a closed loop's count depends on how fast the engine answers
     estimate = math.floor(wl.arrival.rate * wl.duration_s)
     return estimate if limit is None else min(limit, estimate)
+
+
+def session_requests(scenario, dataset=None) -> Optional[int]:
+    """How many turns multi-turn sessions hand out at most: num_requests; a dataset's without a
+    limit (one pass over its conversations); None when only duration_s bounds them."""
+    wl = scenario.workload
+    if wl.num_requests is not None:
+        return wl.num_requests
+    if wl.sessions.turns.dist == "trace" and wl.duration_s is None:
+        return len((dataset or load_conversations(scenario)).prompt)
+    return None
 
 
 def timeseries_interval(scenario) -> float:
@@ -94,6 +109,8 @@ def arrival_window(scenario) -> float:
     """Seconds from the start to the last arrival: exact for traces and deterministic arrivals, the
     expectation for random ones (0 when unbounded)."""
     wl = scenario.workload
+    if wl.arrival.process == "immediate":
+        return wl.duration_s or 0.0  # a closed loop lasts as long as the engine takes
     if wl.arrival.process == "trace":
         trace = load_trace(scenario)
         n = _limit(wl, trace)
@@ -118,17 +135,17 @@ def _stream(scenario, trace: Optional[Trace], max_len: int) -> Iterator[Request]
     wl = scenario.workload
     arrival_rng, prompt_rng, output_rng, group_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(wl.seed).spawn(4))
-    prefix = _PrefixGroups(wl.prefix, wl.seed, group_rng) if wl.prefix is not None else None
+    prefix = PrefixGroups(wl.prefix, wl.seed, group_rng) if wl.prefix is not None else None
     trace_tokens = (trace is not None and trace.hash_ids is not None and wl.prompt_len.dist == "trace")
     limit = _limit(wl, trace)
     rid = 0
-    for times in _arrival_chunks(wl.arrival, trace, arrival_rng):
+    for times in arrival_chunks(wl.arrival, trace, arrival_rng):
         n = len(times) if limit is None else min(len(times), limit - rid)
         if wl.duration_s is not None:
             n = min(n, int(np.searchsorted(times, wl.duration_s, side="right")))
         rows = None if trace is None else np.arange(rid, rid + n) % len(trace)
-        prompt = _lengths(wl.prompt_len, prompt_rng, n, trace, rows, "prompt_len")
-        output = _lengths(wl.output_len, output_rng, n, trace, rows, "output_len")
+        prompt = draw_lengths(wl.prompt_len, prompt_rng, n, trace, rows, "prompt_len")
+        output = draw_lengths(wl.output_len, output_rng, n, trace, rows, "output_len")
         groups = prefix.draw(n) if prefix is not None else None
         for i in range(n):
             p = prompt[i]
@@ -151,13 +168,16 @@ def _keyed_tokens(trace: Trace, row: int, prompt_len: int) -> KeyedTokens:
     return KeyedTokens(keys, MOONCAKE_BLOCK_SIZE, prompt_len, block_token_ids)
 
 
-def _arrival_chunks(cfg: ArrivalConfig, trace: Optional[Trace], rng: np.random.Generator) -> Iterator[list]:
+def arrival_chunks(cfg: ArrivalConfig, trace: Optional[Trace], rng: np.random.Generator) -> Iterator[list]:
     """Absolute arrival times, CHUNK at a time, as Python floats."""
     if cfg.process == "trace":
         scaled = trace.arrival_s * cfg.time_scale
         for start in range(0, len(scaled), CHUNK):
             yield scaled[start:start + CHUNK].tolist()
         return
+    if cfg.process == "immediate":
+        while True:
+            yield [0.0] * CHUNK
     mean_gap = 1.0 / cfg.rate
     shape = 1.0 / (cfg.cv * cfg.cv)
     t = 0.0
@@ -173,9 +193,10 @@ def _arrival_chunks(cfg: ArrivalConfig, trace: Optional[Trace], rng: np.random.G
         yield times.tolist()
 
 
-def _lengths(dist: LengthDist, rng: np.random.Generator, n: int, trace: Optional[Trace],
-             rows: Optional[np.ndarray], name: str) -> list:
-    """n token lengths (Python ints) from `dist`; `rows` index the trace for `dist='trace'`."""
+def draw_lengths(dist: LengthDist, rng: np.random.Generator, n: int, trace: Optional[Trace],
+             rows: Optional[np.ndarray], name: str, top: int = MAX_TOKENS) -> list:
+    """n token lengths (Python ints) from `dist`; `rows` index the trace for `dist='trace'`; a
+    lognormal without `max` is clipped at `top`."""
     if dist.dist == "fixed":
         return [dist.value] * n
     if dist.dist == "uniform":
@@ -183,12 +204,12 @@ def _lengths(dist: LengthDist, rng: np.random.Generator, n: int, trace: Optional
     if dist.dist == "lognormal":
         mu = math.log(dist.mean) - dist.sigma ** 2 / 2
         x = np.rint(rng.lognormal(mu, dist.sigma, n))
-        return np.clip(x, dist.min or 1, dist.max or MAX_TOKENS).astype(np.int64).tolist()  # inf: MAX_TOKENS
+        return np.clip(x, dist.min or 1, dist.max or top).astype(np.int64).tolist()  # inf: top
     column = trace.prompt_len if name == "prompt_len" else trace.output_len
     return column[rows].tolist()
 
 
-class _PrefixGroups:
+class PrefixGroups:
     """Which group each request joins (-1: none) and each group's shared prefix tokens."""
 
     def __init__(self, cfg: PrefixConfig, seed: int, rng: np.random.Generator):

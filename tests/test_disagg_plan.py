@@ -48,14 +48,17 @@ def test_the_staircase_gives_up_at_the_cap():
     assert best is None and asked == [(1, 1), (2, 2), (4, 4), (8, 8)]
 
 
+_TINY = dict(
+    engine={"max_model_len": 4096, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
+    disaggregation={"link": {"preset": "infiniband-ndr"}},
+    workload={"seed": 3, "num_requests": 150, "arrival": {"process": "poisson", "rate": 22.0},
+              "prompt_len": {"dist": "uniform", "min": 1500, "max": 3000},
+              "output_len": {"dist": "uniform", "min": 100, "max": 300}},
+    slo={"ttft_ms": 1500, "tpot_ms": 30})
+
+
 def _tiny(**more):
-    return make_scenario(
-        engine={"max_model_len": 4096, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
-        disaggregation={"link": {"preset": "infiniband-ndr"}},
-        workload={"seed": 3, "num_requests": 150, "arrival": {"process": "poisson", "rate": 22.0},
-                  "prompt_len": {"dist": "uniform", "min": 1500, "max": 3000},
-                  "output_len": {"dist": "uniform", "min": 100, "max": 300}},
-        slo={"ttft_ms": 1500, "tpot_ms": 30}, **more)
+    return make_scenario(**_TINY, **more)
 
 
 def test_a_pd_search_finds_what_brute_force_over_the_grid_finds():
@@ -77,3 +80,20 @@ def test_a_pd_search_finds_what_brute_force_over_the_grid_finds():
     assert (found.num_prefill, found.num_decode) == cheapest(passes, 2.99, 2.99, 3)
     assert found.usd_per_hour == pytest.approx(2.99 * (found.num_prefill + found.num_decode))
     assert LONG_RUN == 4
+
+
+def test_a_closed_loop_is_planned_as_its_open_loop_and_sessions_are_refused():
+    """deploy's rule for --target-rate: clients (immediate arrivals, max_concurrency) are planned as
+    Poisson arrivals of the same requests at the rate; multi-turn sessions are refused in one line."""
+    from kvsim.errors import KvsimError
+
+    clients = {"arrival": {"process": "immediate", "rate": None}, "max_concurrency": 16}
+    open_loop = pd_deploy(_tiny(), 22.0, seeds=1, max_replicas=2, workers=1)
+    closed = pd_deploy(make_scenario(**{**_TINY, "workload": {**_TINY["workload"], **clients}}), 22.0, seeds=1,
+                       max_replicas=2, workers=1)
+    assert [(d.label, d.usd_per_hour) for d in closed.deployments] == [(d.label, d.usd_per_hour) for d in open_loop.deployments]
+    assert closed.deployments and closed.meta["from_closed_loop"] and not open_loop.meta["from_closed_loop"]
+    sessions = {**_TINY["workload"], **clients, "sessions": {"turns": {"dist": "fixed", "value": 2}}}
+    with pytest.raises(KvsimError, match="sessions is planned by its concurrency") as err:
+        pd_deploy(make_scenario(**{**_TINY, "workload": sessions}), 22.0, seeds=1, max_replicas=2, workers=1)
+    assert "\n" not in str(err.value)

@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Optional
 
 from kvsim.errors import KvsimError, check_int
 from kvsim.planning.capacity import Frames, Ticker, check_search_args, default_requests, mean_figures, point_row
-from kvsim.planning.deploy import DeployResult, deploy, tokens_per_request
+from kvsim.planning.deploy import DeployResult, deploy, rate_based, tokens_per_request
 from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.points import at_load, base_rate, point_record
 from kvsim.planning.safe import LONG_RUN
@@ -247,6 +247,8 @@ def pd_deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None,
     check_search_args(seeds, resolution, num_requests)
     check_int(max_replicas, "--max-replicas", 1, limits.MAX_REPLICAS)
     name = _policy(scenario, policy, chosen_policies)
+    closed = scenario.workload.arrival.process == "immediate"
+    scenario = rate_based(scenario)  # a closed loop as its open loop at the rate (deploy's rule)
     gpus, tps = _candidates(scenario, gpus, tensor_parallel)
     n_req = num_requests or default_requests(scenario)
     trace_rate = base_rate(scenario, n_req) if scenario.workload.arrival.process == "trace" else None
@@ -272,7 +274,7 @@ def pd_deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None,
     meta = {"model": model_spec(scenario).name, "policy": name, "slo": scenario.slo.model_dump(), "seeds": seed_list,
             "num_requests": n_req, "long_run_requests": LONG_RUN * n_req, "gpus": gpus, "tensor_parallel": tps,
             "mean_prompt_tokens": prompt, "mean_output_tokens": output, "link": pools_section(scenario)["link"],
-            "kv_transfer": pools_section(scenario)["kv_transfer"]}
+            "kv_transfer": pools_section(scenario)["kv_transfer"], "from_closed_loop": closed}
     return PDPlan(target_rate, meta, found, agg, skipped + search.skipped, search.points)
 
 

@@ -11,7 +11,9 @@ instance computes the last prompt token, emitting the request's first token, and
 Every engine loop waits for its step's end as a SimPy timeout (the instances interact, so none may
 run ahead of the clock). A decode instance's run of fused decode steps ends before anything could
 reach it: a prefill step's end (a hand-off), an arrival while a prefill instance is idle, one of its
-reads completing; while requests wait for its blocks it runs step by step.
+reads completing; while requests wait for its blocks it runs step by step. A closed loop's clients
+send as `Simulation`'s wakes dispatch them, and then an arrival may be one a step on another
+instance releases (`Simulation.arrival_bound`).
 """
 
 from __future__ import annotations

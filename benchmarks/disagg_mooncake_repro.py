@@ -115,6 +115,26 @@ def capacity(sc, num_requests: int) -> dict:
     return {"knee": p.mean_rate, "safe": p.safe_rate, "binding": p.binding_detail}
 
 
+def gap_lines(rows: dict, base: float) -> list[str]:
+    """The gap to the paper, in figures: capacity ratio, and Figure 13's TBT shares at the paper's rate."""
+    vllm, moon = rows["vllm-20M (paper's vLLM)"], rows["mooncake-10P+10D"]
+    ratio = moon["knee"] / base
+    best = max((r["knee"] / base, k) for k, r in rows.items() if k.startswith("mooncake"))
+    return ["The gap:", "",
+            f"- Capacity, Mooncake-[10P+10D] over the paper's vLLM-[20M]: kvsim {ratio:.2f}x, the paper ~1.75x "
+            f"(kvsim's ratio is {ratio / 1.75:.0%} of the paper's); the best pool split kvsim tried, {best[1]}: "
+            f"{best[0]:.2f}x.",
+            f"- TBT <= 0.1 s at the paper's rate: vLLM-[20M] {vllm['paper']['tbt_ok']:.0%} in kvsim against the paper's 57% "
+            f"({(vllm['paper']['tbt_ok'] - 0.57) * 100:+.0f} points); Mooncake {moon['paper']['tbt_ok']:.0%} against ~100%.",
+            f"- TTFT <= 30 s at the paper's rate: vLLM-[20M] {vllm['paper']['ttft_ok']:.0%}, Mooncake "
+            f"{moon['paper']['ttft_ok']:.0%} in kvsim, both ~100% in the paper.",
+            "- Likely sources (not isolated here): kvsim's model of the paper's vLLM (prefill-first, no chunked "
+            "prefill) keeps TBT better than the paper measured, so the baseline sustains more; kvsim has no "
+            "Mooncake Store (the CPU/SSD KVCache pool shared across instances), so each prefill instance reuses only its "
+            "own cache and the prefill pool binds first (the knee's binding above); the trace is the released "
+            "12,031-request one, not the paper's 23,608, and Llama-3.1-70B on A100 stands in for LLaMA2-70B on A800.", ""]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the first 3,000 requests only")
@@ -144,6 +164,7 @@ def main() -> int:
         lines.append(f"| {name} | {r['knee']:.3g} ({r['safe']:.3g}) | {r['knee'] / base:.2f} | "
                      f"{PAPER.get(name, {}).get('capacity', '–')} |")
     lines += ["", "What binds at each knee: " + "; ".join(f"{k}: {v['binding']}" for k, v in rows.items()), ""]
+    lines += gap_lines(rows, base)
     OUT.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -1,6 +1,6 @@
 """Rebuild the kernel tables and server terms shipped in kvsim/perf/kernel_data/.
 
-    python benchmarks/ship_kernel_tables.py [--root ../shared/profiles/aiconfigurator]
+    python benchmarks/ship_kernel_tables.py [--root ../shared/profiles/aiconfigurator] [--terms-only]
 
 - `<gpu>-vllm-<version>.npz`: one per GPU preset and vLLM release that has every table a step needs
   (GEMM, prefill and decode attention, vLLM's all-reduce), converted by kvsim.calibrate.aiconfigurator
@@ -22,19 +22,34 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvsim.calibrate.aiconfigurator import AIC_GPUS, convert, versions, write_tables  # noqa: E402
-from kvsim.perf.kernels import DATA_DIR, shipped_path  # noqa: E402
+from kvsim.perf.kernels import DATA_DIR, shipped_path, shipped_versions  # noqa: E402
 
 # vLLM blog "The State of FP8 KV-Cache and Attention Quantization in vLLM" (2026-04-22, vLLM v0.19.1):
 # Llama-3.1-8B on one H100, concurrency 1, 128 output tokens: ITL = 6.44 ms + 4.37e-5 ms x input_len (bf16).
 BLOG_ITL_INTERCEPT_S = 6.44e-3
 API_SERVER_S = (8.4e-3 + 12.0e-3) / 2  # vLLM PR #54628, client minus server TTFT, completions endpoint
+# vLLM's nightly latency test on H100 (8 prompts of 32 tokens, 128 output tokens, Llama-3.1-8B, builds of
+# mid-2024: synchronous scheduling): mean end-to-end 997.542 ms (buildkite.com/vllm/performance-benchmark
+# build 9555).
+CI_LATENCY_S, CI_BATCH, CI_PROMPT, CI_STEPS = 0.997542, 8, 32, 128
+CI_LATENCY_70B_TP4_S = 2.44447  # the same test, Llama-3.1-70B on 4 H100s
+# vllm-project/vllm#46112 (2026-06): Scheduler.update_from_output takes 0.287 ms for a decode batch of 256
+UPDATE_FROM_OUTPUT_S_PER_SEQ = 0.287e-3 / 256
 BLOG = ("the vLLM blog 'The State of FP8 KV-Cache and Attention Quantization in vLLM' (2026-04-22, v0.19.1, one "
         "H100): Llama-3.1-8B's conc-1 ITL is 6.44 ms + 4.37e-5 ms per input token")
 AIC_YAML = "AIConfigurator's system file (aic-core/src/aiconfigurator_core/systems/{gpu}.yaml, commit 095f58a)"
 PROVENANCE = {
-    "per_seq_overhead_s": "no public figure; the roofline calibration's (kvsim/perf/calibrations/H100-SXM.json: "
-                          "assumed equal to kvsim's triton engine, whose numpy input preparation is modelled on vLLM "
-                          "V1's persistent batch)",
+    "host_step_s": "the engine's CPU work a step (schedule, prepare inputs, launch the graph, logits and sampler, "
+                   "process outputs), {host}. An upper bound for the releases the tables cover, whose async "
+                   "scheduling overlaps it with the GPU's work (vllm-project/vllm#23569, 'Fully overlap model "
+                   "execution': input preparation and sampling off the critical path): a step takes the longer "
+                   "of the two",
+    "host_tp_step_s": "the engine's CPU work a step more under tensor parallelism (the step's inputs to the "
+                      "workers, their outputs back), {host_tp}; overlapped with the GPU's work under async "
+                      "scheduling like host_step_s",
+    "host_per_seq_s": "3.3 us per scheduled sequence: Scheduler.update_from_output 1.12 us (vllm-project/vllm#46112, "
+                      "2026-06: 0.287 ms for a decode batch of 256), schedule() and the model runner's input "
+                      "preparation assumed as much each (no public per-sequence figure found)",
     "elementwise_kernels_per_layer": "vLLM's LlamaDecoderLayer / Qwen3DecoderLayer: fused add+RMSNorm before "
                                      "attention and before the MLP, rotary embedding, the KV-cache write "
                                      "(reshape_and_cache_flash), SiLU-and-mul; Qwen3 adds the q/k RMSNorm",
@@ -60,18 +75,22 @@ PROVENANCE = {
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=ROOT.parent / "shared" / "profiles" / "aiconfigurator")
+    ap.add_argument("--terms-only", action="store_true", help="rewrite the <gpu>-server.json files only")
     args = ap.parse_args()
     DATA_DIR.mkdir(exist_ok=True)
-    shutil.copyfile(args.root / "LICENSE", DATA_DIR / "LICENSE")
+    if not args.terms_only:
+        shutil.copyfile(args.root / "LICENSE", DATA_DIR / "LICENSE")
     for gpu, stem in AIC_GPUS.items():
-        for version in versions(args.root, stem):
+        for version in [] if args.terms_only else versions(args.root, stem):
             arrays, meta = convert(args.root, gpu, version)
             out = DATA_DIR / f"{stem}-vllm-{version}.npz"
             write_tables(out, arrays, meta)
             print(f"{out.relative_to(ROOT)}: {out.stat().st_size / 1024:.0f} KiB")
     overhead, note = solve_graph_overhead()
+    host, host_note = solve_host_step()
+    host_tp, host_tp_note = solve_host_step("Llama-3.1-70B", 4, CI_LATENCY_70B_TP4_S, host)
     for gpu, stem in AIC_GPUS.items():
-        write_terms(gpu, stem, overhead, note)
+        write_terms(gpu, stem, overhead, note, (host, host_tp), (host_note, host_tp_note))
 
 
 def solve_graph_overhead() -> tuple[float, str]:
@@ -85,7 +104,7 @@ def solve_graph_overhead() -> tuple[float, str]:
     from kvsim.perf.server import ServerTerms, vllm_capture_sizes
     from kvsim.scenario.catalog import GPUS, MODELS
 
-    terms = replace(ServerTerms(), graph_step_overhead_s=0.0, step_overhead_s=0.0)
+    terms = replace(ServerTerms(), graph_step_overhead_s=0.0, step_overhead_s=0.0, host_step_s=0.0)
     sm = MeasuredStepModel(MODELS["Llama-3.1-8B"], GPUS["H100-SXM"], 1, "auto", shipped_path("H100-SXM", "0.19.0"),
                            terms, load_calibration(calibration_path("H100-SXM")), vllm_capture_sizes(1024, 8192))
     kernels = sm.step_time(Batch(num_decode_seqs=1, decode_context_tokens=1))
@@ -97,13 +116,42 @@ def solve_graph_overhead() -> tuple[float, str]:
     return solved, note + f": the {solved * 1e3:.3f} ms left is the step's fixed cost"
 
 
-def write_terms(gpu: str, stem: str, overhead: float, note: str) -> None:
+def solve_host_step(model: str = "Llama-3.1-8B", tp: int = 1, latency_s: float = CI_LATENCY_S,
+                    host_step_s: float = 0.0) -> tuple[float, str]:
+    """The host's seconds a step (beyond `host_step_s`) that price vLLM's CI latency test (synchronous
+    scheduling: the host's work adds to the GPU's) at its published mean, with the newest H100 kernels."""
+    from dataclasses import replace
+
+    from kvsim.batch import Batch, DecodeShape
+    from kvsim.perf.calibration import load_calibration, shipped_path as calibration_path
+    from kvsim.perf.measured import MeasuredStepModel
+    from kvsim.perf.server import ServerTerms, vllm_capture_sizes
+    from kvsim.scenario.catalog import GPUS, MODELS
+
+    version = shipped_versions("H100-SXM")[-1]
+    sm = MeasuredStepModel(MODELS[model], GPUS["H100-SXM"], tp, "auto", shipped_path("H100-SXM", version),
+                           replace(ServerTerms(), host_step_s=host_step_s, host_tp_step_s=0.0),
+                           load_calibration(calibration_path("H100-SXM")), vllm_capture_sizes(1024, 8192),
+                           async_scheduling=False)
+    n, p = CI_BATCH, CI_PROMPT
+    prefill = sm.step_time(Batch(num_prefill_seqs=n, num_prefill_tokens=n * p, prefill_attn_pairs=n * p * (p + 1) // 2))
+    total = prefill + sm.decode_run_time(DecodeShape(n, n * (p + 1)), CI_STEPS - 1)
+    host = (latency_s - total) / CI_STEPS
+    priced = "kernels" if not host_step_s else f"kernels and {host_step_s * 1e3:.2f} ms of host_step_s a step"
+    return host, (f"{host * 1e3:.2f} ms, solved from vLLM's nightly latency test on H100 ({model}, TP {tp}, {n} x "
+                  f"({p} in / {CI_STEPS} out), build 9555, mid-2024, synchronous scheduling): "
+                  f"{latency_s * 1e3:.1f} ms measured against {total * 1e3:.1f} ms of vLLM {version} {priced} "
+                  f"for its {CI_STEPS} steps")
+
+
+def write_terms(gpu: str, stem: str, overhead: float, note: str, hosts: tuple, notes: tuple) -> None:
     import json
 
     from kvsim.perf.server import ServerTerms
 
-    terms = ServerTerms(graph_step_overhead_s=overhead, step_overhead_s=overhead, api_server_s=API_SERVER_S)
-    prov = {k: v.format(gpu=stem) for k, v in PROVENANCE.items()}
+    terms = ServerTerms(graph_step_overhead_s=overhead, step_overhead_s=overhead, api_server_s=API_SERVER_S,
+                        host_step_s=round(hosts[0], 6), host_tp_step_s=round(max(hosts[1], 0.0), 6))
+    prov = {k: v.format(gpu=stem, host=notes[0], host_tp=notes[1]) for k, v in PROVENANCE.items()}
     own = "" if gpu == "H100-SXM" else "H100-SXM's (no public vLLM ITL of this GPU found; the host is the same " \
                                         "software): "
     prov["graph_step_overhead_s"] = own + note

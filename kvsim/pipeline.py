@@ -22,7 +22,8 @@ from kvsim.engine.replica import ALLOCATORS, make_replica
 from kvsim.engine.router import make_router
 from kvsim.engine.settings import EngineSettings, engine_settings
 from kvsim.engine.simulator import Simulation
-from kvsim.perf.disaggregation import disaggregation
+from kvsim.perf.basis import PricingBasis, pricing_basis
+from kvsim.perf.disaggregation import disaggregation, pool_basis
 from kvsim.perf.measured import request_overhead_s
 from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
 from kvsim.results.disaggregation import DisaggregationObserver
@@ -71,32 +72,47 @@ class ScenarioResult:
         return summary_frame(self.summaries)
 
 
-def run_meta(scenario, model, gpu) -> dict:
-    """What ran, for summary.json and the report's opening lines."""
+def run_meta(scenario, model, gpu, basis: Optional[PricingBasis] = None) -> dict:
+    """What ran, for summary.json and the report's opening lines: `basis` says whether its answers are
+    measured or estimated, and why."""
     hw = scenario.hardware
+    basis = basis or pricing_basis(scenario, model, gpu)
+    pools = disaggregated_meta(scenario, basis) if scenario.disaggregation is not None else None
+    if pools:
+        basis = pools.pop("basis")
     meta = {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": hw.tensor_parallel_size,
+            "pricing_basis": basis.to_dict(),
             "num_replicas": hw.num_replicas, "backend": scenario.backend.name, "seed": scenario.workload.seed,
             "description": scenario.description, "arrival": scenario.workload.arrival.model_dump(),
             "clients": clients_meta(scenario),
             "slo": scenario.slo.model_dump(), "policy_order": [p.name for p in scenario.policies]}
-    if scenario.disaggregation is not None:
-        meta["disaggregation"] = disaggregated_meta(scenario)
+    if pools:
+        meta["disaggregation"] = pools
     return meta
 
 
-def disaggregated_meta(scenario) -> dict:
-    """The pools and link as summary.json's meta names them (which policies use them: `disaggregated`)."""
+def disaggregated_meta(scenario, hardware_basis: PricingBasis) -> dict:
+    """The pools and link as summary.json's meta names them (which policies use them: `disaggregated`),
+    each pool's pricing basis, and under "basis" the run's: the pools' and, when a policy is served
+    aggregated, [hardware]'s (kvsim.perf.disaggregation.combined_basis)."""
+    from kvsim.perf.disaggregation import combined_basis, pool
     from kvsim.scenario.disaggregation import ROLES, link_spec, pool_view
 
-    pools = {}
+    served = [p for p in scenario.policies if scenario.disaggregated(p)]
+    pools, bases = {}, {} if served else {"hardware": hardware_basis}
     for role in ROLES:
         hw = pool_view(scenario, scenario.policies[0], role)[0].hardware
         pools[role] = {"gpu": hw.gpu, "tensor_parallel_size": hw.tensor_parallel_size,
                        "num_replicas": hw.num_replicas, "router": hw.router}
+        if served:
+            bases[f"{role} pool"] = pool_basis(pool(scenario, served[0], role, simulate=False))
+            pools[role]["pricing_basis"] = bases[f"{role} pool"].to_dict()
+    if served and len(served) < len(scenario.policies):
+        bases = {"hardware": hardware_basis, **bases}
     link = link_spec(scenario)
     return {**pools, "link": link.name, "bandwidth_gbps": link.bandwidth_gbps,
-            "kv_transfer": scenario.disaggregation.kv_transfer,
-            "policies": [p.name for p in scenario.policies if scenario.disaggregated(p)]}
+            "kv_transfer": scenario.disaggregation.kv_transfer, "policies": [p.name for p in served],
+            "basis": combined_basis(bases)}
 
 
 def clients_meta(scenario) -> Optional[dict]:
@@ -109,11 +125,15 @@ def clients_meta(scenario) -> Optional[dict]:
             "sessions": wl.sessions.model_dump(exclude_none=True) if wl.sessions else None}
 
 
-def resolve_policy(scenario, policy, model, gpu) -> tuple[KvCapacity, EngineSettings]:
-    """The policy's KV capacity and engine settings, its engine limits resolved once."""
+def resolve_policy(scenario, policy, model, gpu, basis: Optional[PricingBasis] = None) -> tuple[KvCapacity,
+                                                                                                 EngineSettings]:
+    """The policy's KV capacity and engine settings, its engine limits resolved once. Async scheduling
+    defaults to the priced release's: on under measured kernel tables (vLLM >= 0.14), else off."""
     limits = engine_limits(scenario, policy, model, gpu)
     capacity = kv_capacity(scenario, policy, model, gpu, limits)
-    return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block)
+    basis = basis or pricing_basis(scenario, model, gpu)
+    return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block,
+                                     async_default=basis.pricing == "measured")
 
 
 def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
@@ -130,11 +150,12 @@ def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
 
 
 def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
-                    on_progress: Optional[Callable[[int], None]] = None) -> tuple[dict, Simulation]:
+                    on_progress: Optional[Callable[[int], None]] = None,
+                    basis: Optional[PricingBasis] = None) -> tuple[dict, Simulation]:
     """Simulate one policy; returns its summary and the finished simulation."""
     if scenario.disaggregated(policy):
         return simulate_disaggregated(scenario, policy, metrics, on_progress)
-    capacity, settings = resolve_policy(scenario, policy, model, gpu)
+    capacity, settings = resolve_policy(scenario, policy, model, gpu, basis)
     backend_cls = load_backend(scenario.backend.name, scenario.source)
     replicas = [make_replica(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings),
                              metrics.interval) for i in range(settings.num_replicas)]
@@ -168,7 +189,7 @@ def _clients_figures(summary: dict, source: ClosedLoop) -> None:
 def _pool_replicas(pool, role_index: int, first: int, interval: float) -> tuple[list, EngineSettings]:
     """A pool's replicas (time-series ids from `first`) and its engine settings; a prefill pool's
     allocators hold a finished request's blocks until its KV has left (kv_transfer.HeldBlocks)."""
-    settings = engine_settings(pool.scenario, pool.policy, pool.limits, pool.capacity.bytes_per_block)
+    settings = engine_settings(pool.scenario, pool.policy, pool.limits, pool.capacity.bytes_per_block)  # synchronous
     backend_cls = load_backend(pool.scenario.backend.name, pool.scenario.source)
     replicas = []
     for i in range(pool.num_replicas):
@@ -229,6 +250,7 @@ def _run_figures(sim: Simulation, settings: EngineSettings, policy, described: d
         "enable_prefix_caching": settings.enable_prefix_caching,
         "max_model_len": settings.max_model_len,
         "num_replicas": settings.num_replicas,
+        "async_scheduling": settings.async_scheduling,
     }
 
 
@@ -274,12 +296,13 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     check_deployments(scenario, model, gpu, chosen)  # a model that does not fit fails before any output
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
     interval = timeseries_interval(scenario)
-    overhead = request_overhead_s(scenario, gpu)  # the API server, on TTFT and E2E (measured pricing)
+    basis = pricing_basis(scenario, model, gpu)
+    overhead = request_overhead_s(basis, gpu)  # the API server, on TTFT and E2E (measured pricing)
     if out_dir is None:
         out_dir = results_dir(scenario)
     out_dir = user_path(out_dir, "out_dir")
     writer = ResultsWriter(out_dir, force=force, inputs=input_paths(scenario)) if write else None
-    result = ScenarioResult(out_dir if write else None, {}, meta={**run_meta(scenario, model, gpu),
+    result = ScenarioResult(out_dir if write else None, {}, meta={**run_meta(scenario, model, gpu, basis),
                                                                   "timeseries_interval_s": interval})
     try:
         for policy in chosen:
@@ -287,7 +310,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
                               request_overhead_s=overhead)
             tick = progress(policy.name, total) if progress else None
             t0 = time.perf_counter()
-            summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick)
+            summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick, basis)
             wall = time.perf_counter() - t0
             result.summaries[policy.name] = summary
             result.runs.append(PolicyRun(policy.name, summary, wall, sim.num_steps))

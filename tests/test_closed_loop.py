@@ -11,6 +11,7 @@ import pytest
 from kvsim.backends.analytic import AnalyticBackend
 from kvsim.batch import Batch, DecodeShape
 from kvsim.engine.simulator import Simulation
+from kvsim.perf.basis import pricing_basis
 from kvsim.perf.measured import request_overhead_s
 from kvsim.pipeline import resolve_policy, run_scenario
 from kvsim.results.metrics import Metrics
@@ -54,7 +55,7 @@ def test_clients_in_lockstep_meet_littles_law_computed_by_hand(think):
     for i in range(n):
         prefill.add(Sequence(Request(i, 0.0, p, o)), p)
     r = backend.execute(prefill) + backend.decode_run_time(DecodeShape(n, n * (p + 1), p + 1), o - 1)
-    d = request_overhead_s(sc, gpu_spec(sc))
+    d = _reply_delay(sc)
     s = summary(sc)
     assert s["requests"]["finished"] == n * k and s["clients"]["peak_in_flight"] == n
     assert s["duration_s"] == pytest.approx(k * r + (k - 1) * (d + think), rel=1e-12)
@@ -63,6 +64,13 @@ def test_clients_in_lockstep_meet_littles_law_computed_by_hand(think):
     # In the steady state N = X (R + d + Z): K cycles fall short of it by the last reply and think time.
     x, cycle = s["throughput"]["requests_per_s"], r + d + think
     assert x * cycle / n == pytest.approx(k * cycle / (k * cycle - d - think), rel=1e-12)
+
+
+
+def _reply_delay(sc) -> float:
+    """The API server's time past the last token (measured pricing's request overhead)."""
+    gpu = gpu_spec(sc)
+    return request_overhead_s(pricing_basis(sc, model_spec(sc), gpu), gpu)
 
 
 def test_a_semaphore_over_the_arrival_process_sends_each_request_when_a_client_is_free(monkeypatch):
@@ -80,7 +88,7 @@ def test_a_semaphore_over_the_arrival_process_sends_each_request_when_a_client_i
 
     monkeypatch.setattr(Metrics, "on_finish", spy)
     s = summary(sc)
-    d = request_overhead_s(sc, gpu_spec(sc))  # the API server's time: a client has its reply that much later
+    d = _reply_delay(sc)  # the API server's time: a client has its reply that much later
     free = [0.0, 0.0]  # when each client is next free
     for rid in range(16):
         sent = max(0.02 * (rid + 1), min(free))
@@ -199,7 +207,8 @@ def test_plan_finds_the_closed_loops_concurrency_by_hand(tmp_path):
     think time: in the steady state a request sent as a client's last one ends finds the N - 1
     others ahead of it, so its TTFT is (N - 1) x 0.1 s + 0.01 s: at most 0.55 s for N <= 6. The
     safe concurrency is 6 for every seed and the long run, and there the server is never idle:
-    10 requests/s."""
+    10 requests/s. The safe check runs every step the planner's margin dearer (0.535 s, still safe):
+    its figures are 10 / 1.05 requests/s and a TTFT of 510 ms x 1.05."""
     from kvsim.planning.capacity import plan
     from kvsim.planning.executors import InlineExecutor
     from test_plan import serial_scenario
@@ -212,8 +221,10 @@ def test_plan_finds_the_closed_loops_concurrency_by_hand(tmp_path):
     (answer,) = result.policies
     assert result.meta["load_unit"] == "clients" and result.meta["scenario_rate"] == 3
     assert answer.safe_rate == 6 and answer.seed_max_rates == [6, 6] and answer.mean_rate == 6
-    assert answer.at_safe_rate["throughput_rps"] == pytest.approx(10.0, rel=0.01)
-    assert answer.at_safe_rate["worst_ttft_ms_at_pct"] == pytest.approx(510, rel=0.01)
+    scale = result.meta["safe_check_step_time_scale"]
+    assert scale == pytest.approx(1.05)
+    assert answer.at_safe_rate["throughput_rps"] == pytest.approx(10.0 / scale, rel=0.01)
+    assert answer.at_safe_rate["worst_ttft_ms_at_pct"] == pytest.approx(510 * scale, rel=0.01)
     assert answer.headroom == pytest.approx(1.0) and answer.sustainable_at_scenario_rate
     for p in result.points:
         assert p["rate"] == int(p["rate"]) and p["sustainable"] == (p["rate"] <= 6), p

@@ -97,3 +97,17 @@ def test_a_closed_loop_is_planned_as_its_open_loop_and_sessions_are_refused():
     with pytest.raises(KvsimError, match="sessions is planned by its concurrency") as err:
         pd_deploy(make_scenario(**{**_TINY, "workload": sessions}), 22.0, seeds=1, max_replicas=2, workers=1)
     assert "\n" not in str(err.value)
+
+
+def test_a_layout_with_an_estimated_pool_is_labelled_estimated():
+    """H100 prefill (measured kernels) with an L40S decode pool (no kernel tables: its datasheet): the
+    layout is estimated, naming the decode pool; H100 on both sides is measured."""
+    from kvsim.planning.disagg import PDDeployment, _pools_basis
+
+    def label(decode_gpu):
+        d = PDDeployment("H100-SXM", 1, 1, decode_gpu, 1, 1, "paged", 2, 0.0, 0.0, 0.0, "", None, None, False, False, None)
+        return _pools_basis(_tiny(), d)
+
+    assert label("H100-SXM")[0] == "measured"
+    pricing, why = label("L40S")
+    assert pricing == "estimated" and why.startswith("decode pool: ") and "L40S" in why

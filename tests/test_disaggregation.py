@@ -187,6 +187,7 @@ def test_the_aggregated_policy_of_a_disaggregated_scenario_is_unchanged():
     (dict(prefill={"tensor_parallel_size": 2}), "disaggregation.decode.tensor_parallel_size: 1 is not a multiple"),
     (dict(decode={"gpu": "L40S", "tensor_parallel_size": 2}, model={"name": "Llama-3.1-70B"},
           prefill={"tensor_parallel_size": 2}), "does not fit on L40S"),
+    (dict(engine={"async_scheduling": True}), "engine.async_scheduling: a disaggregated policy is scheduled synchronously"),
 ])
 def test_impossible_layouts_are_refused_in_one_line_naming_the_key(sections, key):
     sc = disagg_scenario(**sections)
@@ -260,3 +261,23 @@ def test_a_closed_loop_served_disaggregated_fuses_as_step_by_step(monkeypatch, t
         monkeypatch.setattr(Simulation, "arrival_bound", lambda self, rep, now: self.source.next_time)
         unbounded, _ = per_request(monkeypatch, sc)
         assert any(unbounded[k][:2] != pytest.approx(plain[k][:2], rel=1e-9) for k in plain)
+
+
+def test_the_runs_pricing_basis_is_its_pools():
+    """summary.json's meta labels a run by the pools that serve it: measured kernels on H100 for both,
+    estimated (naming the decode pool) when the decode pool runs on a GPU without kernel tables, and
+    [hardware]'s basis joins in when a policy is served aggregated."""
+    from kvsim.pipeline import run_meta
+
+    def meta(**kw):
+        sc = disagg_scenario(**kw)
+        return run_meta(sc, model_spec(sc), gpu_spec(sc))
+
+    both = meta()
+    assert both["pricing_basis"]["label"] == "measured" and both["pricing_basis"]["pricing"] == "measured"
+    assert both["disaggregation"]["decode"]["pricing_basis"] == both["pricing_basis"]
+    l40s = meta(decode={"gpu": "L40S"})
+    assert l40s["pricing_basis"]["label"] == "estimated" and l40s["pricing_basis"]["why"].startswith("decode pool: ")
+    assert l40s["disaggregation"]["prefill"]["pricing_basis"]["label"] == "measured"
+    mixed = meta(hardware={"gpu": "L40S"}, policies=[{"name": "agg", "disaggregated": False}, {"name": "pd"}])
+    assert mixed["pricing_basis"]["why"].startswith("hardware: ") and mixed["pricing_basis"]["label"] == "estimated"

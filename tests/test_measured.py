@@ -4,6 +4,7 @@ force, extrapolation flagged, the scenario keys that choose it, and one-line err
 import json
 import math
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -26,8 +27,8 @@ CAL = load_calibration(calibration_path("H100-SXM"))
 TABLES = shipped_path("H100-SXM", "0.24.0")
 
 
-def pricer(model=LLAMA8, tp=1, kv="auto", graphs=vllm_capture_sizes(1024, 8192), terms=ServerTerms()):
-    return MeasuredStepModel(model, H100, tp, kv, TABLES, terms, CAL, graphs)
+def pricer(model=LLAMA8, tp=1, kv="auto", graphs=vllm_capture_sizes(1024, 8192), terms=ServerTerms(), overlap=True):
+    return MeasuredStepModel(model, H100, tp, kv, TABLES, terms, CAL, graphs, async_scheduling=overlap)
 
 
 def raw(family: str, dtype: str = "bfloat16"):
@@ -124,29 +125,38 @@ def test_past_the_tables_the_roofline_scales_the_nearest_point_and_says_so():
 
 # ---- a step and runs of steps -------------------------------------------------------------------------
 def test_a_step_is_the_sum_of_its_kernels():
-    terms = ServerTerms(graph_step_overhead_s=1e-3, step_overhead_s=2e-3, per_seq_overhead_s=1e-5)
-    sm = pricer(model=LLAMA70, tp=4, terms=terms)
+    # synchronous scheduling: the host's work a step (5e-4 s + 1e-5 s a sequence) adds to the GPU's
+    terms = ServerTerms(graph_step_overhead_s=1e-3, step_overhead_s=2e-3, host_step_s=5e-4, host_per_seq_s=1e-5)
+    sm = pricer(model=LLAMA70, tp=4, terms=terms, overlap=False)
     k = sm.kernels
+    vocab = -(-LLAMA70.vocab_size // 4)  # a rank's share of a sampled row's logits, all-gathered eagerly
     # 100 decode sequences replay the graph of 104: GEMMs, elementwise and all-reduces at 104 rows, in-graph
     gemm, _ = k.layer_gemms(104)
     ar, _ = k.allreduce_s(104 * 8192, True)
     head, _ = k.lm_head_gemm(100)
+    gather, _ = k.allreduce_s(100 * vocab, False)
     line = sm.decode_line(100)
     want = (80 * (gemm + 2 * ar) + ar + sm.elementwise_fixed_s + 104 * sm.elementwise_s_per_token
-            + head + 100 * (sm.sampler_s_per_seq + 1e-5) + 80 * line(2000.0) + 1e-3)
+            + head + gather + 100 * sm.sampler_s_per_seq + 80 * line(2000.0) + 1e-3 + 5e-4 + 100 * 1e-5)
     assert sm.step_time(Batch(num_decode_seqs=100, decode_context_tokens=200_000)) == pytest.approx(want, rel=1e-12)
     # a mixed step of 600 tokens (past the largest capture size, 512) runs eagerly: eager all-reduce, no padding
     gemm, _ = k.layer_gemms(600)
     ar, _ = k.allreduce_s(600 * 8192, False)
     head, _ = k.lm_head_gemm(11)
+    gather, _ = k.allreduce_s(11 * vocab, False)
     ctx, _ = k.context_s(1, 1090)
     share = (590 * 500 + 590 * 591 // 2) / (1090 * 1091 / 2)
     b = Batch(num_prefill_seqs=1, num_prefill_tokens=590, prefill_context_tokens=500,
               prefill_attn_pairs=590 * 500 + 590 * 591 // 2, num_decode_seqs=10, decode_context_tokens=10 * 300)
-    want = (80 * (gemm + 2 * ar) + ar + sm.elementwise_fixed_s + 600 * sm.elementwise_s_per_token + head
-            + 11 * (sm.sampler_s_per_seq + 1e-5) + 80 * sm.decode_line(10)(300.0) + 80 * ctx * share + 2e-3)
-    assert sm.step_time(b) == pytest.approx(want, rel=1e-12)
+    want = (80 * (gemm + 2 * ar) + ar + sm.elementwise_fixed_s + 600 * sm.elementwise_s_per_token + head + gather
+            + 11 * sm.sampler_s_per_seq + 80 * sm.decode_line(10)(300.0) + 80 * ctx * share + 2e-3)
+    assert sm.step_time(b) == pytest.approx(want + 5e-4 + 11 * 1e-5, rel=1e-12)
     assert sm.step_time(Batch()) == 0.0
+    # async scheduling overlaps the host's work with the GPU's: the longer of the two
+    overlapped = pricer(model=LLAMA70, tp=4, terms=terms)
+    assert overlapped.step_time(b) == pytest.approx(want, rel=1e-12)
+    slow_host = pricer(model=LLAMA70, tp=4, terms=replace(terms, host_step_s=1.0))
+    assert slow_host.step_time(b) == pytest.approx(1.0 + 11 * 1e-5, rel=1e-12)
 
 
 def test_more_work_never_costs_less():
@@ -157,18 +167,23 @@ def test_more_work_never_costs_less():
     assert all(b >= a for a, b in zip(longer, longer[1:]))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.integers(1, 1100), st.integers(1, 140_000), st.integers(0, 10_000), st.integers(1, 2500),
-       st.sampled_from([1, 2, 8]), st.sampled_from(["auto", "fp8", "int4"]))
-def test_a_decode_run_costs_the_sum_of_its_steps(n, context, extra, k, tp, kv):
-    sm = pricer(model=LLAMA70 if tp == 8 else LLAMA8, tp=tp, kv=kv)
+       st.sampled_from([1, 2, 8]), st.sampled_from(["auto", "fp8", "int4"]),
+       st.sampled_from([(True, 1e-3), (True, 0.05), (False, 1e-3)]))
+def test_a_decode_run_costs_the_sum_of_its_steps(n, context, extra, k, tp, kv, host):
+    # host: (async scheduling, the host's seconds a step); 50 ms makes runs start host-bound and cross over
+    overlap, host_s = host
+    sm = pricer(model=LLAMA70 if tp == 8 else LLAMA8, tp=tp, kv=kv, terms=ServerTerms(host_step_s=host_s),
+                overlap=overlap)
     x0 = n * context + extra % n
     brute = math.fsum(sm.step_time(Batch(num_decode_seqs=n, decode_context_tokens=x0 + i * n)) for i in range(k))
     assert sm.decode_run_time(DecodeShape(n, x0), k) == pytest.approx(brute, rel=1e-9)
 
 
-def test_a_decode_run_within_a_budget_stops_at_the_first_step_that_reaches_it():
-    sm = pricer()
+@pytest.mark.parametrize("host_s", [1e-3, 0.02])
+def test_a_decode_run_within_a_budget_stops_at_the_first_step_that_reaches_it(host_s):
+    sm = pricer(terms=ServerTerms(host_step_s=host_s))
     rng = random.Random(3)
     for _ in range(200):
         n, x0 = rng.randint(1, 600), rng.randint(1, 3000) * 100
@@ -191,6 +206,11 @@ def test_a_line_sums_across_its_knots():
         for k in range(1, 40):
             assert line.run_sum(s0, k) == pytest.approx(math.fsum(line(s0 + i) for i in range(k)), rel=1e-12)
     assert line(30.0) == pytest.approx(4.5 * 30 / 15)  # past the last knot: proportional to the keys
+    # reach(y): the least s with line(s) >= y, against a fine scan
+    for y in (0.2, 1.0, 1.7, 3.1, 4.0, 4.4, 4.5, 9.0, 90.0):
+        at = line.reach(y)
+        assert line(at) == pytest.approx(y, rel=1e-12) or (at == 1.0 and line(at) >= y)
+        assert all(line(x) < y for x in np.linspace(max(at, -50) - 20, at, 50)[:-1])
 
 
 # ---- choosing the pricer from a scenario ---------------------------------------------------------------
@@ -375,16 +395,18 @@ def test_kvsim_calibrate_converts_a_folder_and_a_scenario_prices_with_it(tmp_pat
 def test_the_api_server_adds_to_ttft_and_e2e_of_measured_runs_only(tmp_path):
     import csv
 
+    from kvsim.perf.basis import pricing_basis
     from kvsim.perf.measured import request_overhead_s
     from kvsim.perf.server import shipped_terms
     from kvsim.pipeline import run_scenario
-    from kvsim.scenario.catalog import gpu_spec
+    from kvsim.scenario.catalog import gpu_spec, model_spec
 
     api = shipped_terms("H100-SXM")[0].api_server_s
-    assert api == pytest.approx(0.0102)
+    assert api > 0
     measured, roofline = scenario(tmp_path), scenario(tmp_path, '[backend]\npricing = "roofline"\n')
-    assert request_overhead_s(measured, gpu_spec(measured)) == api
-    assert request_overhead_s(roofline, gpu_spec(roofline)) == 0.0
+    for sc, want in ((measured, api), (roofline, 0.0)):
+        gpu = gpu_spec(sc)
+        assert request_overhead_s(pricing_basis(sc, model_spec(sc), gpu), gpu) == want
     run_scenario(measured, tmp_path / "out")
     with open(tmp_path / "out" / "requests.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -400,3 +422,50 @@ def test_the_measured_pricer_takes_the_pricing_protocols_arguments():
     for name in ("step_time", "decode_run_time", "decode_run_within", "decode_steps_within"):
         want = list(inspect.signature(getattr(RunPricer, name)).parameters)
         assert list(inspect.signature(getattr(MeasuredStepModel, name)).parameters) == want, name
+
+
+# ---- measured or estimated ------------------------------------------------------------------------------
+@pytest.mark.parametrize("extra, gpu, model, pricing, label, why", [
+    ("", "H100-SXM", "Llama-3.1-8B", "measured", "measured", "vLLM 0.24.0 kernels timed on H100-SXM"),
+    ("", "B200", "Llama-3.1-8B", "measured", "measured", "vLLM 0.24.0 kernels timed on B200"),
+    ('[backend]\npricing = "roofline"\n', "A100-80GB", "Llama-3.1-8B", "roofline", "measured",
+     "roofline calibrated on A100-80GB (shipped calibration calibrations/A100-80GB.json)"),
+    ("", "MI300X", "Llama-3.1-8B", "roofline", "estimated",
+     "no measured kernels or calibration for MI300X: its datasheet priced with H100 efficiencies"),
+    ("", "L40S", "Llama-3.1-8B", "roofline", "estimated", "no measured kernels or calibration for L40S"),
+    ('[backend]\npricing = "roofline"\n', "B200", "Llama-3.1-8B", "roofline", "estimated",
+     "no measured kernels or calibration for B200"),
+    ('[hardware]\nbf16_tflops = 2000\n', "H100-SXM", "Llama-3.1-8B", "roofline", "estimated",
+     "hardware.bf16_tflops overrides the H100-SXM datasheet"),
+    ("", "H100-SXM", "Qwen3-30B-A3B", "roofline", "estimated", "no measured kernels for Qwen3-30B-A3B's MoE experts"),
+    ("", "H100-SXM", "gemma-2-9b", "roofline", "estimated", "sliding-window or chunked attention"),
+    ('[engine]\nmax_model_len = 4096\n', "H100-SXM", "Mistral-7B-v0.1", "measured", "measured", "kernels timed"),
+    ('[backend]\nname = "triton"\n', "H100-SXM", "Llama-3.1-8B", "triton", "measured", "timed on the GPU"),
+])
+def test_every_run_says_whether_its_answers_are_measured_or_estimated(tmp_path, extra, gpu, model, pricing, label,
+                                                                      why):
+    from kvsim.perf.basis import pricing_basis
+    from kvsim.scenario.catalog import gpu_spec, model_spec
+    from kvsim.scenario.config import load_scenario
+
+    path = tmp_path / "s.toml"
+    sections = {}
+    for block in ("[hardware]\n" + f'gpu = "{gpu}"\n', extra):
+        if block:
+            head, _, body = block.partition("\n")
+            sections[head] = sections.get(head, "") + body
+    sections.setdefault("[model]", "")
+    sections["[model]"] += f'name = "{model}"\n'
+    text = 'name = "s"\n' + "".join(f"{h}\n{b}" for h, b in sections.items())
+    path.write_text(text + '[[policies]]\nname = "paged"\n[workload]\nnum_requests = 5\n')
+    sc = load_scenario(path)
+    basis = pricing_basis(sc, model_spec(sc), gpu_spec(sc))
+    assert (basis.pricing, basis.label) == (pricing, label) and why in basis.why, basis
+    assert basis.estimated == (label == "estimated") and basis.short().startswith(label)
+
+
+def test_measured_pricing_of_layers_the_tables_do_not_time_is_one_line(tmp_path):
+    sc = scenario(tmp_path, '[backend]\npricing = "measured"\n')
+    sc = sc.model_copy(update={"model": sc.model.model_copy(update={"name": "Qwen3-30B-A3B"})})
+    with pytest.raises(KvsimError, match="do not time Qwen3-30B-A3B's MoE experts yet"):
+        backend(sc)

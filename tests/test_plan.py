@@ -36,13 +36,14 @@ def serial_scenario(tmp_path, **over):
     return make_scenario(**sections)
 
 
-def closed_form_knee(n: int = N) -> float:
+def closed_form_knee(n: int = N, scale: float = 1.0) -> float:
     """Past 1/S requests back up: request i (0-based) waits i * (S - g) for gaps g < S. The p99
-    request (nearest rank k = ceil(0.99 n)) has TTFT (k - 1)(S - g) + STEP_S <= TTFT_BOUND_S iff
-    g >= S - (TTFT_BOUND_S - STEP_S) / (k - 1)."""
-    service = OUTPUT_LEN * STEP_S
+    request (nearest rank k = ceil(0.99 n)) has TTFT (k - 1)(S - g) + step <= TTFT_BOUND_S iff
+    g >= S - (TTFT_BOUND_S - step) / (k - 1); every step `scale` x STEP_S (backend.step_time_scale)."""
+    step = STEP_S * scale
+    service = OUTPUT_LEN * step
     k = math.ceil(0.99 * n)
-    return 1.0 / (service - (TTFT_BOUND_S - STEP_S) / (k - 1))
+    return 1.0 / (service - (TTFT_BOUND_S - step) / (k - 1))
 
 
 def test_plan_finds_the_closed_form_knee_within_its_resolution(tmp_path):
@@ -52,10 +53,20 @@ def test_plan_finds_the_closed_form_knee_within_its_resolution(tmp_path):
     knee = closed_form_knee()  # 10.0203 req/s on 200 requests
     assert abs(answer.mean_rate / knee - 1) <= 0.02, (answer.mean_rate, knee)
     assert answer.seed_max_rates[0] == answer.seed_max_rates[1]  # nothing random: seeds agree
-    assert answer.ci_low <= knee <= answer.ci_high
-    # the safe rate holds for the long run too: 800 requests queue longer, their knee is 10.0051
-    long_knee, step = closed_form_knee(4 * N), (1 - 0.02) / (1 + 0.02)
+    # the knee re-searched with every step 5% cheaper and dearer: the closed forms at 0.95 and 1.05 x STEP_S
+    fast, slow = closed_form_knee(scale=0.95), closed_form_knee(scale=1.05)
+    assert abs(answer.knee_faster_steps / fast - 1) <= 0.02 and abs(answer.knee_slower_steps / slow - 1) <= 0.02
+    assert slow < knee < fast
+    # the interval: the seeds agree (no spread), so it is the resolution's, widened by those ratios
+    k0 = answer.seed_max_rates[0]
+    assert answer.ci_low == pytest.approx(k0 * 0.98 * answer.knee_slower_steps / k0)
+    assert answer.ci_high == pytest.approx(k0 * 1.02 * answer.knee_faster_steps / k0)
+    assert answer.ci_low <= slow and fast <= answer.ci_high
+    # the safe rate holds for the long run too, with every step 5% dearer than priced: 800 requests
+    # queue longer, their knee at 1.05 x STEP_S is 9.53
+    long_knee, step = closed_form_knee(4 * N, 1.05), (1 - 0.02) / (1 + 0.02)
     assert long_knee * step ** 2 * 0.995 <= answer.safe_rate <= long_knee * 1.005, (answer.safe_rate, long_knee)
+    assert result.meta["safe_check_step_time_scale"] == 1.05
     assert answer.safe_rate <= answer.mean_rate and result.meta["long_run_requests"] == 4 * N
     assert answer.at_safe_rate["sustainable_share"] == 1.0
     assert answer.at_safe_rate["worst_ttft_ms_at_pct"] <= TTFT_BOUND_S * 1e3
@@ -257,3 +268,25 @@ def test_an_slo_no_single_request_meets_gives_zero_and_says_so():
     assert not answer.sustainable_at_scenario_rate
     assert min(p["rate"] for p in result.points) == pytest.approx(10.0 / 64)  # six halvings, then it stops
     assert any("no safe rate found, down to 0.156 req/s" in line for line in plan_lines(result))
+
+
+def test_the_deployment_search_says_when_its_winner_is_estimated():
+    from dataclasses import replace
+
+    from kvsim.planning.deploy import DeployResult, Deployment, layout_basis
+    from kvsim.planning.output import deploy_lines
+
+    sc = make_scenario()
+    assert layout_basis(sc, "H100-SXM", 1)[0] == "measured"
+    label, why = layout_basis(sc, "MI300X", 2)
+    assert label == "estimated" and "MI300X" in why and "H100 efficiencies" in why
+    h100 = Deployment("H100-SXM", 1, 2, 2, "paged", True, 12.0, 25.0, 26.0, 24.0, 28.0, 0.25, 6.0, 0.1, 0.5, "test",
+                      pricing="measured", pricing_why="vLLM 0.24.0 kernels timed on H100-SXM")
+    mi = replace(h100, gpu="MI300X", usd_per_hour=4.0, pricing=label, pricing_why=why)
+    meta = {"model": "m", "slo": {"ttft_ms": 1000.0, "percentile": 99.0}, "policies": ["paged"], "seeds": [0],
+            "num_requests": 10, "long_run_requests": 40, "mean_prompt_tokens": 100.0, "mean_output_tokens": 10.0}
+    lines = deploy_lines(DeployResult(20.0, meta, [mi, h100]))
+    assert lines[3].startswith("cheapest: 2 × MI300X") and lines[3].endswith("; estimated")
+    assert lines[4].startswith("ESTIMATED: the cheapest rests on no measured kernels or calibration for MI300X")
+    assert lines[4].endswith("Cheapest measured: " + h100.answer())
+    assert len(deploy_lines(DeployResult(20.0, meta, [h100, mi]))) == 4  # a measured winner needs no warning

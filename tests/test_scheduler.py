@@ -60,6 +60,28 @@ def test_running_decodes_go_before_a_waiting_prompt():
     assert (batch.num_decode_seqs, batch.num_prefill_seqs, batch.num_prefill_tokens) == (1, 1, 63)
 
 
+def test_admit_before_leaves_later_arrivals_for_the_next_step_and_nothing_else():
+    """Async scheduling: only requests that arrived by `admit_before` are admitted; a preempted request
+    (back at the front, an early arrival) is not held; the hold is no capacity limit."""
+    sched = sched_of(budget=64)
+    a, b = make_seq(0, 10, 5, arrival=1.0), make_seq(1, 10, 5, arrival=3.0)
+    sched.add(a)
+    sched.add(b)
+    sched.admit_before = 2.0
+    work, batch = step(sched)
+    assert work == [(0, 10)] and sched.holds_next and sched.admission_limit == ""
+    assert list(sched.waiting) == [b]
+    sched.admit_before = 3.0  # an arrival at the cut-off itself is admitted
+    work, _ = step(sched)
+    assert work == [(0, 1), (1, 10)] and not sched.holds_next and not sched.waiting
+    full = sched_of(max_num_seqs=1, budget=64)  # a real limit comes first: it is what the metrics hear
+    full.add(make_seq(0, 10, 5, arrival=0.0))
+    full.add(make_seq(1, 10, 5, arrival=5.0))
+    full.admit_before = 1.0
+    step(full)
+    assert full.admission_limit == "max_num_seqs" and not full.holds_next
+
+
 def test_chunked_prefill_splits_100_tokens_as_40_40_20():
     sched = sched_of(budget=40)
     p = make_seq(0, 100, 3)

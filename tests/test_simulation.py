@@ -10,6 +10,7 @@ from kvsim.cli import main
 from kvsim.engine.settings import EngineSettings
 from kvsim.engine.simulator import Simulation
 from kvsim.perf.memory import kv_capacity
+from kvsim.perf.pricing import RunSearch
 from kvsim.results.metrics import Metrics
 from kvsim.pipeline import run_scenario
 from kvsim.scenario.catalog import gpu_spec, model_spec
@@ -123,6 +124,10 @@ FUSION_CASES = {
         "num_requests": 120, "arrival": {"rate": 15.0}, "prefix": {"num_groups": 3, "prefix_len": 512}}),
     "budget smaller than the batch": dict(engine={"max_num_batched_tokens": 32, "max_num_seqs": 64},
                                           workload={"num_requests": 80, "arrival": {"rate": 20.0}}),
+    # measured pricing schedules asynchronously by default; these two flip it
+    "synchronous scheduling": dict(hardware=TIGHT, workload=BUSY, engine={"async_scheduling": False}),
+    "roofline, async scheduling": dict(backend={"pricing": "roofline"}, engine={"async_scheduling": True},
+                                       workload={"num_requests": 120, "arrival": {"rate": 25.0}}),
     # the triton calibration prices the longest decode's serial walk: runs carry the longest context too
     "ragged decodes, serial term": dict(backend={"calibration": "triton"}, workload={
         "num_requests": 120, "arrival": {"rate": 20.0}, "prompt_len": {"dist": "lognormal", "mean": 900, "sigma": 1.0,
@@ -191,7 +196,8 @@ TIES = {"num_requests": 120, "arrival": {"process": "deterministic", "rate": 40.
 
 
 @pytest.mark.parametrize("case", ["tight memory, preemptions", "swap preemption", "budget smaller than the batch",
-                                  "ragged decodes, serial term", "ties"])
+                                  "ragged decodes, serial term", "ties", "synchronous scheduling",
+                                  "roofline, async scheduling"])
 def test_one_replica_without_simpy_replays_simpy_exactly(monkeypatch, case):
     """A lone replica's loop replays SimPy's clock and event order (OneReplicaClock): every figure,
     every request's times, every time-series row the same, to the bit."""
@@ -339,3 +345,57 @@ def merge_router(sections: dict, router: str) -> dict:
     out = {k: dict(v) for k, v in sections.items()}
     out["hardware"]["router"] = router
     return out
+
+
+# ---- async scheduling ------------------------------------------------------------------------
+
+class OneSecondSteps(RunSearch):
+    """Every step takes one second, whatever it holds."""
+
+    def step_time(self, batch) -> float:
+        return 1.0 if batch.num_prefill_tokens or batch.num_decode_seqs else 0.0
+
+    def decode_run_time(self, shape, k: int) -> float:
+        return float(max(k, 0))
+
+
+def one_second_steps(monkeypatch):
+    init = AnalyticBackend.__init__
+
+    def plug(self, *args):
+        init(self, *args)
+        self.pricer = OneSecondSteps()
+        self.execute, self.decode_run, self.decode_run_time = (
+            self.pricer.step_time, self.pricer.decode_run_within, self.pricer.decode_run_time)
+
+    monkeypatch.setattr(AnalyticBackend, "__init__", plug)
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_async_scheduling_runs_a_request_that_arrives_mid_step_one_step_later(monkeypatch, tmp_path, fuse):
+    """Steps of one second; A arrives at 0 (6 tokens out), B at 2.5, during A's step [2, 3), C at 20 on an
+    idle engine. Synchronous: B's prefill is the step [3, 4), its first token at 4. Async (vLLM's
+    AsyncScheduler planned [3, 4) while [2, 3) ran): B waits for [4, 5). C finds the engine idle: no wait."""
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,6\n2.5,10,3\n20,10,2\n")
+    one_second_steps(monkeypatch)
+    monkeypatch.setattr(AnalyticBackend, "fuses_decode_runs", fuse)
+    got = {}
+    for mode in (False, True):
+        sc = make_scenario(engine={"async_scheduling": mode}, workload={
+            "num_requests": 3, "arrival": {"process": "trace"}, "prompt_len": {"dist": "trace"},
+            "output_len": {"dist": "trace"}, "trace": {"format": "csv", "path": str(tmp_path / "t.csv")}})
+        rows, summaries = per_request(monkeypatch, sc)
+        got[mode] = {sid: (ttft, e2e) for (_, sid), (ttft, e2e, *_) in rows.items()}
+        assert summaries["paged"]["async_scheduling"] is mode
+    assert got[False] == {0: (1.0, 6.0), 1: (1.5, 3.5), 2: (1.0, 2.0)}
+    assert got[True] == {0: (1.0, 6.0), 1: (2.5, 4.5), 2: (1.0, 2.0)}
+
+
+def test_async_scheduling_is_the_priced_releases_default():
+    measured = run_scenario(make_scenario(), write=False).summaries["paged"]
+    roofline = run_scenario(make_scenario(backend={"pricing": "roofline"}), write=False).summaries["paged"]
+    assert measured["async_scheduling"] is True and roofline["async_scheduling"] is False
+    # on the same steps, a request waits one step more: TTFT grows, nothing else about a request changes
+    sync = run_scenario(make_scenario(engine={"async_scheduling": False}), write=False).summaries["paged"]
+    assert measured["ttft_s"]["mean"] > sync["ttft_s"]["mean"]
+    assert measured["requests"] == sync["requests"]

@@ -47,6 +47,7 @@ def cards(result, colors: dict, tied: dict, usd_per_hour: float | dict | None, o
     closed loop: concurrencies), $ per million output tokens at the requests/s served there.
     `usd_per_hour`: one figure, or one per policy (a disaggregated policy's GPUs are its pools')."""
     best = max(result.policies, key=lambda p: (p.safe_rate, p.mean_rate), default=None)
+    note = basis_note(result.meta.get("pricing_basis"))
     unit = result.meta.get("load_unit") or "req/s"
     costs = usd_per_hour if isinstance(usd_per_hour, dict) else {}
     out = []
@@ -57,8 +58,15 @@ def cards(result, colors: dict, tied: dict, usd_per_hour: float | dict | None, o
         out.append(Card(p.policy, colors[p.policy], p is best and p.safe_rate > 0, p.sustainable_at_scenario_rate,
                         p.safe_rate, p.headroom, f"{p.mean_rate:.3g} (95% CI {p.ci_low:.3g}–{p.ci_high:.3g})",
                         tuple(tied.get(p.policy, ())), usd, per_m, p.binding or "–",
-                        p.binding_detail or "", unit=unit, throughput=rps))
+                        p.binding_detail or "", note, unit=unit, throughput=rps))
     return out
+
+
+def basis_note(basis: dict | None) -> str:
+    """'Measured: why' or 'Estimated: why' (kvsim.perf.basis.PricingBasis.to_dict()), '' when unknown."""
+    if not basis:
+        return ""
+    return f"{basis['label'].capitalize()}: {basis['why']}"
 
 
 def load_label(unit: str, value: float) -> str:

@@ -91,8 +91,10 @@ def target_answer(scenario, plan_result, here: tuple, r0: float) -> None:
     result = plans.deploy(*here, answers.CLI, targets)
     if result.deployments:
         d = result.deployments[0]
-        cols[2].success(f"**{d.answer()}**  \n${d.usd_per_m_output:,.3f} per M output tokens; every seed and a "
-                        f"{result.meta['long_run_requests']:,}-request run meet the SLO at {rate:g} req/s")
+        shown = cols[2].warning if d.pricing == "estimated" else cols[2].success
+        shown(f"**{d.answer()}**  \n${d.usd_per_m_output:,.3f} per M output tokens; every seed and a "
+              f"{result.meta['long_run_requests']:,}-request run meet the SLO at {rate:g} req/s  \n"
+              f"{d.pricing.capitalize()}: {d.pricing_why}")
     else:
         cols[2].warning(f"No layout of {gpu} (TP 1, 2, 4, 8; up to {targets.max_replicas} replicas) meets the SLO "
                         f"at {rate:g} req/s with {policy}; the Capacity page searches every GPU.")

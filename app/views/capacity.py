@@ -146,7 +146,8 @@ def deploy_rows(result) -> list[dict]:
              "policy": d.policy, "safe req/s": f"{d.safe_rate:.3g}" if d.safe_rate is not None else f"≥{r:g}",
              "knee (95% CI)": "–" if d.mean_rate is None else f"{d.mean_rate:.3g} ({d.ci_low:.3g}–{d.ci_high:.3g})",
              "$/hour": d.usd_per_hour, "$/M input": d.usd_per_m_input, "$/M output": d.usd_per_m_output,
-             "headroom": "–" if d.headroom is None else f"{d.headroom:+.0%}", "binds": d.binding}
+             "headroom": "–" if d.headroom is None else f"{d.headroom:+.0%}", "binds": d.binding,
+             "priced": f"{d.pricing}: {d.pricing_why}"}
             for d in result.deployments]
 
 

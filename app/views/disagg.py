@@ -77,7 +77,7 @@ def table(result) -> list[dict]:
                   "decode": "", "binds": r.get("binding") or "–"})
         out.append({"serving": r["kind"], **pools, "GPUs": r["num_gpus"], "$/hour": round(r["usd_per_hour"], 2),
                     "$/M out": round(r["usd_per_m_output"], 3), "TTFT ms": r.get("at_target_ttft_ms_at_pct"),
-                    "TPOT ms": r.get("at_target_tpot_ms_at_pct")})
+                    "TPOT ms": r.get("at_target_tpot_ms_at_pct"), "priced": r.get("pricing") or "–"})
     return out
 
 
@@ -92,6 +92,8 @@ with errors.caught(st):
     result = plans.pd_deploy(text, cur.base.source, str(cur.base.base_dir), cur.base.digest, answers.CLI, targets)
     verdict = result.verdict()
     (st.success if result.deployments or result.aggregated.deployments else st.warning)(f"**{verdict}**")
+    if result.estimated_note():
+        st.warning(result.estimated_note())
     st.plotly_chart(options_figure(result), theme=None, key="kvsim.pd_options")
     st.dataframe(table(result), hide_index=True)
     st.caption(f"Each pool layout's cheapest prefill:decode counts whose every seed and a "

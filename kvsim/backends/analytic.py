@@ -14,7 +14,7 @@ from dataclasses import asdict
 from kvsim.batch import Batch, DecodeShape
 from kvsim.perf.calibration import resolve_calibration
 from kvsim.perf.measured import measured_step_model
-from kvsim.perf.pricing import DecodeRunPrice, RunPricer
+from kvsim.perf.pricing import DecodeRunPrice, RunPricer, ScaledPricer
 from kvsim.perf.roofline import VLLM_GRAPH_SIZES, StepModel
 
 
@@ -34,7 +34,8 @@ class AnalyticBackend:
             self.prices_longest_decode = calibration.decode_key_s > 0
         else:
             self.prices_longest_decode = pricer.prices_longest_decode
-        self.pricer: RunPricer = pricer
+        scale = scenario.backend.step_time_scale
+        self.pricer: RunPricer = pricer if scale == 1.0 else ScaledPricer(pricer, scale)
         self.num_blocks = capacity.num_blocks
         self.calibration = calibration
         # The Backend methods are the pricer's own (bound here: no call layer per step).
@@ -64,6 +65,7 @@ class AnalyticBackend:
         out = {"backend": self.name, "calibration": asdict(self.calibration),
                "calibration_source": self.calibration_source}
         describe = getattr(self.pricer, "describe", None)  # the roofline's runs keep their summary as it was
-        if describe is not None:
-            out["pricing"] = describe()
+        pricing = describe() if describe is not None else None
+        if pricing is not None:
+            out["pricing"] = pricing
         return out

@@ -106,6 +106,21 @@ class RunSeries:
                 for (j, t), m, e in zip(steps, more, evicted)]
 
 
+    def with_arrivals(self, start: float) -> list | tuple:
+        """The marks with the requests that arrived during the run counted as waiting from their arrival
+        (async scheduling lets a run take the step after an arrival: its second-to-last step's sample
+        sees the newcomer waiting)."""
+        late = []
+        for seq in reversed(self.scheduler.waiting):  # newcomers queue at the back
+            t = seq.request.arrival_time
+            if t <= start:
+                break
+            late.append(t)
+        if not late:
+            return self.marks
+        return [((s[0], s[1], s[2] + sum(t <= s[0] for t in late), *s[3:]), n) for s, n in self.marks]
+
+
 def _last_before(k: int, now: float, a: float, b: float, limit: float) -> tuple[int, float]:
     """The largest j < k with a*j + b*j(j-1)/2 < limit, checked against rounding, and now + that."""
     if b:

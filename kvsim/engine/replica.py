@@ -3,7 +3,10 @@
 `Replica.begin` schedules the next step and prices it: one step through `Backend.execute`, or,
 when the batch is the decode cohort alone, a run of identical decode steps that ends at the next
 finish, before the next arrival and while blocks last (`Backend.decode_run`,
-`Scheduler.plan_decode_run`). `Replica.complete` applies it (`Scheduler.postprocess`), stamps token
+`Scheduler.plan_decode_run`). Under async scheduling (`EngineSettings.async_scheduling`) a step
+admits only requests that arrived before the previous step started, as vLLM's AsyncScheduler, which
+plans step n+1 while step n runs; a request it leaves waiting runs in the next step, and a run of
+decode steps that an arrival cuts takes one step more (the one already planned when it came). `Replica.complete` applies it (`Scheduler.postprocess`), stamps token
 times and fills the replica's `StepRecord` for the observer. Neither knows SimPy: the simulator
 decides when the step's end is reached.
 """
@@ -43,16 +46,16 @@ def make_replica(index: int, settings: EngineSettings, backend, interval: float,
         allocator = ALLOCATORS[settings.allocator](settings, backend.num_blocks)
     scheduler = Scheduler(allocator, settings, use_cohort=backend.fuses_decode_runs,
                           track_longest=backend.prices_longest_decode)
-    return Replica(index, scheduler, backend, interval)
+    return Replica(index, scheduler, backend, interval, settings.async_scheduling)
 
 
 class Replica:
     """One engine. `interval`: the observer's sampling interval (for the samples inside fused runs)."""
 
     __slots__ = ("index", "scheduler", "allocator", "backend", "record", "runs", "idle", "clock",
-                 "cohort_last_token", "num_events", "num_steps")
+                 "cohort_last_token", "num_events", "num_steps", "async_scheduling", "busy", "last_start")
 
-    def __init__(self, index: int, scheduler: Scheduler, backend, interval: float):
+    def __init__(self, index: int, scheduler: Scheduler, backend, interval: float, async_scheduling: bool = False):
         self.index, self.scheduler, self.allocator, self.backend = index, scheduler, scheduler.allocator, backend
         self.record = StepRecord(index)
         self.runs = RunSeries(scheduler, backend, interval) if backend.fuses_decode_runs else None
@@ -61,11 +64,19 @@ class Replica:
         self.cohort_last_token = 0.0  # when the scheduler's decode cohort last produced tokens
         self.num_events = 0  # engine events (a fused decode run counts once)
         self.num_steps = 0  # engine steps they stand for
+        self.async_scheduling = async_scheduling
+        self.busy = False  # work was left after the last event: the next begins at its end
+        self.last_start = 0.0  # when the last event's last step started (async scheduling's cut-off)
 
     def begin(self, now: float, next_arrival: float) -> StepRecord:
         """Schedule and price the next step (or run) starting at `now`; the record's plan and price."""
         step, sched = self.record, self.scheduler
+        if self.async_scheduling:
+            sched.admit_before = self.last_start if self.busy else now
         batch = sched.schedule()
+        if sched.holds_next and not batch.seqs and not batch.cohort_size:  # no step in flight to wait for
+            sched.admit_before = now
+            batch = sched.schedule()
         seqs = batch.seqs
         if seqs:
             if batch.dissolved:
@@ -82,8 +93,10 @@ class Replica:
         for seq in batch.preempted:
             seq.preempted_at = now
         step.peak_used = -1
+        self.last_start = now
         if self.runs is not None and not seqs and not batch.preempted:  # the cohort alone: a run
-            k, duration, first = self._decode_run(batch, now, next_arrival - now)
+            # a request left for the next step ends the run after one step
+            k, duration, first = self._decode_run(batch, now, 0.0 if sched.holds_next else next_arrival - now)
         else:
             k, duration = 1, self.backend.execute(batch)
             first = duration
@@ -93,7 +106,7 @@ class Replica:
         step.duration = duration
         step.first_s = first
         step.end = now + duration
-        step.admission_limit = sched.admission_limit  # "" exactly when nothing waits
+        step.admission_limit = sched.admission_limit  # "" when nothing waits for capacity
         return step
 
     def _decode_run(self, batch: Batch, now: float, budget_s: float) -> tuple[int, float, float]:
@@ -101,12 +114,17 @@ class Replica:
         while blocks last; a run of k > 1 steps takes its later blocks now, after its figures step
         by step were read (RunSeries)."""
         shape, backend, sched = batch.decode_shape(), self.backend, self.scheduler
-        k, duration, first = backend.decode_run(shape, batch.min_output_left, budget_s)
+        most = batch.min_output_left
+        k, duration, first = backend.decode_run(shape, most, budget_s)
+        if k < most and budget_s > 0 and self.async_scheduling:  # the step planned when the arrival came
+            k += 1
+            duration = backend.decode_run_time(shape, k)
         if k > 1:
             plan = sched.plan_decode_run(batch, k)
             if plan.steps < k:
                 k, duration, first = backend.decode_run(shape, plan.steps)
             if k > 1:
+                self.last_start = now + backend.decode_run_time(shape, k - 1)
                 runs = self.runs
                 runs.plan(batch, shape, k, now, first, duration, self.record.sample_boundary)
                 sched.commit_decode_run(plan)
@@ -131,9 +149,12 @@ class Replica:
             seq.last_token_time = seq.finish_time = end
             self.backend.free(seq)
         step.finished = finished
+        self.busy = sched.num_unfinished > 0
         if step.peak_used >= 0:
             runs = self.runs
             step.marks, step.used_block_s = runs.marks, runs.block_s
+            if runs.marks and self.async_scheduling:
+                step.marks = runs.with_arrivals(step.start)
         else:
             step.used_block_s = -1.0
         used, cached, free = alloc.block_counts()

@@ -6,7 +6,9 @@ running sequence is preempted (recompute: its KV is dropped and it waits again a
 queue; swap: its KV is copied to host memory) until the sequence fits or is itself the victim. Then,
 if nothing was preempted, waiting sequences are admitted in arrival order while the budget,
 `max_num_seqs` and the allocator allow, taking prefix-cache hits first. With chunked prefill a prompt
-may be split over steps to fit the budget; without it a prompt is admitted only whole.
+may be split over steps to fit the budget; without it a prompt is admitted only whole. Under async
+scheduling the replica sets `admit_before`: vLLM's AsyncScheduler plans step n+1 while step n runs, so
+a request that arrived after step n started is left for the step after (`holds_next`).
 
 With `use_cohort`, steady decoders are handed to a `DecodeCohort` and advanced together in O(1)
 per step. That is exactly V1 whenever every running sequence gets all its tokens and blocks this
@@ -19,6 +21,7 @@ The scheduler knows no time: the simulator stamps times, the backend prices the 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from operator import attrgetter
 
@@ -35,6 +38,7 @@ _run_order = attrgetter("run_order")
 _new = tuple.__new__  # builds a named tuple without its Python-level __new__ (once per fused decode run)
 # What can hold a waiting sequence back (Scheduler.admission_limit).
 KV_CACHE, MAX_NUM_SEQS, TOKEN_BUDGET = "kv_cache", "max_num_seqs", "token_budget"
+_NEXT_STEP = "next_step"  # the head of the queue arrived after the previous step started (async scheduling)
 
 
 class Scheduler:
@@ -62,6 +66,8 @@ class Scheduler:
         # Why the last schedule() left sequences waiting: KV_CACHE, MAX_NUM_SEQS or TOKEN_BUDGET
         # ("" when none waits). The metrics add up how long each limit held admission back.
         self.admission_limit = ""
+        self.admit_before = math.inf  # async scheduling: only requests that arrived by then may be admitted
+        self.holds_next = False  # the last schedule() left an admissible request for the next step
 
     # ---- admission -----------------------------------------------------------------------
     def reject_reason(self, seq: Sequence) -> str:
@@ -127,7 +133,10 @@ class Scheduler:
                 budget = self._schedule_swapped(batch, budget)
             if self.waiting and not self.swapped:
                 limit = self._schedule_waiting(batch, budget)
-        if self.waiting and not limit:
+        self.holds_next = limit == _NEXT_STEP
+        if self.holds_next:
+            limit = ""  # not held back by capacity: the request runs in the next step
+        elif self.waiting and not limit:
             limit = KV_CACHE  # a preemption this step, or swapped sequences waiting for blocks
         self.admission_limit = limit
         if self.allocator.num_shared_refs and batch.num_decode_seqs and not batch.num_prefill_seqs:
@@ -216,6 +225,8 @@ class Scheduler:
             if self.num_running >= self.max_num_seqs:
                 return MAX_NUM_SEQS
             seq = self.waiting[0]
+            if seq.request.arrival_time > self.admit_before:
+                return _NEXT_STEP
             hits = alloc.get_computed_blocks(seq) if seq.num_computed_tokens == 0 else []
             num_new = seq.num_tokens - seq.num_computed_tokens - len(hits) * alloc.block_size
             if num_new > budget:

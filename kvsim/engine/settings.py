@@ -30,6 +30,7 @@ class EngineSettings:
     contiguous_reserve: str = "max_model_len"  # the contiguous allocator's slab: or "known_output"
     num_replicas: int = 1
     router: str = "least_loaded"  # a name in kvsim.engine.router.ROUTERS
+    async_scheduling: bool = False  # a request arriving during a step first runs a step later (vLLM's AsyncScheduler)
     step_budget: int = field(init=False)  # tokens one step may schedule (kvsim.scenario.defaults.step_budget)
 
     def __post_init__(self):
@@ -37,9 +38,10 @@ class EngineSettings:
                                                             self.enable_chunked_prefill))
 
 
-def engine_settings(scenario, policy, limits, bytes_per_block: int) -> EngineSettings:
+def engine_settings(scenario, policy, limits, bytes_per_block: int, async_default: bool = False) -> EngineSettings:
     """The policy's engine: `limits` from kvsim.scenario.defaults.engine_limits, `bytes_per_block`
-    of the policy's KV cache (for the swap space in blocks)."""
+    of the policy's KV cache (for the swap space in blocks); `async_default`: whether the priced
+    release schedules asynchronously by default (engine.async_scheduling unset)."""
     engine, hw = scenario.engine, scenario.hardware
     return EngineSettings(
         block_size=engine.block_size, max_num_seqs=limits.max_num_seqs,
@@ -47,4 +49,5 @@ def engine_settings(scenario, policy, limits, bytes_per_block: int) -> EngineSet
         enable_chunked_prefill=limits.enable_chunked_prefill, preemption_mode=engine.preemption_mode,
         num_host_blocks=int(engine.swap_space * GIB // bytes_per_block), allocator=policy.allocator,
         enable_prefix_caching=scenario.prefix_caching(policy), contiguous_reserve=policy.contiguous_reserve,
-        num_replicas=hw.num_replicas, router=hw.router)
+        num_replicas=hw.num_replicas, router=hw.router,
+        async_scheduling=async_default if engine.async_scheduling is None else engine.async_scheduling)

@@ -5,7 +5,10 @@ one line naming its key: a pool whose model does not fit its GPU at its tensor p
 whose KV cache cannot hold one max_model_len request (vLLM's start-up check, on both instances), a
 decode pool whose tensor parallelism is not a multiple of the prefill pool's (the NixlConnector has
 every decode rank read its share of one prefill rank's KV heads: "Decode TP cannot be smaller than
-prefill TP"), and pools whose KV blocks differ in size of tokens (MLA's block size is the GPU's).
+prefill TP"), pools whose KV blocks differ in size of tokens (MLA's block size is the GPU's), and
+asynchronous scheduling: the pools are scheduled synchronously, as v0.11.0 schedules by default
+(kvsim's fused decode runs model an arrival during a step as the AsyncScheduler sees it, and a
+decode instance's arrivals are KV hand-offs, not queued requests).
 
 Bytes. A transfer moves whole blocks (NIXL reads one descriptor per block and layer): each decode
 rank reads `decode block bytes` per block, its KV heads' share at the decode pool's tensor
@@ -90,10 +93,36 @@ def pool(scenario, policy, role: str, simulate: bool = True) -> Pool:
     return Pool(role, view, pol, model, gpu, limits, in_pool(role, kv_capacity, view, pol, model, gpu, limits, simulate))
 
 
+def pool_basis(pool: Pool):
+    """Whether the pool's step prices are measured or estimated, and why (kvsim.perf.basis)."""
+    from kvsim.perf.basis import pricing_basis
+
+    return pricing_basis(pool.scenario, pool.model, pool.gpu)
+
+
+def combined_basis(bases: dict):
+    """One label for several pools' (or [hardware]'s) bases, by name: estimated when any is (naming
+    which, the first such), else measured (naming each when their reasons differ)."""
+    from dataclasses import replace
+
+    named = [(name, b) for name, b in bases.items() if b is not None]
+    estimated = [(name, b) for name, b in named if b.estimated]
+    if estimated:
+        name, b = estimated[0]
+        return replace(b, why=f"{name}: {b.why}") if len(named) > 1 else b
+    whys = dict.fromkeys(b.why for _, b in named)
+    if len(whys) == 1:
+        return named[0][1]
+    return replace(named[0][1], why="; ".join(f"{name}: {b.why}" for name, b in named))
+
+
 def disaggregation(scenario, policy, simulate: bool = True) -> Disaggregation:
     """The policy's disaggregated deployment, checked; see the module docstring."""
-    prefill, decode = (pool(scenario, policy, role, simulate) for role in ROLES)
     src = scenario.source
+    if scenario.engine.async_scheduling:
+        raise KvsimError(f"{src}: engine.async_scheduling: a disaggregated policy is scheduled synchronously, as "
+                         f"{RELEASE} serves it (serve it aggregated, or leave the key unset)")
+    prefill, decode = (pool(scenario, policy, role, simulate) for role in ROLES)
     tp_p, tp_d = prefill.tensor_parallel_size, decode.tensor_parallel_size
     if tp_d % tp_p:
         raise KvsimError(f"{src}: disaggregation.decode.tensor_parallel_size: {tp_d} is not a multiple of the "

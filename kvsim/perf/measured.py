@@ -30,9 +30,9 @@ from bisect import bisect_right
 import numpy as np
 
 from kvsim.batch import DecodeShape
-from kvsim.errors import KvsimError
+from kvsim.perf.basis import measured_tables
 from kvsim.perf.kernel_curves import ModelKernels
-from kvsim.perf.kernels import GPU_STEMS, load_tables
+from kvsim.perf.kernels import load_tables
 from kvsim.perf.pricing import DecodeRunPrice
 from kvsim.perf.roofline import activation_bytes_per_token
 from kvsim.perf.server import ServerTerms, shipped_terms, vllm_capture_sizes
@@ -69,6 +69,19 @@ class _Line:
         j = self.segment(s)
         return self.a[j] + self.b[j] * s
 
+    def reach(self, y: float) -> float:
+        """The least s with self(s) >= y (the line never falls): -inf when every s does, inf when none."""
+        for j in range(self.last + 1):
+            lo = self.knots[j] if j else -math.inf
+            hi = self.knots[j + 1] if j < self.last else math.inf
+            if self.b[j] > 0:
+                at = (y - self.a[j]) / self.b[j]
+                if at < hi:
+                    return max(at, lo)
+            elif self.a[j] >= y:
+                return lo
+        return math.inf
+
     def steps_in(self, j: int, s0: float) -> float:
         """How many steps of a run starting at s0 (one key more a step) stay in segment j: inf for the last."""
         return math.inf if j >= self.last else math.ceil(self.knots[j + 1] - s0)
@@ -96,7 +109,8 @@ class MeasuredStepModel:
     prices_longest_decode = False  # vLLM's FlashAttention splits long sequences: no serial term
 
     def __init__(self, model, gpu, tp: int, kv_cache_dtype: str, tables_path, terms: ServerTerms,
-                 calibration, graph_sizes: tuple = (), swap_bytes_per_block: float = 0.0, max_rows: int = 8192):
+                 calibration, graph_sizes: tuple = (), swap_bytes_per_block: float = 0.0, max_rows: int = 8192,
+                 async_scheduling: bool = True):
         self.tables = load_tables(str(tables_path))
         self.kernels = ModelKernels(self.tables, model, gpu, tp, kv_cache_dtype, calibration)
         self.terms, self.tp, self.gpu = terms, tp, gpu
@@ -113,6 +127,11 @@ class MeasuredStepModel:
         self.sampler_s_per_seq = terms.sampler_bytes_per_vocab * model.vocab_size / (
             bandwidth * calibration.memory_efficiency)
         self.swap_s_per_block = swap_bytes_per_block / (gpu.pcie_gbps * 1e9)
+        self.logits_part = -(-model.vocab_size // tp)  # each rank's share of a sampled row's logits
+        # The engine's host work a step; async scheduling overlaps it with the GPU's (a step takes the longer)
+        self.overlap = async_scheduling
+        self.host_step_s = terms.host_step_s + (terms.host_tp_step_s if tp > 1 else 0.0)
+        self.host_per_seq_s = terms.host_per_seq_s
         self._rows: dict = {True: {}, False: {}}  # graph or eager -> rows -> seconds (the rows priced so far)
         self._rows_pre = self._rows_table(max_rows)
         self._seqs: dict = {}
@@ -173,14 +192,25 @@ class MeasuredStepModel:
         return t
 
     def seqs_time(self, seqs: int) -> float:
-        """What scales with the sampled rows: lm_head, the sampler and the host's work per sequence."""
+        """The GPU work that scales with the sampled rows, outside any CUDA graph: lm_head, the sampler and,
+        under tensor parallelism, the all-gather of the vocab-parallel logits (vLLM's LogitsProcessor),
+        priced as an eager all-reduce of a rank's share (an estimate: the tables time no all-gather)."""
         t = self._seqs.get(seqs)
         if t is None:
             head, flag = self.kernels.lm_head_gemm(seqs)
             self._note("lm_head", seqs, flag)
-            t = head + seqs * (self.sampler_s_per_seq + self.terms.per_seq_overhead_s)
+            t = head + seqs * self.sampler_s_per_seq
+            if self.tp > 1:
+                gather, gflag = self.kernels.allreduce_s(seqs * self.logits_part, False)
+                self._note("allreduce", (seqs, "logits"), gflag)
+                t += gather
             self._seqs[seqs] = t
         return t
+
+    def host_time(self, seqs: int) -> float:
+        """The engine's CPU work for a step of `seqs` sequences (ServerTerms.host_step_s, host_per_seq_s,
+        and host_tp_step_s when tensor-parallel)."""
+        return self.host_step_s + self.host_per_seq_s * seqs
 
     def decode_line(self, num_seqs: int) -> _Line:
         line = self._lines.get(num_seqs)
@@ -233,26 +263,39 @@ class MeasuredStepModel:
             t += self.prefill_attention_time(np_, batch.num_prefill_tokens, batch.prefill_context_tokens,
                                              batch.prefill_attn_pairs)
         overhead = self.terms.graph_step_overhead_s if padded and not np_ else self.terms.step_overhead_s
-        return t + overhead + swap
+        gpu = t + overhead + swap
+        host = self.host_step_s + self.host_per_seq_s * (np_ + nd)
+        if self.overlap:
+            return gpu if gpu > host else host
+        return gpu + host
 
     # ---- runs of pure-decode steps in closed form ----------------------------------------------
     def _run(self, num_seqs: int, read_tokens: int) -> tuple:
         """A cohort-only decode run's (fixed seconds a step, attention line, first mean keys, steps on
-        its first segment of the line, that segment's a and b x layers): the last run's, else anew."""
+        its first segment of the line, that segment's a and b x layers, the host's seconds a step, how
+        many first steps the host sets): the last run's, else anew. Under async scheduling a step takes
+        the longer of the GPU's and the host's work; the GPU's grows along the run, the host's does not."""
         last = self._run_key
         if last[0] == num_seqs and last[1] == read_tokens:
             return last[2]
         fixed = self._fixed.get(num_seqs)
         if fixed is None:  # what a pure-decode step of num_seqs costs besides its attention
             padded = self.padded(num_seqs)
-            fixed = self._fixed[num_seqs] = (self.rows_time(padded or num_seqs, padded > 0) + self.seqs_time(num_seqs)
-                                             + (self.terms.graph_step_overhead_s if padded
-                                                else self.terms.step_overhead_s))
+            fixed = (self.rows_time(padded or num_seqs, padded > 0) + self.seqs_time(num_seqs)
+                     + (self.terms.graph_step_overhead_s if padded else self.terms.step_overhead_s))
+            if not self.overlap:
+                fixed += self.host_time(num_seqs)
+            self._fixed[num_seqs] = fixed
         line = self._lines.get(num_seqs) or self.decode_line(num_seqs)
         s0 = read_tokens / num_seqs
         j = line.segment(s0)
         line.used.add(j)
-        out = (fixed, line, s0, line.steps_in(j, s0), self.layers * line.a[j], self.layers * line.b[j])
+        a, b = self.layers * line.a[j], self.layers * line.b[j]
+        host, host_steps = self.host_time(num_seqs) if self.overlap else 0.0, 0
+        if host > fixed + a + b * s0:  # the first steps wait for the host
+            at = line.reach((host - fixed) / self.layers)
+            host_steps = math.inf if at == math.inf else max(1, math.ceil(at - s0))
+        out = (fixed, line, s0, 0 if host_steps else line.steps_in(j, s0), a, b, host, host_steps)
         self._run_key = (num_seqs, read_tokens, out)
         return out
 
@@ -263,17 +306,20 @@ class MeasuredStepModel:
         if k <= 0 or num_seqs <= 0:
             return 0.0
         last = self._run_key
-        fixed, line, s0, inside, a, b = last[2] if last[0] == num_seqs and last[1] == read_tokens else \
-            self._run(num_seqs, read_tokens)
+        fixed, line, s0, inside, a, b, host, host_steps = last[2] if last[0] == num_seqs and \
+            last[1] == read_tokens else self._run(num_seqs, read_tokens)
         if k <= inside:  # the usual case: the whole run on one segment of the line
             return (fixed + a + b * s0) * k + b * (k * (k - 1) / 2)
+        if host_steps:  # the first steps take the host's time, the rest the GPU's
+            h = min(k, host_steps)
+            return host * h + fixed * (k - h) + self.layers * line.run_sum(s0 + h, k - h)
         return fixed * k + self.layers * line.run_sum(s0, k)
 
     def decode_run_within(self, shape: DecodeShape, max_steps: int, budget_s: float = math.inf) -> DecodeRunPrice:
         """The first k <= max_steps steps of the run that start within budget_s: k = max_steps if those
         all end before budget_s, else the smallest k whose steps reach it."""
-        fixed, line, s0, inside, a, b = self._run(shape[0], shape[1])
-        first = fixed + a + b * s0
+        fixed, line, s0, inside, a, b, host, host_steps = self._run(shape[0], shape[1])
+        first = host if host_steps else fixed + a + b * s0
         if max_steps == 1:
             return _new(DecodeRunPrice, (1, first, first))
         total = self.decode_run_time(shape, max_steps)
@@ -287,12 +333,14 @@ class MeasuredStepModel:
         num_seqs = shape[0]
         if num_seqs <= 0 or not math.isfinite(budget_s):
             raise ValueError(f"need num_seqs > 0 and a finite budget, got {num_seqs}, {budget_s}")
-        fixed, line, s0, inside, a, slope = self._run(num_seqs, shape[1])
-        first = fixed + a + slope * s0
+        fixed, line, s0, inside, a, slope, host, host_steps = self._run(num_seqs, shape[1])
+        first = host if host_steps else fixed + a + slope * s0
         if first >= budget_s:
             return 1
         # the step time grows along the line: solve the quadratic of the first step's segment, then check
-        if slope > 0:
+        if host_steps:  # steps take at least `first`: a bound to bisect under
+            k = math.ceil(budget_s / first)
+        elif slope > 0:
             c = first - slope / 2
             k = math.ceil((-c + math.sqrt(c * c + 2 * slope * budget_s)) / slope)
         else:
@@ -336,57 +384,10 @@ class MeasuredStepModel:
                 "server_terms": self.terms.to_dict()}
 
 
-SPEED_FIELDS = ("hbm_bandwidth_gbps", "bf16_tflops", "fp8_tflops", "fp32_tflops", "nvlink_gbps")
-
-
-def measured_tables(scenario, gpu):
-    """The kernel-table file the scenario's steps are priced with (backend.pricing; "auto": measured when
-    tables ship for the GPU preset, the vLLM calibration is in use and no datasheet figure is overridden),
-    or None for the roofline. A version, file or setting that cannot be honoured is one line."""
-    from kvsim.perf.kernels import shipped_path, shipped_versions, version_key
-    from kvsim.scenario.catalog import GPUS
-
-    b, src = scenario.backend, scenario.source
-    want, version, own = b.pricing, scenario.engine.vllm_version, b.kernel_tables
-    if want == "roofline":
-        if version is not None or own is not None:
-            key = "engine.vllm_version" if version is not None else "backend.kernel_tables"
-            raise KvsimError(f"{src}: {key}: needs measured pricing, but backend.pricing is roofline")
-        return None
-    overridden = [f for f in SPEED_FIELDS if gpu.name in GPUS and getattr(gpu, f) != getattr(GPUS[gpu.name], f)]
-    versions = shipped_versions(gpu.name)
-    if want == "auto" and own is None:
-        why = (f"hardware.{overridden[0]} overrides the {gpu.name} datasheet" if overridden else
-               f"backend.calibration = {b.calibration} prices with the roofline" if b.calibration not in (None, "vllm")
-               else f"no measured kernel tables ship for {gpu.name}" if not versions else None)
-        if why is not None:
-            if version is not None:
-                raise KvsimError(f"{src}: engine.vllm_version: needs measured kernel tables, but {why} "
-                                 f"(tables ship for {', '.join(_shipped_gpus())})")
-            return None
-    elif overridden:
-        raise KvsimError(f"{src}: hardware.{overridden[0]}: measured kernel tables cannot follow an overridden "
-                         f"datasheet figure; use backend.pricing = \"roofline\"")
-    if own is not None:
-        if version is not None:
-            raise KvsimError(f"{src}: engine.vllm_version: give it or backend.kernel_tables, not both "
-                             f"(the file names its own release)")
-        return scenario.resolve(own)
-    if not versions:
-        raise KvsimError(f"{src}: backend.pricing: no measured kernel tables ship for {gpu.name} "
-                         f"(they ship for {', '.join(_shipped_gpus())}; or give backend.kernel_tables)")
-    if version is None:
-        version = max(versions, key=version_key)
-    elif version not in versions:
-        raise KvsimError(f"{src}: engine.vllm_version: no kernel tables for vLLM {version} on {gpu.name} "
-                         f"(shipped: {', '.join(versions)})")
-    return shipped_path(gpu.name, version)
-
-
 def measured_step_model(scenario, policy, model, gpu, calibration, settings, capacity) -> MeasuredStepModel | None:
     """The measured pricer of the scenario's policy under its `settings` (kvsim.engine.settings) and KV
     `capacity` (kvsim.perf.memory.KvCapacity), or None: the roofline prices it (see measured_tables)."""
-    path = measured_tables(scenario, gpu)
+    path = measured_tables(scenario, gpu, model)
     if path is None:
         return None
     terms, _ = shipped_terms(gpu.name)
@@ -394,18 +395,10 @@ def measured_step_model(scenario, policy, model, gpu, calibration, settings, cap
     graphs = () if scenario.backend.enforce_eager else vllm_capture_sizes(settings.max_num_seqs,
                                                                           settings.max_num_batched_tokens)
     return MeasuredStepModel(model, gpu, tp, policy.kv_cache_dtype, path, terms, calibration, graphs,
-                             capacity.bytes_per_block, min(settings.step_budget, 32768))
+                             capacity.bytes_per_block, min(settings.step_budget, 32768), settings.async_scheduling)
 
 
-def request_overhead_s(scenario, gpu) -> float:
+def request_overhead_s(basis, gpu) -> float:
     """Seconds the API server adds to each request's TTFT and E2E (ServerTerms.api_server_s) when measured
-    kernels price the run (runs the roofline prices stay as they were)."""
-    if scenario.backend.name != "analytic" or measured_tables(scenario, gpu) is None:
-        return 0.0
-    return shipped_terms(gpu.name)[0].api_server_s
-
-
-def _shipped_gpus() -> list[str]:
-    from kvsim.perf.kernels import shipped_versions
-
-    return [g for g in GPU_STEMS if shipped_versions(g)]
+    kernels price the run (`basis`: kvsim.perf.basis.PricingBasis; runs the roofline prices stay as they were)."""
+    return shipped_terms(gpu.name)[0].api_server_s if basis.pricing == "measured" else 0.0

@@ -24,7 +24,8 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 from kvsim.batch import Batch, DecodeShape
 
-__all__ = ["DecodeRunPrice", "DecodeShape", "RunPricer", "RunSearch", "StepPricer", "run_within", "steps_within"]
+__all__ = ["DecodeRunPrice", "DecodeShape", "RunPricer", "RunSearch", "ScaledPricer", "StepPricer", "run_within",
+           "steps_within"]
 
 
 class DecodeRunPrice(NamedTuple):
@@ -98,3 +99,30 @@ class RunSearch:
 
     def decode_steps_within(self, shape: DecodeShape, budget_s: float) -> int:
         return steps_within(self, shape, budget_s)
+
+
+class ScaledPricer:
+    """Another `RunPricer`'s prices times `scale` (backend.step_time_scale): its searches on the budget
+    divided by the scale, so a scaled run stops where the scaled steps reach the budget."""
+
+    __slots__ = ("inner", "scale")
+
+    def __init__(self, inner: RunPricer, scale: float):
+        self.inner, self.scale = inner, scale
+
+    def step_time(self, batch: Batch) -> float:
+        return self.scale * self.inner.step_time(batch)
+
+    def decode_run_time(self, shape: DecodeShape, k: int) -> float:
+        return self.scale * self.inner.decode_run_time(shape, k)
+
+    def decode_run_within(self, shape: DecodeShape, max_steps: int, budget_s: float = math.inf) -> DecodeRunPrice:
+        k, seconds, first = self.inner.decode_run_within(shape, max_steps, budget_s / self.scale)
+        return DecodeRunPrice(k, self.scale * seconds, self.scale * first)
+
+    def decode_steps_within(self, shape: DecodeShape, budget_s: float) -> int:
+        return self.inner.decode_steps_within(shape, budget_s / self.scale)
+
+    def describe(self) -> dict | None:
+        describe = getattr(self.inner, "describe", None)
+        return None if describe is None else {**describe(), "step_time_scale": self.scale}

@@ -1,9 +1,12 @@
 """What vLLM's server adds around the measured kernels: CUDA-graph capture sizes and the server terms.
 
-`ServerTerms` are the costs a kernel table cannot hold (a step's fixed host cost, per-sequence work,
-elementwise kernels, the sampler, the API server) and how vLLM schedules (async scheduling). One JSON
-file per GPU (`kernel_data/<gpu>-server.json`, written by benchmarks/ship_kernel_tables.py) holds their
-values, each with its public source under "provenance".
+`ServerTerms` are the costs a kernel table cannot hold: GPU work outside the timed kernels (a step's
+fixed cost, elementwise kernels, the sampler), the engine's host (CPU) work a step (scheduling, input
+preparation, output processing: a fixed part and a part per sequence, which async scheduling overlaps
+with the GPU's work, so a step takes the longer of the two), the API server on TTFT and E2E, and whether
+the release schedules asynchronously by default. One JSON file per GPU (`kernel_data/<gpu>-server.json`,
+written by benchmarks/ship_kernel_tables.py) holds their values, each with its public source under
+"provenance".
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ def vllm_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[
 class ServerTerms:
     """What a step costs beyond its kernels, and how the server around the engine adds to latency."""
 
-    graph_step_overhead_s: float = 1.2e-4  # a CUDA-graph (pure decode) step beyond its kernels
-    step_overhead_s: float = 1.2e-4  # a piecewise-graph or eager (prefill, mixed) step beyond its kernels
-    per_seq_overhead_s: float = 2.5e-6  # host work per scheduled sequence
+    graph_step_overhead_s: float = 1.2e-4  # GPU: a CUDA-graph (pure decode) step beyond its kernels
+    step_overhead_s: float = 1.2e-4  # GPU: a piecewise-graph or eager (prefill, mixed) step beyond its kernels
+    host_step_s: float = 1.0e-3  # CPU: the engine's work a step (schedule, prepare inputs, launch, outputs)
+    host_per_seq_s: float = 3.3e-6  # CPU: the same work per scheduled sequence
+    host_tp_step_s: float = 0.0  # CPU: more a step under tensor parallelism (inputs to the workers, outputs back)
     elementwise_kernels_per_layer: float = 5.0  # add+RMSNorm x2, RoPE, KV store, SiLU-and-mul (+1: q/k norm)
     elementwise_kernel_s: float = 3e-6  # AIConfigurator's mem_empirical_constant_latency
     elementwise_bandwidth: float = 0.8  # AIConfigurator's mem_bw_empirical_scaling_factor

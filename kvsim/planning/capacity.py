@@ -16,6 +16,10 @@ once more as it is, once with twice the GPU's FLOP/s and once with twice its HBM
 that helps the SLO more names the bound, `compute` or `bandwidth`, and the detail gives all three
 margins.
 
+The step price itself may be off (kvsim/planning/sensitivity.py): the safe rate is checked with
+every step 5% slower than priced, and the interval is widened by how far the first seed's knee
+moves when every step costs 5% less or more (`knee_faster_steps`, `knee_slower_steps`).
+
 Two policies *tie* when their 95% intervals overlap: the data cannot tell them apart, and `ties`
 says so rather than naming a winner.
 
@@ -42,6 +46,7 @@ from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.points import CLIENTS, FIGURES, base_rate, check_fits, evaluate_point, load_unit, mean_or_none
 from kvsim.planning.safe import LONG_RUN, SafeCheck, first_candidate, safe_rates
 from kvsim.planning.search import Search, expected_points, run_searches
+from kvsim.planning.sensitivity import KNEE_GROWTH, STEP_COST_MARGIN, check_scale, scalable, widen, with_step_scale
 from kvsim.scenario.workload import expected_count
 
 DEFAULT_REQUESTS = 3000
@@ -98,6 +103,9 @@ class PolicyCapacity:
     at_safe_rate: dict  # mean over seeds of the point figures at safe_rate, plus worst_* (seeds and long run)
     long_run_requests: int = 0  # requests of the long run that checked safe_rate
     first_unsustainable_rate: Optional[float] = None  # mean over seeds (None: censored)
+    # the first seed's knee with every step STEP_COST_MARGIN cheaper / dearer (None: not searched)
+    knee_faster_steps: Optional[float] = None
+    knee_slower_steps: Optional[float] = None
 
     def row(self) -> dict:
         """A flat row: the answer and the SLO figures at safe_rate."""
@@ -233,12 +241,14 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
                     policy_of=lambda label: label, headroom_rate: Optional[float] = None,
                     confirm: bool = True, key: str = "policy", growth_of=lambda label: 2.0,
                     known=lambda label, seed: (), floor=lambda label: 0.0,
-                    start_of=None, integer: bool = False) -> tuple[list[PolicyCapacity], list[dict]]:
+                    start_of=None, check_scale: float = 1.0,
+                    integer: bool = False) -> tuple[list[PolicyCapacity], list[dict]]:
     """The search for each label (a policy, or a deployment layout) over seeds, starting at `start`
     req/s with `num_requests(label)` requests a point (`known(label, seed)`: (rate, record) pairs
     already simulated, `growth_of(label)`: the search's step up, `start_of(label)`: its own start); with `confirm`, each label's safe
     rate (kvsim/planning/safe.py; `floor(label)`: a rate known to pass it), else the lowest of the
-    seeds' highest sustainable rates, unchecked.
+    seeds' highest sustainable rates, unchecked; `check_scale`: the step_time_scale of the safe
+    check's points (kvsim/planning/sensitivity.py).
     Returns the answers (headroom against `headroom_rate`, default `start`) and the point rows."""
     start_of = start_of or (lambda label: start)
     searches = {label: [Search((label, seed), start_of(label), resolution, growth_of(label), integer) for seed in seeds]
@@ -248,16 +258,16 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
             for rate, record in known(label, seed):
                 search.update(rate, record)
 
-    def point(label, rate: float, seed: int, long: bool = False) -> tuple:
+    def point(label, rate: float, seed: int, long: bool = False, scale: float = 1.0) -> tuple:
         n = num_requests(label) * (LONG_RUN if long else 1)
-        return (scenario, policy_of(label), rate, seed, n, trace_rate, overrides_of(label))
+        return (scenario, policy_of(label), rate, seed, n, trace_rate, with_step_scale(overrides_of(label), scale))
 
     run_searches(executor, [s for group in searches.values() for s in group],
                  lambda search, rate: (evaluate_point, *point(search.key[0], rate, search.key[1])), tick)
     checks = {}
     if confirm:
         checks = safe_rates(executor, {label: first_candidate(group) for label, group in searches.items()},
-                            seeds, resolution, point, tick, floor, integer)
+                            seeds, resolution, lambda *a: point(*a, scale=check_scale), tick, floor, integer)
     rows = []
     for label, group in searches.items():
         for seed, s in zip(seeds, group):
@@ -271,6 +281,28 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
     answers = [summarize(label, searches[label], checks.get(label), r0, resolution,
                          LONG_RUN * num_requests(label)) for label in labels]
     return answers, rows
+
+
+def step_cost_knees(executor, scenario, answers: list[PolicyCapacity], seed: int, resolution: float,
+                    num_requests: int, trace_rate, tick, integer: bool = False) -> list[dict]:
+    """The first seed's knee re-searched with every step STEP_COST_MARGIN cheaper and dearer, from the
+    knee it found; each answer's interval widened by the knees' ratios (kvsim/planning/sensitivity.py)."""
+    todo = [a for a in answers if a.seed_max_rates and a.seed_max_rates[0] > 0 and not a.censored]
+    if not todo or not scalable(scenario):
+        return []
+    knees, rows = {}, []
+    for scale in (1.0 - STEP_COST_MARGIN, 1.0 + STEP_COST_MARGIN):
+        found, points = capacity_search(
+            executor, scenario, [a.policy for a in todo], [seed], resolution, tick, start=todo[0].seed_max_rates[0],
+            start_of=lambda label: next(a.seed_max_rates[0] for a in todo if a.policy == label),
+            num_requests=lambda label: num_requests, trace_rate=trace_rate, confirm=False,
+            overrides_of=lambda label: with_step_scale(None, scale), growth_of=lambda label: KNEE_GROWTH,
+            integer=integer)
+        knees[scale] = [f.mean_rate for f in found]
+        rows += [{**r, "phase": f"step_cost_x{scale:g}"} for r in points]
+    for i, a in enumerate(todo):
+        widen(a, a.seed_max_rates[0], knees[1.0 - STEP_COST_MARGIN][i], knees[1.0 + STEP_COST_MARGIN][i])
+    return rows
 
 
 def _margin(record: dict) -> float:
@@ -321,6 +353,7 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
          executor=None, progress: Optional[Callable[[int, int], None]] = None, tune: bool = False) -> PlanResult:
     """Each policy's safe rate, with the mean and interval of its knee; see the module docstring.
     `tune`: then search each policy's max_num_seqs and max_num_batched_tokens (kvsim/planning/tune.py)."""
+    from kvsim.perf.basis import pricing_basis
     from kvsim.pipeline import chosen_policies
     from kvsim.results.verdict import STABILITY_TOLERANCE
     from kvsim.scenario.catalog import gpu_spec, model_spec
@@ -334,25 +367,29 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
     trace_rate = r0 if scenario.workload.arrival.process == "trace" else None
     integer = unit == CLIENTS
     seed_list = [scenario.workload.seed + i for i in range(seeds)]
-    tick = Ticker(progress, len(chosen) * (seeds * (expected_points(resolution) + 1) + LONG_RUN))
+    tick = Ticker(progress, len(chosen) * (seeds * (expected_points(resolution) + 1) + LONG_RUN + 8))
     own = executor is None
     executor = executor or make_executor(workers, ray)
     try:
         answers, rows = capacity_search(executor, scenario, chosen, seed_list, resolution, tick, start=r0,
-                                        num_requests=lambda label: n, trace_rate=trace_rate, integer=integer)
+                                        num_requests=lambda label: n, trace_rate=trace_rate,
+                                        check_scale=check_scale(scenario), integer=integer)
+        rows += step_cost_knees(executor, scenario, answers, seed_list[0], resolution, n, trace_rate, tick, integer)
         rows += name_step_time(executor, scenario, answers, seed_list[0], n, trace_rate, tick)
         tuning = []
         if tune:
             from kvsim.planning.tune import tune as tune_engine
 
             tuning, more = tune_engine(executor, scenario, answers, seed_list, resolution, n, trace_rate, tick,
-                                       partial(capacity_search, integer=integer))
+                                       partial(capacity_search, check_scale=check_scale(scenario), integer=integer))
             rows += more
     finally:
         if own:
             executor.close()
     hw = scenario.hardware
-    meta = {"model": model_spec(scenario).name, "gpu": gpu_spec(scenario).name,
+    model, gpu = model_spec(scenario), gpu_spec(scenario)
+    meta = {"model": model.name, "gpu": gpu.name, "pricing_basis": pricing_basis(scenario, model, gpu).to_dict(),
+            "safe_check_step_time_scale": check_scale(scenario), "step_cost_margin": STEP_COST_MARGIN,
             "tensor_parallel_size": hw.tensor_parallel_size, "num_replicas": hw.num_replicas,
             "arrival": scenario.workload.arrival.model_dump(), "scenario_rate": r0,
             "slo": scenario.slo.model_dump(), "seeds": seed_list, "num_requests": n, "resolution": resolution,

@@ -49,6 +49,7 @@ from kvsim.planning.capacity import (Frames, PolicyCapacity, Ticker, capacity_se
                                      default_requests, mean_figures, point_row)
 from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.points import at_load, base_rate, evaluate_point
+from kvsim.planning.sensitivity import check_scale, with_step_scale
 from kvsim.planning.replicas import ReplicaCount
 from kvsim.planning.safe import LONG_RUN
 from kvsim.planning.search import expected_points
@@ -92,6 +93,8 @@ class Deployment:
     binding: Optional[str] = None  # at the deployment's knee (else at one replica's)
     binding_detail: Optional[str] = None
     at_target: dict = field(default_factory=dict)  # mean point figures at the target rate
+    pricing: str = ""  # "measured" or "estimated" (kvsim.perf.basis.PricingBasis.label)
+    pricing_why: str = ""
 
     @property
     def label(self) -> str:
@@ -162,6 +165,15 @@ def layouts(scenario, policies: list[str], gpus, tps) -> tuple[list[tuple[str, i
     return ok, skipped
 
 
+def layout_basis(scenario, gpu: str, tp: int) -> tuple[str, str]:
+    """Whether a layout's answers are measured or estimated, and why (kvsim.perf.basis)."""
+    from kvsim.perf.basis import pricing_basis
+
+    sc = at_load(scenario, base_rate(scenario), overrides={"hardware": _hardware(scenario, gpu, tp, 1)})
+    basis = pricing_basis(sc, model_spec(sc), gpu_spec(sc))
+    return basis.label, basis.why
+
+
 def tokens_per_request(scenario, n: int) -> tuple[float, float]:
     """Mean prompt and output tokens of the first n requests of the scenario's workload."""
     from kvsim.scenario.workload import generate_requests
@@ -224,6 +236,8 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
         d.usd_per_m_input = d.usd_per_hour / (per_hour * prompt) * 1e6 if prompt else math.inf
         d.usd_per_m_output = d.usd_per_hour / (per_hour * output) * 1e6 if output else math.inf
     deployments.sort(key=lambda d: (d.usd_per_hour, -(d.safe_rate or 0.0), d.num_gpus, d.gpu, d.tensor_parallel_size))
+    for d in deployments:
+        d.pricing, d.pricing_why = layout_basis(scenario, d.gpu, d.tensor_parallel_size)
     meta = {"model": model_spec(scenario).name, "policies": policies, "slo": scenario.slo.model_dump(),
             "seeds": seed_list, "num_requests": n_req, "long_run_requests": LONG_RUN * n_req,
             "resolution": resolution, "gpus": gpus, "tensor_parallel": list(tensor_parallel),
@@ -304,9 +318,11 @@ class _Search:
 
     def check(self, todo: list) -> None:
         """Simulate each (layout state, count, long) at the target: every seed, or the long run."""
+        scale = check_scale(self.scenario)  # the target must hold with steps dearer than priced
+
         def task(st, n, seed, long):
             return (self.scenario, st.lay[2], self.target, seed, self.requests(n) * (LONG_RUN if long else 1),
-                    self.trace_rate, self.hardware(st.lay, n))
+                    self.trace_rate, with_step_scale(self.hardware(st.lay, n), scale))
 
         jobs = [(st, n, seed, long) for st, n, long in todo for seed in ([self.seeds[0]] if long else self.seeds)]
         recs = run_all(self.executor, evaluate_point, [task(*job) for job in jobs], lambda i, r: self.tick())
@@ -386,7 +402,8 @@ class _Search:
                 overrides_of=lambda label: self.hardware(label, label[3]), policy_of=lambda label: label[2],
                 key="layout", growth_of=lambda label: max(1.25, label[3] / (label[3] - 1)) if label[3] > 1 else 2.0,
                 known=lambda label, seed: [(self.target, at_target[(label[:3], label[3])][seed_index[seed]])],
-                floor=lambda label: self.target)  # every seed and the long run passed there in step 3
+                floor=lambda label: self.target,  # every seed and the long run passed there in step 3
+                check_scale=check_scale(self.scenario))
             for d, ans in zip(chosen, answers):
                 _take(d, ans, self.target)
             for row in rows:

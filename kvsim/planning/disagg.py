@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Optional
 
 from kvsim.errors import KvsimError, check_int
 from kvsim.planning.capacity import Frames, Ticker, check_search_args, default_requests, mean_figures, point_row
-from kvsim.planning.deploy import DeployResult, deploy, rate_based, tokens_per_request
+from kvsim.planning.deploy import DeployResult, deploy, layout_basis, rate_based, tokens_per_request
 from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.points import at_load, base_rate, point_record
 from kvsim.planning.safe import LONG_RUN
@@ -148,6 +148,8 @@ class PDDeployment:
     decode_tight: bool
     link_busy_fraction: Optional[float]
     at_target: dict = field(default_factory=dict)
+    pricing: str = ""  # "measured" or "estimated": the pools' step prices (kvsim.perf.basis), estimated if either is
+    pricing_why: str = ""
 
     @property
     def label(self) -> str:
@@ -184,6 +186,15 @@ class PDPlan(Frames):
     def rows(self) -> list[dict]:
         agg = [{"kind": "aggregated", "label": d.label, **d.row()} for d in self.aggregated.deployments[:1]]
         return [d.row() for d in self.deployments] + agg
+
+    def estimated_note(self) -> str:
+        """A warning when the answer's layout (the cheaper of the best of each kind) rests on estimated step
+        prices, else ''."""
+        best, agg = self.best, self.aggregated.deployments[0] if self.aggregated.deployments else None
+        chosen = agg if best is None or (agg is not None and agg.usd_per_hour <= best.usd_per_hour) else best
+        if chosen is None or chosen.pricing != "estimated":
+            return ""
+        return f"ESTIMATED: the answer rests on {chosen.pricing_why}; treat it as a lead to measure, not an answer"
 
     def verdict(self) -> str:
         """Aggregated or disaggregated at the target, and by how much."""
@@ -268,6 +279,7 @@ def pd_deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None,
             executor.close()
     prompt, output = tokens_per_request(at_load(scenario, target_rate, num_requests=n_req, trace_rate=trace_rate), n_req)
     for d in found:
+        d.pricing, d.pricing_why = _pools_basis(scenario, d)
         d.usd_per_m_input = d.usd_per_hour / (target_rate * 3600 * prompt) * 1e6 if prompt else math.inf
         d.usd_per_m_output = d.usd_per_hour / (target_rate * 3600 * output) * 1e6 if output else math.inf
     found.sort(key=lambda d: (d.usd_per_hour, d.num_gpus, d.label))
@@ -276,6 +288,17 @@ def pd_deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None,
             "mean_prompt_tokens": prompt, "mean_output_tokens": output, "link": pools_section(scenario)["link"],
             "kv_transfer": pools_section(scenario)["kv_transfer"], "from_closed_loop": closed}
     return PDPlan(target_rate, meta, found, agg, skipped + search.skipped, search.points)
+
+
+def _pools_basis(scenario, d: PDDeployment) -> tuple[str, str]:
+    """The deployment's label and why: its pools' (deploy's layout_basis each), estimated if either is."""
+    from kvsim.perf.basis import PricingBasis
+    from kvsim.perf.disaggregation import combined_basis
+
+    basis = combined_basis({f"{role} pool": PricingBasis("", *layout_basis(scenario, gpu, tp))
+                            for role, gpu, tp in (("prefill", d.prefill_gpu, d.prefill_tp),
+                                                  ("decode", d.decode_gpu, d.decode_tp))})
+    return basis.label, basis.why
 
 
 def _policy(scenario, policy, chosen) -> str:

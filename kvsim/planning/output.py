@@ -116,7 +116,11 @@ def plan_lines(result) -> list[str]:
                                    f"; sustainable = SLO met and backlog ≤ {m['stability_tolerance']:.0%} at the last arrival"),
              f"{len(m['seeds'])} seeds × {m['num_requests']:,} requests a point, ±{m['resolution']:.0%} "
              f"{'concurrency' if closed else 'rate'} resolution; {len(result.points)} points simulated; safe = every "
-             f"seed and a {m.get('long_run_requests', 0):,}-request run sustainable there"]
+             f"seed and a {m.get('long_run_requests', 0):,}-request run sustainable there" + _margin_text(m)]
+    basis = m.get("pricing_basis")
+    if basis:
+        lines.append(f"priced: {basis['label'].upper() if basis['label'] == 'estimated' else basis['label']} "
+                     f"({basis['why']})")
     for p in result.policies:
         if p.safe_rate == 0:
             lowest = min(pt["rate"] for pt in result.points if pt["policy"] == p.policy)
@@ -134,6 +138,14 @@ def plan_lines(result) -> list[str]:
                          + ", ".join(f"{p.policy} (safe {p.safe_rate:.3g}, CI {p.ci_low:.3g}–{p.ci_high:.3g})"
                                      for p in groups[0][1:]))
     return lines
+
+
+def _margin_text(meta: dict) -> str:
+    scale = meta.get("safe_check_step_time_scale", 1.0)
+    if scale == 1.0:
+        return ""
+    return (f", with every step {scale - 1:.0%} slower than priced; the knee's interval is widened by how far "
+            f"it moves when steps cost ±{meta['step_cost_margin']:.0%}")
 
 
 def _slo_columns(slo: dict, prefix: str = "", suffix: str = " at max") -> list[tuple[str, str]]:
@@ -198,7 +210,12 @@ def deploy_lines(result) -> list[str]:
     if result.deployments:
         d = result.deployments[0]
         lines.append(f"cheapest: {d.answer()}, ${d.usd_per_m_output:.3f} per million output tokens"
-                     + ("" if d.safe_rate is None else f"; safe up to {d.safe_rate:.3g} req/s ({d.headroom:+.0%})"))
+                     + ("" if d.safe_rate is None else f"; safe up to {d.safe_rate:.3g} req/s ({d.headroom:+.0%})")
+                     + f"; {d.pricing}")
+        if d.pricing == "estimated":
+            sure = next((x for x in result.deployments if x.pricing == "measured"), None)
+            lines.append(f"ESTIMATED: the cheapest rests on {d.pricing_why}; treat it as a lead to measure, not an "
+                         "answer" + ("" if sure is None else f". Cheapest measured: {sure.answer()}"))
     else:
         lines.append("no layout meets the SLO at the target rate")
     return lines
@@ -207,15 +224,17 @@ def deploy_lines(result) -> list[str]:
 def deploy_table(result) -> Table:
     table = Table(title=f"kvsim plan: deployments for {result.target_rate:g} req/s, cheapest first")
     cols = ["GPU", "TP × replicas", "GPUs", "policy", "safe req/s", "knee: mean (95% CI)", "$/hour", "$/M in",
-            "$/M out", "headroom", "binds"]
+            "$/M out", "headroom", "binds", "priced"]
     for i, c in enumerate(cols):
-        table.add_column(c, justify="left" if i in (0, 1, 3, 10) else "right", no_wrap=i < 4)
+        table.add_column(c, justify="left" if i in (0, 1, 3, 10, 11) else "right", no_wrap=i < 4)
     for d in result.deployments:
         knee = "–" if d.mean_rate is None else f"{_num(d.mean_rate)} ({_num(d.ci_low)}–{_num(d.ci_high)})"
         table.add_row(d.gpu, f"{d.tensor_parallel_size} × {d.num_replicas}", str(d.num_gpus), d.policy,
                       _num(d.safe_rate) if d.safe_rate is not None else f"≥{result.target_rate:g}",
                       knee, _num(d.usd_per_hour), _num(d.usd_per_m_input, 3), _num(d.usd_per_m_output, 3),
-                      _num(d.headroom, pct=True), d.binding or "–")
+                      _num(d.headroom, pct=True), d.binding or "–", d.pricing or "–")
+    table.caption = "priced: measured (vLLM kernels timed on the GPU, or a calibration of its own) or estimated " \
+                    "(its datasheet at H100 efficiencies, or layers no table times): plan.json says why"
     return table
 
 
@@ -229,6 +248,11 @@ def pd_lines(result) -> list[str]:
              f"point and a {m['long_run_requests']:,}-request run must sustain the target; "
              f"{len(result.points) + len(result.aggregated.points)} points simulated",
              "answer: " + result.verdict()]
+    if m.get("from_closed_loop"):
+        lines.insert(1, "the scenario's closed loop planned as its requests arriving at the target rate (Poisson, "
+                        "no client limit: vllm bench serve --request-rate without --max-concurrency)")
+    if result.estimated_note():
+        lines.append(result.estimated_note())
     return lines
 
 
@@ -236,9 +260,9 @@ def pd_table(result) -> Table:
     """The best disaggregated layouts (cheapest first) beside the best aggregated one."""
     table = Table(title=f"kvsim plan: disaggregated vs aggregated for {result.target_rate:g} req/s, cheapest first")
     cols = ["serving", "prefill", "decode", "GPUs", "$/hour", "$/M in", "$/M out", "TTFT p ms", "TPOT p ms",
-            "prefill binds", "decode binds"]
+            "prefill binds", "decode binds", "priced"]
     for i, c in enumerate(cols):
-        table.add_column(c, justify="left" if i in (0, 1, 2, 9, 10) else "right", no_wrap=i < 3)
+        table.add_column(c, justify="left" if i in (0, 1, 2, 9, 10, 11) else "right", no_wrap=i < 3)
     for d in result.deployments:
         tight = {"prefill": " (one fewer fails)" if d.prefill_tight else "",
                  "decode": " (one fewer fails)" if d.decode_tight else ""}
@@ -246,10 +270,12 @@ def pd_table(result) -> Table:
                       f"{d.num_decode} × {d.decode_gpu} TP {d.decode_tp}", str(d.num_gpus), _num(d.usd_per_hour),
                       _num(d.usd_per_m_input, 3), _num(d.usd_per_m_output, 3), _num(d.at_target.get("ttft_ms_at_pct"), 0),
                       _num(d.at_target.get("tpot_ms_at_pct"), 0), (d.prefill_binding or "–") + tight["prefill"],
-                      (d.decode_binding or "–") + tight["decode"])
+                      (d.decode_binding or "–") + tight["decode"], d.pricing or "–")
     for a in result.aggregated.deployments[:1]:
         table.add_row("aggregated", f"{a.num_replicas} × {a.gpu} TP {a.tensor_parallel_size} (both phases)", "",
                       str(a.num_gpus), _num(a.usd_per_hour), _num(a.usd_per_m_input, 3), _num(a.usd_per_m_output, 3),
                       _num(a.at_target.get("ttft_ms_at_pct"), 0), _num(a.at_target.get("tpot_ms_at_pct"), 0),
-                      a.binding or "–", "")
+                      a.binding or "–", "", a.pricing or "–")
+    table.caption = "priced: measured or estimated step times (an estimated pool makes its layout estimated): " \
+                    "plan.json says why"
     return table

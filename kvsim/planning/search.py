@@ -2,8 +2,8 @@
 
 A search starts at the scenario's own rate r0. While every rate tried is sustainable it doubles
 (or grows by the search's `growth`, when the caller knows the knee is near; at most
-`MAX_DOUBLINGS` steps), while none is it halves (at most `MAX_HALVINGS` times: a knee 64x
-below r0 is reported as 0, "not sustainable at any rate tried"); once a sustainable rate `lo`
+`MAX_DOUBLINGS` steps), while none is it halves (or shrinks by the same `growth`; down to 64x below
+r0, below which the knee is reported as 0, "not sustainable at any rate tried"); once a sustainable rate `lo`
 and an unsustainable one `hi` bracket the knee it tries sqrt(lo * hi) until hi / lo <=
 (1 + res) / (1 - res). The knee is then sqrt(lo * hi): every rate in the bracket lies within
 ±res of it. Which rate comes next depends only on the search's own results, so many searches
@@ -53,7 +53,7 @@ class Search:
         if hi is None:
             return lo * self.growth if lo * self.growth <= self.start * 2 ** MAX_DOUBLINGS else None
         if lo is None:
-            return hi / 2 if hi / 2 >= self.start / 2 ** MAX_HALVINGS else None
+            return hi / self.growth if hi / self.growth >= self.start / 2 ** MAX_HALVINGS else None
         if hi / lo <= (1 + self.resolution) / (1 - self.resolution):
             return None
         return math.sqrt(lo * hi)

@@ -98,6 +98,10 @@ def verdict_lines(summaries: dict[str, dict], meta: dict | None = None) -> list[
         lines.append(f"{meta['model']}{where}; {_rate_text(meta.get('arrival') or {}, offered, meta.get('clients'))}")
         if pools:
             lines.append(deployment_line(meta))
+    basis = meta.get("pricing_basis")
+    if basis:  # measured or estimated, and why (kvsim.perf.basis)
+        label = basis["label"].upper() if basis["label"] == "estimated" else basis["label"]
+        lines.append(f"step times {label}: {basis['why']}")
     if meta.get("slo"):
         lines.append(slo_text(meta["slo"]))
     verdicts = {name: judge(s) for name, s in summaries.items() if s.get("slo")}

@@ -230,6 +230,10 @@ class EngineConfig(_Section):
         "The vLLM release whose measured kernel timings (NVIDIA AIConfigurator's tables) price each step, "
         "e.g. \"0.24.0\". Default: the newest shipped for the GPU (H100-SXM, H200, A100-80GB, B200); GPUs "
         "without tables are priced by the roofline."))
+    async_scheduling: Optional[bool] = Field(None, description=(
+        "The scheduler plans step n+1 while the GPU runs step n, so a request arriving during a step first "
+        "runs a step later. vLLM: --async-scheduling / --no-async-scheduling. Default: the priced release's "
+        "default (on with measured kernel tables, vLLM >= 0.14; off with the roofline, which mirrors v0.11.0)."))
     fixed_reserve_gib: Optional[GiB] = Field(None, description=(
         "GiB per GPU outside PyTorch's allocator (CUDA context, NCCL and cuBLAS workspaces). Default: "
         "vLLM's measured non-torch memory (kvsim.perf.memory)."))
@@ -575,6 +579,9 @@ class BackendConfig(_Section):
     kernel_tables: Optional[PathText] = Field(None, description=(  # relative to the scenario
         "analytic: a kernel-table file (.npz) that kvsim calibrate converted from AIConfigurator's tables, "
         "relative to the scenario file; prices steps in place of the shipped tables."))
+    step_time_scale: Annotated[float, Field(ge=0.5, le=2.0)] = Field(1.0, description=(
+        "analytic: every step's price times this (a sensitivity knob: kvsim plan checks its safe rate at "
+        "1.05 and reports how the knee moves at 0.95 and 1.05)."))
     device: Label = Field("cuda:0", description="triton: the torch device to run on.")
     seed: Seed = Field(0, description="triton: seed of the random model weights.")
     enforce_eager: bool = Field(False, description=(

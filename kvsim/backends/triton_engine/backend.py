@@ -32,6 +32,9 @@ def _check_scenario(scenario, model) -> None:
         raise KvsimError(f"{scenario.source}: hardware: {need} one GPU (tensor_parallel_size = 1, num_replicas = 1)")
     if model.dtype == "fp8":
         raise KvsimError(f"{scenario.source}: model.dtype: {need} bfloat16, float16 or float32 weights, not fp8")
+    if scenario.backend.step_time_scale != 1.0:
+        raise KvsimError(f"{scenario.source}: backend.step_time_scale: the triton backend times real steps; "
+                         "a scale applies to the analytic backend only")
     for policy in scenario.policies:
         if policy.kv_cache_dtype.startswith("fp8") and policy.kv_cache_scales != "per_token":
             raise KvsimError(f"{scenario.source}: policy {policy.name}: kv_cache_scales: the triton backend stores "

@@ -1,0 +1,180 @@
+"""Where a run's step prices come from, and whether its answers are measured or estimated.
+
+`pricing_basis(scenario, model, gpu)` resolves, once per scenario, what prices a step and labels it:
+
+- "measured": vLLM kernels timed on this GPU (AIConfigurator's tables, `measured_tables`), a roofline
+  calibrated on this GPU (a shipped calibration of the preset, or a calibration file fitted on it), or
+  a backend that runs the steps on the device (triton);
+- "estimated": everything else, with the reason: a GPU preset with neither tables nor a calibration of
+  its own (its datasheet priced with H100 efficiencies), a datasheet figure overridden, layers the
+  tables do not time (MoE experts, MLA, sliding-window or chunked attention: the roofline prices them),
+  a calibration fitted on another GPU.
+
+Every output carries `PricingBasis.to_dict()` (summary.json's "pricing_basis", the report, `plan`,
+`deploy`, the dashboard), so an answer never hides that it rests on a datasheet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kvsim.errors import KvsimError
+
+MEASURED, ESTIMATED = "measured", "estimated"
+SPEED_FIELDS = ("hbm_bandwidth_gbps", "bf16_tflops", "fp8_tflops", "fp32_tflops", "nvlink_gbps")
+
+
+@dataclass(frozen=True, slots=True)
+class PricingBasis:
+    """What prices the steps (`pricing`: "measured" kernel tables, "roofline", or the backend's
+    name), the answer's label ("measured" or "estimated") and why, in one line."""
+
+    pricing: str
+    label: str
+    why: str
+    vllm_version: str | None = None  # the release whose kernels price the steps (measured tables)
+    tables: str | None = None  # the kernel-table file's name
+
+    @property
+    def estimated(self) -> bool:
+        return self.label == ESTIMATED
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def short(self) -> str:
+        """'measured (why)' or 'estimated (why)': the label with its reason, for a table cell or a note."""
+        return f"{self.label} ({self.why})"
+
+
+def unmeasured_layers(model, max_model_len: int) -> str:
+    """What of the model the kernel tables do not time ('' when every layer is a dense GQA layer whose
+    attention sees the whole sequence: a window no shorter than max_model_len never bites)."""
+    parts = []
+    if model.moe is not None:
+        parts.append("MoE experts")
+    if model.mla is not None:
+        parts.append("MLA attention")
+    windows = [w for kind, w in (("sliding_attention", model.sliding_window), ("chunked_attention",
+                                                                                model.attention_chunk_size))
+               if w and w < max_model_len and (kind in model.layer_types or not model.layer_types)]
+    if windows:
+        parts.append("sliding-window or chunked attention")
+    return " and ".join(parts)
+
+
+def _uncovered(scenario, model) -> str:
+    from kvsim.scenario.defaults import max_model_len
+
+    return unmeasured_layers(model, max_model_len(scenario, model))
+
+
+def _overridden(gpu) -> list[str]:
+    from kvsim.scenario.catalog import GPUS
+
+    preset = GPUS.get(gpu.name)
+    return [] if preset is None else [f for f in SPEED_FIELDS if getattr(gpu, f) != getattr(preset, f)]
+
+
+def _shipped_gpus() -> list[str]:
+    from kvsim.perf.kernels import GPU_STEMS, shipped_versions
+
+    return [g for g in GPU_STEMS if shipped_versions(g)]
+
+
+def measured_tables(scenario, gpu, model=None) -> Path | None:
+    """The kernel-table file the scenario's steps are priced with (backend.pricing; "auto": measured when
+    tables ship for the GPU preset, the vLLM calibration is in use, no datasheet figure is overridden and
+    the tables time every layer of `model`), or None for the roofline. A version, file or setting that
+    cannot be honoured is one line."""
+    from kvsim.perf.kernels import shipped_path, shipped_versions, version_key
+
+    b, src = scenario.backend, scenario.source
+    want, version, own = b.pricing, scenario.engine.vllm_version, b.kernel_tables
+    if want == "roofline":
+        if version is not None or own is not None:
+            key = "engine.vllm_version" if version is not None else "backend.kernel_tables"
+            raise KvsimError(f"{src}: {key}: needs measured pricing, but backend.pricing is roofline")
+        return None
+    overridden = _overridden(gpu)
+    versions = shipped_versions(gpu.name)
+    uncovered = _uncovered(scenario, model) if model is not None else ""
+    if want == "auto" and own is None:
+        why = (f"hardware.{overridden[0]} overrides the {gpu.name} datasheet" if overridden else
+               f"backend.calibration = {b.calibration} prices with the roofline" if b.calibration not in (None, "vllm")
+               else f"no measured kernel tables ship for {gpu.name}" if not versions
+               else f"the kernel tables do not time {model.name}'s {uncovered}" if uncovered else None)
+        if why is not None:
+            if version is not None:
+                raise KvsimError(f"{src}: engine.vllm_version: needs measured kernel tables, but {why} "
+                                 f"(tables ship for {', '.join(_shipped_gpus())})")
+            return None
+    elif overridden:
+        raise KvsimError(f"{src}: hardware.{overridden[0]}: measured kernel tables cannot follow an overridden "
+                         f"datasheet figure; use backend.pricing = \"roofline\"")
+    if uncovered:
+        raise KvsimError(f"{src}: backend.pricing: the kernel tables do not time {model.name}'s {uncovered} "
+                         f"yet; use backend.pricing = \"roofline\" (an estimate)")
+    if own is not None:
+        if version is not None:
+            raise KvsimError(f"{src}: engine.vllm_version: give it or backend.kernel_tables, not both "
+                             f"(the file names its own release)")
+        return scenario.resolve(own)
+    if not versions:
+        raise KvsimError(f"{src}: backend.pricing: no measured kernel tables ship for {gpu.name} "
+                         f"(they ship for {', '.join(_shipped_gpus())}; or give backend.kernel_tables)")
+    if version is None:
+        version = max(versions, key=version_key)
+    elif version not in versions:
+        raise KvsimError(f"{src}: engine.vllm_version: no kernel tables for vLLM {version} on {gpu.name} "
+                         f"(shipped: {', '.join(versions)})")
+    return shipped_path(gpu.name, version)
+
+
+def _calibrated_on(scenario, gpu_name: str) -> tuple[str | None, str]:
+    """(the GPU the roofline's calibration was fitted on, or None when unknown; where it came from)."""
+    from kvsim.perf.calibration import ENGINES, SHIPPED_DIR, shipped_path
+    from kvsim.scenario.files import read_json_object
+
+    name = scenario.backend.calibration
+    if name is None or name in ENGINES:
+        path = shipped_path(gpu_name, name or "vllm")
+        if not path.exists():
+            return None, "built-in H100-class coefficients"
+        return gpu_name, f"shipped calibration {path.relative_to(SHIPPED_DIR.parent).as_posix()}"
+    path = scenario.resolve(name)
+    gpu = read_json_object(path, "calibration").get("gpu")
+    return (gpu if isinstance(gpu, str) else None), f"calibration file {path.name}"
+
+
+def pricing_basis(scenario, model, gpu) -> PricingBasis:
+    """How the scenario's steps are priced and whether that makes its answers measured or estimated."""
+    from kvsim.perf.kernels import load_tables
+
+    backend = scenario.backend.name
+    if backend == "triton":
+        return PricingBasis("triton", MEASURED, "every step timed on the GPU by the triton backend")
+    if backend != "analytic":
+        return PricingBasis(backend, ESTIMATED, f"priced by the {backend} backend, which kvsim cannot vouch for")
+    path = measured_tables(scenario, gpu, model)
+    if path is not None:
+        version = load_tables(str(path)).vllm_version
+        return PricingBasis("measured", MEASURED, f"vLLM {version} kernels timed on {gpu.name} (NVIDIA "
+                            "AIConfigurator) plus sourced server terms", version, path.name)
+    overridden = _overridden(gpu)
+    if overridden:
+        return PricingBasis("roofline", ESTIMATED, f"hardware.{overridden[0]} overrides the {gpu.name} datasheet: "
+                            "the roofline on the changed figure")
+    fitted_on, source = _calibrated_on(scenario, gpu.name)
+    if fitted_on is None and source.startswith("built-in"):
+        return PricingBasis("roofline", ESTIMATED, f"no measured kernels or calibration for {gpu.name}: its "
+                            "datasheet priced with H100 efficiencies")
+    if fitted_on is not None and fitted_on != gpu.name:
+        return PricingBasis("roofline", ESTIMATED, f"roofline calibrated on {fitted_on}, applied to {gpu.name}")
+    uncovered = _uncovered(scenario, model)
+    if uncovered:
+        return PricingBasis("roofline", ESTIMATED, f"no measured kernels for {model.name}'s {uncovered}: "
+                            f"the roofline ({source})")
+    on = f"calibrated on {gpu.name}" if fitted_on else "calibrated on a GPU its file does not name"
+    return PricingBasis("roofline", MEASURED, f"roofline {on} ({source})")

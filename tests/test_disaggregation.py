@@ -281,3 +281,12 @@ def test_the_runs_pricing_basis_is_its_pools():
     assert l40s["disaggregation"]["prefill"]["pricing_basis"]["label"] == "measured"
     mixed = meta(hardware={"gpu": "L40S"}, policies=[{"name": "agg", "disaggregated": False}, {"name": "pd"}])
     assert mixed["pricing_basis"]["why"].startswith("hardware: ") and mixed["pricing_basis"]["label"] == "estimated"
+
+
+def test_plans_pricing_basis_is_the_pools():
+    """kvsim plan's meta labels a disaggregated scenario as a run does: by its pools."""
+    from kvsim.planning.capacity import plan
+
+    sc = disagg_scenario(prompt=300, output=50, n=60, rate=5.0, decode={"gpu": "L40S"})
+    basis = plan(sc, seeds=1, resolution=0.2, workers=1).meta["pricing_basis"]
+    assert basis["label"] == "estimated" and basis["why"].startswith("decode pool: ")

@@ -61,7 +61,9 @@ def scenario(name: str, policy: dict, pools: tuple[int, int] | None, num_request
         "model": {"name": "Llama-3.1-70B"},
         "hardware": {"gpu": "A100-80GB", "nvlink_gbps": 200.0, "tensor_parallel_size": 8, "num_replicas": 20,
                      "router": "least_loaded"},
-        "engine": {"max_model_len": 131072},
+        "engine": {"max_model_len": 131072,
+                   # the paper's mid-2024 vLLM had no async scheduler; disaggregated pools run synchronously anyway
+                   **({"async_scheduling": False} if not policy.get("enable_chunked_prefill", True) or pools else {})},
         "policies": [{"name": name, **policy}],
         "workload": {"arrival": {"process": "trace"}, "prompt_len": {"dist": "trace"},
                      "output_len": {"dist": "trace"},

@@ -23,15 +23,18 @@ def load_scenario(path, overrides=()):
     return load(path, overrides)
 
 
-def run(scenario, *, out_dir=None, policies=None, progress=None, force=False):
+def run(scenario, *, out_dir=None, policies=None, progress=None, force=False, workers=1):
     """Simulate the scenario's policies (or the named ones); a `ScenarioResult` whose `summaries`
     hold each policy's summary.json figures and whose `.to_frame()` is a row per policy (the
     verdict and headline figures). Writes a results folder only when `out_dir` is given
-    (replacing only an earlier results folder, unless `force`)."""
+    (replacing only an earlier results folder, unless `force`). `workers` > 1 simulates that many
+    policies at once on worker processes forked from this one (None: one per policy, up to the
+    cores); the same results either way."""
     from kvsim.pipeline import run_scenario
 
     _check_progress(progress)
-    return run_scenario(_scenario(scenario), out_dir, policies, progress, write=out_dir is not None, force=force)
+    return run_scenario(_scenario(scenario), out_dir, policies, progress, write=out_dir is not None, force=force,
+                        workers=workers)
 
 
 def _check_progress(progress) -> None:

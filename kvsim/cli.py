@@ -39,6 +39,14 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _workers(text: str) -> int:
+    from kvsim.scenario.limits import MAX_WORKERS
+
+    if not text.isdigit() or not 1 <= int(text) <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"must be an integer in [1, {MAX_WORKERS}], got {text!r}")
+    return int(text)
+
+
 def _address(text: str) -> str:
     """A host name or IP address to listen on (Streamlit's --server.address)."""
     import ipaddress
@@ -63,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="replace the results folder even if kvsim did not write it (its contents are deleted)")
     run.add_argument("--policy", action="append", help="run only this policy (repeatable)")
     run.add_argument("--quiet", action="store_true", help="no table, no progress bar")
+    run.add_argument("--workers", type=_workers, help="policies simulated at once, on worker processes (default: one "
+                                                      "per policy, up to the cores; the GPU backend runs one at a time)")
     run.add_argument("--check", action="store_true",
                      help=f"exit with code {CHECK_FAILED} when a policy misses its SLO or falls behind the arrivals "
                           "(for CI gates on capacity plans; bad input stays code 2)")
@@ -138,7 +148,7 @@ def cmd_run(args, console) -> int:
     scenario = scenario_from_args(args)
     progress = Progress(console, not args.quiet and console.is_terminal)
     try:
-        result = run_scenario(scenario, args.out, args.policy, progress, force=args.force)
+        result = run_scenario(scenario, args.out, args.policy, progress, force=args.force, workers=args.workers)
     finally:
         progress.close()
     if not args.quiet:

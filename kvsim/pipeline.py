@@ -3,18 +3,25 @@
 `run_scenario` is the library entry point behind `python -m kvsim SCENARIO.toml`: it resolves the
 model and GPU, sizes each policy's KV cache, builds allocator, scheduler and backend per replica,
 replays the same request stream against each policy, and writes the results atomically.
+
+With `workers` > 1 (the command line's default: one per policy, up to the cores) the policies are
+simulated side by side on worker processes forked from this one (kvsim.workers.run_forked), each
+streaming its requests.csv rows into a part file of the results folder, which is filled in the
+policies' order afterwards: the same bytes as one after the other. A backend that holds a device
+(`holds_device`: the GPU's) runs its policies one after the other, as where fork is missing.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 from kvsim.backends import load_backend
-from kvsim.errors import KvsimError
+from kvsim.errors import KvsimError, check_int
 from kvsim.engine.arrivals import ClosedLoop, RequestStream
 from kvsim.engine.disaggregated import DisaggregatedSimulation
 from kvsim.engine.kv_transfer import HeldBlocks, KvLink
@@ -34,9 +41,11 @@ from kvsim.scenario.catalog import gpu_spec, model_spec
 from kvsim.scenario.config import results_dir
 from kvsim.scenario.defaults import engine_limits
 from kvsim.scenario.files import user_path
-from kvsim.scenario.traces import one_read_per_call
+from kvsim.scenario.limits import MAX_WORKERS
 from kvsim.scenario.sessions import is_closed_loop, sessions
+from kvsim.scenario.traces import one_read_per_call, reading, trace_reads
 from kvsim.scenario.workload import expected_count, generate_requests, timeseries_interval
+from kvsim.workers import can_fork, run_forked
 
 
 def input_paths(scenario) -> list[Path]:
@@ -54,6 +63,18 @@ class PolicyRun:
     name: str
     summary: dict
     wall_s: float  # simulation only, not written to summary.json (it would break determinism)
+    events: int
+
+
+@dataclass(slots=True)
+class PolicyOutcome:
+    """What one policy's simulation hands back (from a worker process, pickled): its summary, time-series
+    rows and latencies (kvsim.results.metrics), simulated seconds of wall time and engine events."""
+
+    summary: dict
+    timeseries: list
+    latencies: dict
+    wall_s: float
     events: int
 
 
@@ -286,13 +307,17 @@ def chosen_policies(scenario, names=None) -> list:
 @one_read_per_call  # a trace is read once per run, shared by every policy
 def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[list[str]] = None,
                  progress: Optional[Callable[[str, Optional[int]], Callable[[int], None]]] = None,
-                 write: bool = True, force: bool = False) -> ScenarioResult:
+                 write: bool = True, force: bool = False, workers: Optional[int] = 1) -> ScenarioResult:
     """Simulate the scenario's policies (or the named ones) and write the results folder.
 
     The folder (default `<output.dir>/<name>`) may be new, empty, or an earlier kvsim results folder;
-    `force` replaces any other folder (never one that holds the working directory or an input)."""
+    `force` replaces any other folder (never one that holds the working directory or an input).
+    `workers`: policies simulated at once, on forked worker processes (module docstring; None: one
+    per policy, up to the cores)."""
     model, gpu = model_spec(scenario), gpu_spec(scenario)
     chosen = chosen_policies(scenario, policies)
+    workers = min(len(chosen), os.cpu_count() or 1) if workers is None else workers
+    check_int(workers, "--workers", 1, MAX_WORKERS)
     check_deployments(scenario, model, gpu, chosen)  # a model that does not fit fails before any output
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
     interval = timeseries_interval(scenario)
@@ -305,18 +330,13 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     result = ScenarioResult(out_dir if write else None, {}, meta={**run_meta(scenario, model, gpu, basis),
                                                                   "timeseries_interval_s": interval})
     try:
-        for policy in chosen:
-            metrics = Metrics(policy.name, scenario.slo, interval, writer.requests_file if writer else None,
-                              request_overhead_s=overhead)
-            tick = progress(policy.name, total) if progress else None
-            t0 = time.perf_counter()
-            summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick, basis)
-            wall = time.perf_counter() - t0
-            result.summaries[policy.name] = summary
-            result.runs.append(PolicyRun(policy.name, summary, wall, sim.num_steps))
+        for policy, out in zip(chosen, _simulate_all(scenario, chosen, model, gpu, (interval, overhead, basis), writer,
+                                                     progress, total, workers)):
+            result.summaries[policy.name] = out.summary
+            result.runs.append(PolicyRun(policy.name, out.summary, out.wall_s, out.events))
             if writer:
-                writer.add_timeseries(policy.name, metrics.timeseries_rows())
-                writer.add_latencies(policy.name, metrics.latencies())
+                writer.add_timeseries(policy.name, out.timeseries)
+                writer.add_latencies(policy.name, out.latencies)
         if writer:
             writer.commit(scenario.name or "scenario", result.summaries, result.meta,
                           report_html=scenario.output.report_html)
@@ -325,3 +345,44 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
             writer.abort()
         raise
     return result
+
+
+def simulate_one(scenario, policy, model, gpu, common: tuple, requests_file=None,
+                 tick: Optional[Callable[[int], None]] = None) -> PolicyOutcome:
+    """One policy's simulation, its requests.csv rows streamed into `requests_file`; `common`: what every
+    policy shares: the time series' interval, the API server's seconds per request (kvsim.perf.measured)
+    and the PricingBasis."""
+    interval, overhead, basis = common
+    metrics = Metrics(policy.name, scenario.slo, interval, requests_file, request_overhead_s=overhead)
+    t0 = time.perf_counter()
+    summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick, basis)
+    wall = time.perf_counter() - t0
+    return PolicyOutcome(summary, metrics.timeseries_rows(), metrics.latencies(), wall, sim.num_steps)
+
+
+def _simulate_all(scenario, chosen: list, model, gpu, common: tuple, writer: Optional[ResultsWriter],
+                  progress, total, workers: int):
+    """Each chosen policy's PolicyOutcome, in order: one after the other, or side by side (module docstring)."""
+    workers = min(workers, len(chosen))
+    if workers <= 1 or not can_fork() or getattr(load_backend(scenario.backend.name, scenario.source),
+                                                   "holds_device", True):  # a backend from before holds_device
+        for policy in chosen:
+            tick = progress(policy.name, total) if progress else None
+            yield simulate_one(scenario, policy, model, gpu, common, writer.requests_file if writer else None, tick)
+        return
+    ticks = [progress(p.name, total) if progress else None for p in chosen]
+    reads = trace_reads()
+
+    def task(i: int, report) -> PolicyOutcome:
+        part = writer.requests_part(i) if writer else None
+        with reading(reads):
+            out = simulate_one(scenario, chosen[i], model, gpu, common, part, report)
+        if part is not None:
+            part.close()
+        return out
+
+    outcomes = run_forked(task, len(chosen), workers, (lambda i, n: ticks[i](n)) if progress else None)
+    for i, out in enumerate(outcomes):
+        if writer:
+            writer.add_requests_part(i)
+        yield out

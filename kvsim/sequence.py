@@ -7,7 +7,6 @@ the timestamps that metrics turn into TTFT, inter-token latency and end-to-end l
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Callable, NamedTuple, Optional, Sequence as Seq
@@ -79,6 +78,9 @@ class Request(NamedTuple):
     token_ids: Optional[np.ndarray | KeyedTokens] = None
 
 
+NO_BLOCKS: tuple = ()  # the block table of a sequence holding no blocks: an allocator gives it its own at its first
+
+
 class SequenceStatus(Enum):
     WAITING = auto()
     RUNNING = auto()
@@ -97,7 +99,7 @@ class Sequence:
     num_computed_tokens: int  # tokens whose KV is in the cache (prompt and output)
     num_output_tokens: int  # tokens generated so far
     num_tokens: int  # prompt + generated: what the KV cache must hold to compute the next token
-    block_table: Seq[int]  # block ids, as the allocator keeps them
+    block_table: Seq[int]  # block ids, as the allocator keeps them (NO_BLOCKS, shared, until it takes some)
     block_hashes: Optional[Seq[int]]  # chained identities of the shareable full blocks, set by the allocator
     num_cached_tokens: int  # prompt tokens served by prefix-cache hits, over all admissions
     num_preemptions: int
@@ -116,7 +118,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = self.num_output_tokens = self.num_cached_tokens = self.num_preemptions = 0
         self.num_tokens = request.prompt_len
-        self.block_table = array("i")
+        self.block_table = NO_BLOCKS  # made at the first allocation: a waiting request holds no table
         self.block_hashes = None
         self.first_scheduled_time = self.first_token_time = self.last_token_time = self.finish_time = -1.0
         self.preempted_at, self.preempted_s = -1.0, 0.0

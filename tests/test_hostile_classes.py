@@ -276,7 +276,7 @@ CASES = {
     "plan: the pool cannot start (read-only /dev/shm)": Case(
         lambda b: ["plan", b.scenario(), "--workers", "2", "--requests", "50"],
         ("cannot start 2 worker processes (Read-only file system): --workers 1 runs in this process",),
-        lambda mp, b: mp.setattr("kvsim.planning.executors.ProcessPoolExecutor", _raise(errno.EROFS))),
+        lambda mp, b: mp.setattr("kvsim.workers.ProcessPoolExecutor", _raise(errno.EROFS))),
     "MemoryError reading a trace": Case(
         lambda b: [b.trace("csv", "t.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,5\n")],
         ("out of memory: the run needs more than this process may use",),
@@ -487,6 +487,44 @@ def test_signal_to_the_process_group_with_idle_workers(box, sig):
     assert (proc.returncode, err) == (128 + getattr(signal, sig), expected)
     assert _gone(workers)
     assert snapshot(box.root) == before
+
+
+TWO_MORE_POLICIES = '[[policies]]\nname = "fp8"\nkv_cache_dtype = "fp8"\n[[policies]]\nname = "int8"\nkv_cache_dtype = "int8"'
+
+
+def _run_side_by_side(box, scenario, **kw) -> subprocess.Popen:
+    """`kvsim run` of three policies on two workers, once both stream rows into their part files."""
+    proc = _child(box, [scenario, "--out", box.earlier, "--quiet", "--workers", "2"], **kw)
+    _wait_for(proc, lambda: sum(p.stat().st_size > 0 for p in box.earlier.parent.glob(".earlier.tmp-*/.requests-*"))
+              >= 2)
+    return proc
+
+
+@needs_proc
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_signal_to_a_run_of_policies_side_by_side(box, sig):
+    """The group gets the signal mid-run: one line from kvsim, none from the workers, no worker, part file or
+    temporary folder left."""
+    scenario = box.scenario(num_requests=300_000, policy=TWO_MORE_POLICIES)
+    before = snapshot(box.root)
+    proc = _run_side_by_side(box, scenario, start_new_session=True)
+    workers = _children(proc.pid)
+    assert len(workers) == 2
+    os.killpg(proc.pid, getattr(signal, sig))
+    _, err = proc.communicate(timeout=60)
+    expected = "kvsim: interrupted\n" if sig == "SIGINT" else f"kvsim: terminated ({sig})\n"
+    assert (proc.returncode, err) == (128 + getattr(signal, sig), expected)
+    assert _gone(workers)
+    assert snapshot(box.root) == before
+
+
+@needs_proc
+def test_workers_die_with_a_killed_run(box):
+    proc = _run_side_by_side(box, box.scenario(num_requests=300_000, policy=TWO_MORE_POLICIES))
+    workers = _children(proc.pid)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert _gone(workers)  # PR_SET_PDEATHSIG
 
 
 @needs_proc

@@ -306,7 +306,7 @@ def test_run_crossing_from_the_host_floor_to_a_roof():
     # time until the growing context's dequantization takes over (at step 1516 here)
     sm = StepModel(LLAMA8, replace(A100, fp32_tflops=0.5), 1, "int4", replace(CAL, attention_floor_s=2e-4,
                                                                                   eager_layer_s=3e-4), graph_sizes=())
-    fixed, a, b, s, later = sm._decode_lines(8, 8)
+    fixed, a, b, s, later = sm._decode_lines(DecodeShape(8, 8))
     assert b == 0 and len(later) == 1 and s == later[0][0] == 1516
     flat = sm.step_time(decode(8, 8))
     assert flat == fixed + a and sm.step_time(decode(8, 8 + 1515 * 8)) == pytest.approx(flat, rel=1e-12)

@@ -53,7 +53,9 @@ class Engine:
         rest = pseudo_token_ids(np.full(request.prompt_len - len(known), request.request_id),
                                 np.arange(len(known), request.prompt_len), VOCAB)
         self.tokens[request.request_id] = known + rest.tolist()
-        return Sequence(request)
+        seq = Sequence(request)
+        seq.block_table = []  # its own table, as an allocator makes it (a new Sequence shares NO_BLOCKS)
+        return seq
 
     def grow(self, work: list[tuple[Sequence, int]]) -> None:
         for seq, n in work:

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kvsim"
 # The layers of docs/architecture.md, bottom first: a module imports from its own layer or below.
 LAYERS = [
-    {"kvsim.errors", "kvsim.sequence", "kvsim.batch", "kvsim.guard"},
+    {"kvsim.errors", "kvsim.sequence", "kvsim.batch", "kvsim.guard", "kvsim.workers"},
     {"kvsim.scenario"},
     {"kvsim.perf"},
     {"kvsim.engine"},

@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 from kvsim.errors import KvsimError
 from kvsim.scenario.config import scenario_from_dict
 from kvsim.scenario.trace_rows import MOONCAKE_BLOCK_SIZE, VOCAB_SIZE, block_token_ids
-from kvsim.scenario.traces import load_azure, load_csv, load_mooncake, load_trace
+from kvsim.scenario.trace_rows import NotPlain
+from kvsim.scenario.traces import azure_by_rows, azure_in_bulk, load_azure, load_csv, load_mooncake, load_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MALFORMED = FIXTURES / "malformed"
@@ -144,6 +145,78 @@ def test_csv_matches_stable_sort_reference(tmp_path_factory, rows):
     assert t.arrival_s.tolist() == [(a - ref[0][0]) / 4 for a, _, _ in ref]
     assert t.prompt_len.tolist() == [p for _, p, _ in ref]
     assert t.output_len.tolist() == [o for _, _, o in ref]
+
+
+GOOD_STAMPS = ["2023-11-16 18:15:46.6805900", "2023-11-16T18:15:50", "2023-11-16 18:15:46.123456789",
+               "1900-01-01 00:00:00", "2200-12-31 23:59:59.9", " 2023-11-16 18:15:47 "]
+BAD_STAMPS = ["1899-12-31 23:59:59", "2201-01-01 00:00:00", "2023-13-01 00:00:00", "2023-11-16", "2023-11-16T18:15Z",
+              "\u0662\u0660\u0662\u0663-11-16 18:15:46", "", "2023-11-16 18:15:46.1234567890"]
+GOOD_LENS = ["374", "1", "+5", " 7 ", "1000000"]
+BAD_LENS = ["0", "-1", "1e3", "10000000000", "", "\u0663", "1_000"]
+
+
+@st.composite
+def azure_files(draw):
+    """A header and rows, clean (what the bulk reader must take) or with some odd field, row or line end."""
+    clean = draw(st.booleans())
+    stamps = st.sampled_from(GOOD_STAMPS if clean else GOOD_STAMPS + BAD_STAMPS)
+    lens = st.sampled_from(GOOD_LENS if clean else GOOD_LENS + BAD_LENS)
+    extras = st.sampled_from([""] if clean else ["", ",x", ',"q"', "\r", ",,"])
+    ends = st.sampled_from(["\n", "\r\n"] if clean else ["\n", "\r\n", "\n\n"])
+    header = draw(st.sampled_from(["TIMESTAMP,ContextTokens,GeneratedTokens", "GeneratedTokens, TIMESTAMP ,ContextTokens,extra"]
+                                  + ([] if clean else ["TIMESTAMP,ContextTokens", '"TIMESTAMP",ContextTokens,GeneratedTokens'])))
+    names = [h.strip() for h in header.replace('"', "").split(",")]
+    lines = []
+    for _ in range(draw(st.integers(0 if not clean else 1, 12))):
+        value = {"TIMESTAMP": draw(stamps), "ContextTokens": draw(lens), "GeneratedTokens": draw(lens) if clean
+                 else draw(st.sampled_from(GOOD_LENS + BAD_LENS)), "extra": "e"}
+        lines.append(",".join(value[n] for n in names) + draw(extras) + draw(ends))
+    return clean, header + "\n" + "".join(lines)
+
+
+@settings(max_examples=300, deadline=None)
+@given(azure_files())
+def test_azure_bulk_reads_what_rows_read(tmp_path_factory, case):
+    """Whatever the bulk reader takes, the row-by-row reader takes with the same values (and a clean
+    file it takes); load_azure gives the row reader's trace or error either way."""
+    clean, text = case
+    path = tmp_path_factory.mktemp("azure") / "t.csv"
+    path.write_bytes(text.encode())
+    try:
+        want = azure_by_rows(path)
+    except KvsimError as exc:
+        want = str(exc)
+    try:
+        bulk = azure_in_bulk(path)
+    except NotPlain:
+        bulk = None
+    assert bulk is not None or not clean
+    if bulk is not None:
+        assert not isinstance(want, str), want
+        for field in ("arrival_s", "prompt_len", "output_len"):
+            assert getattr(bulk, field).tobytes() == getattr(want, field).tobytes()
+    try:
+        got = load_azure(path)
+    except KvsimError as exc:
+        got = str(exc)
+    if isinstance(want, str):
+        assert got == want
+    else:
+        assert all(getattr(got, f).tobytes() == getattr(want, f).tobytes() for f in ("arrival_s", "prompt_len", "output_len"))
+
+
+def test_azure_bulk_reads_the_plain_fixture_and_across_chunks(tmp_path, monkeypatch):
+    from kvsim.scenario import files
+
+    assert azure_in_bulk(FIXTURES / "azure_small.csv").prompt_len.tolist() == [374, 396, 879, 91]
+    rows = "".join(f"2023-11-16 18:{m:02d}:{s:02d}.5,{m * 60 + s + 1},{s}\r\n" for m in range(60) for s in range(60))
+    path = tmp_path / "t.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\r\n" + rows)
+    monkeypatch.setattr(files, "CHUNK_BYTES", 1000)  # many chunks, each ending mid-way in the file
+    monkeypatch.setattr(files.iter_text_chunks, "__defaults__", (1000, files.MAX_LINE_BYTES))
+    bulk, ref = azure_in_bulk(path), azure_by_rows(path)
+    assert bulk.prompt_len.tolist() == list(range(1, 3601))
+    assert all(getattr(bulk, f).tobytes() == getattr(ref, f).tobytes() for f in ("arrival_s", "prompt_len", "output_len"))
 
 
 @pytest.mark.skipif(not (REAL / "azure_llm_2023_conv.csv").exists(), reason="real Azure trace not in ../shared/traces")

@@ -4,7 +4,7 @@ Backends are found through the `kvsim.backends` entry-point group (pyproject.tom
 party can add one. Each is a class built as `Backend(scenario, policy, model, gpu, capacity,
 settings)` (`settings`: the policy's kvsim.engine.settings.EngineSettings) that satisfies
 kvsim.engine.interfaces.Backend: `name`, `num_blocks`, `fuses_decode_runs`,
-`prices_longest_decode`, `execute(batch) -> seconds`, `decode_run`, `decode_run_time`,
+`prices_longest_decode`, `holds_device`, `execute(batch) -> seconds`, `decode_run`, `decode_run_time`,
 `free(seq)`, `describe()` and `close()`. The built-in names resolve without reading the installed
 entry points (which costs a scan of the environment's metadata).
 """

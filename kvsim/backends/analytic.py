@@ -21,6 +21,7 @@ from kvsim.perf.roofline import VLLM_GRAPH_SIZES, StepModel
 class AnalyticBackend:
     name = "analytic"
     fuses_decode_runs = True
+    holds_device = False  # no device: a scenario's policies may run side by side
 
     def __init__(self, scenario, policy, model, gpu, capacity, settings):
         calibration, self.calibration_source = resolve_calibration(scenario, gpu.name)

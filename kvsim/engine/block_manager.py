@@ -27,13 +27,14 @@ table edited in place is not detected (vLLM's BlockPool does not check that eith
 from __future__ import annotations
 
 from array import array
+from operator import attrgetter
 from typing import Sequence as Seq
 
 import numpy as np
 
 from kvsim.engine.free_queue import FreeBlockQueue
 from kvsim.engine.prefix_cache import BlockContent, CachedRun, ChainMemo, PrefixIndex, block_hashes, sequence_chain
-from kvsim.sequence import Sequence
+from kvsim.sequence import NO_BLOCKS, Sequence
 
 __all__ = ["AllocationError", "BlockManager", "PrefixHit", "block_hashes"]
 
@@ -108,14 +109,10 @@ class BlockManager:
         self.num_shared_refs = 0  # references beyond a block's first: what holders share
 
     # ---- queries -------------------------------------------------------------------------
-    @property
-    def num_free_blocks(self) -> int:
-        return self.free_queue.num_free
-
-    @property
-    def num_cached_blocks(self) -> int:
-        """Free blocks still holding cached content (reusable until evicted)."""
-        return self.free_queue.num_cached
+    # The free queue's counts, read through C getters (no Python frame: the scheduler reads them every step).
+    num_free_blocks = property(attrgetter("free_queue.num_free"))
+    num_cached_blocks = property(attrgetter("free_queue.num_cached"), doc="Free blocks still holding cached "
+                                 "content (reusable until evicted).")
 
     @property
     def num_used_blocks(self) -> int:
@@ -249,8 +246,7 @@ class BlockManager:
         if computed_blocks:
             self._revive(seq, computed_blocks)
             hit_tokens = len(computed_blocks) * self.block_size
-            self._tables[seq] = seq.block_table
-            seq.block_table.extend(computed_blocks.blocks)
+            seq.block_table = self._tables[seq] = array("i", computed_blocks.blocks)
             seq.num_computed_tokens = hit_tokens
             seq.num_cached_tokens += hit_tokens
             if computed_blocks.num_shared and self._runs:
@@ -285,9 +281,9 @@ class BlockManager:
 
     def _grow(self, seq: Sequence, num_new_tokens: int, need: int) -> None:
         table, bs = seq.block_table, self.block_size
-        if not table:
+        if not table:  # its first blocks: a table of its own
             self.reserved_unused_tokens -= seq.num_computed_tokens  # a swapped-in sequence brings its KV back
-            self._tables[seq] = table
+            seq.block_table = self._tables[seq] = array("i")
             if self._parked:
                 self._parked.pop(seq, None)
         if need:
@@ -322,7 +318,7 @@ class BlockManager:
     def _take(self, n: int) -> array:
         """n blocks off the head of the free queue; whatever they held is evicted."""
         queue = self.free_queue
-        if queue.high_water + n > len(self.content.ref) and queue.high_water < self.num_blocks:
+        if queue.high_water < self.num_blocks and queue.high_water + n > len(self.content.ref):
             self.content.grow(min(self.num_blocks, queue.high_water + n))
         return queue.pop(n)
 
@@ -398,7 +394,7 @@ class BlockManager:
             self._runs.pop(seq, None)
         self.reserved_unused_tokens -= n * bs - seq.num_computed_tokens
         del self._tables[seq]
-        seq.block_table = array("i")
+        seq.block_table = NO_BLOCKS
         seq.num_computed_tokens = 0
 
     def _release_shared(self, seq: Sequence, table: array, shared: int) -> array:

@@ -15,7 +15,7 @@ from bisect import insort
 from typing import Sequence as Seq
 
 from kvsim.engine.block_manager import AllocationError
-from kvsim.sequence import Sequence
+from kvsim.sequence import NO_BLOCKS, Sequence
 
 
 class ContiguousAllocator:
@@ -148,7 +148,7 @@ class ContiguousAllocator:
         self.num_free_blocks += n
         insort(self.extents, (start, n))
         self._coalesce()
-        seq.block_table = []
+        seq.block_table = NO_BLOCKS
         seq.num_computed_tokens = 0
 
     def _coalesce(self) -> None:

@@ -44,6 +44,7 @@ class FreeBlockQueue:
         self.num_cached = 0  # free blocks holding cached content
         self._ids = array("i")  # the log: the entry at position p is _ids[p - _base]
         self._base = 0
+        self._compact_at = COMPACT_AFTER  # compact when the head is past this position (and half the log)
         self.head = 0  # log position of the next entry to take
         self._uncached: deque[int] = deque()  # positions >= head of entries holding nothing reusable
         self._stale: list[tuple[int, int]] = []  # heap of disjoint [lo, hi) position ranges taken out early
@@ -76,11 +77,11 @@ class FreeBlockQueue:
             if stale and stale[0][0] == h:
                 h = self._skip_stale(h)
         else:
-            out = array("i")
-            while n:
-                end = min(h + n, stale[0][0]) if stale else h + n
+            out, left = array("i"), n
+            while left:
+                end = min(h + left, stale[0][0]) if stale else h + left
                 out.extend(self._ids[h - base:end - base])
-                n -= end - h
+                left -= end - h
                 h = self._skip_stale(end)
         self.head = h
         if self.caching:  # every live entry taken held cached content, but the uncached ones
@@ -92,10 +93,11 @@ class FreeBlockQueue:
                     cached -= 1
                 self.num_cached -= cached
             else:
-                self.num_cached -= len(out)
-        if h - base > COMPACT_AFTER and 2 * (h - base) > len(self._ids):  # drop the taken front now and then
+                self.num_cached -= n
+        if h > self._compact_at and 2 * (h - base) > len(self._ids):  # drop the taken front now and then
             del self._ids[:h - base]
             self._base = h
+            self._compact_at = h + COMPACT_AFTER
         return out
 
     def _skip_stale(self, h: int) -> int:

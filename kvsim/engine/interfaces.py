@@ -77,6 +77,7 @@ class Backend(Protocol):
     num_blocks: int  # KV blocks per replica (the allocator's size)
     fuses_decode_runs: bool  # runs of cohort decode steps may be one event, priced by decode_run
     prices_longest_decode: bool  # step prices read Batch.decode_max_context (the cohort keeps it)
+    holds_device: bool  # holds a device one policy's backend at a time may use (policies run one after the other)
 
     def execute(self, batch: Batch) -> float: ...  # seconds of one step
     def decode_run(self, shape: DecodeShape, max_steps: int, budget_s: float = math.inf) -> DecodeRunPrice: ...

@@ -30,7 +30,7 @@ from collections import OrderedDict
 import numpy as np
 
 from kvsim.engine.block_manager import AllocationError
-from kvsim.sequence import Sequence
+from kvsim.sequence import NO_BLOCKS, Sequence
 
 
 class ReferencePool:
@@ -177,7 +177,7 @@ class ReferencePool:
                 self.free[block] = None
         self.written -= seq.num_computed_tokens
         self.registered.pop(seq, None)
-        seq.block_table = array("i")
+        seq.block_table = NO_BLOCKS
         seq.num_computed_tokens = 0
 
     # ---- figures ------------------------------------------------------------------------------

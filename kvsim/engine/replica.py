@@ -90,8 +90,9 @@ class Replica:
                     seq.preempted_at = -1.0
         elif not batch.cohort_size:
             raise RuntimeError("scheduler made no progress with work queued")
-        for seq in batch.preempted:
-            seq.preempted_at = now
+        if batch.preempted:
+            for seq in batch.preempted:
+                seq.preempted_at = now
         step.peak_used = -1
         self.last_start = now
         if self.runs is not None and not seqs and not batch.preempted:  # the cohort alone: a run
@@ -134,20 +135,22 @@ class Replica:
     def complete(self, step: StepRecord) -> list[Sequence]:
         """Apply the step now that its end is reached: tokens, finished sequences, the replica's
         state after it (and a fused run's figures step by step) in the record; returns the finished."""
-        sched, alloc, batch, end = self.scheduler, self.allocator, step.batch, step.end
+        sched, alloc, batch, end, k = self.scheduler, self.allocator, step.batch, step.end, step.num_steps
         self.num_events += 1
-        self.num_steps += step.num_steps
-        emitted, finished = sched.postprocess(batch, step.num_steps)
-        step.itl_gaps = _stamp_tokens(emitted, step.start + step.first_s, end) if emitted else ()
+        self.num_steps += k
+        emitted, finished = sched.postprocess(batch, k)
+        first_token = step.start + step.first_s  # when the (first) step's tokens come
+        step.itl_gaps = _stamp_tokens(emitted, first_token, end) if emitted else ()
         size = step.cohort_size = batch.cohort_size
         if size:  # a run's later steps differ by far less than a histogram bin: their mean
-            k = step.num_steps
-            step.cohort_first_gap = step.start + step.first_s - self.cohort_last_token
+            step.cohort_first_gap = first_token - self.cohort_last_token
             step.cohort_later_gap = (step.duration - step.first_s) / (k - 1) if k > 1 else 0.0
         self.cohort_last_token = end
-        for seq in finished:
-            seq.last_token_time = seq.finish_time = end
-            self.backend.free(seq)
+        if finished:
+            free = self.backend.free
+            for seq in finished:
+                seq.last_token_time = seq.finish_time = end
+                free(seq)
         step.finished = finished
         self.busy = sched.num_unfinished > 0
         if step.peak_used >= 0:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from functools import partial
+from operator import itemgetter
 
 from kvsim.batch import Batch, DecodeShape
 from kvsim.perf.calibration import Calibration, load_calibration  # noqa: F401  (re-exported)
@@ -95,10 +95,15 @@ def _line_sum(a: float, b: float, lo: int, hi: int) -> float:
     return a * n + b * ((lo + hi - 1) * n / 2) if n > 0 else 0.0
 
 
+_slope = itemgetter(1)
+
+
 def _envelope(fixed: float, lines) -> tuple:
     """max over `lines` (a, b) of a + b*i, for integers i >= 0, as (fixed, a, b, s, later): line (a, b)
     is on top for i < s, then each (start, a, b) of `later` from its start on (s = NEVER: one line)."""
     cur_a, cur_b = max(lines)  # on top at i = 0 (a tie goes to the steeper line)
+    if max(lines, key=_slope)[1] <= cur_b:  # no line overtakes it (the usual case)
+        return fixed, cur_a, cur_b, NEVER, ()
     regimes, start = [[0, cur_a, cur_b]], 0
     while True:
         nxt = None
@@ -199,7 +204,7 @@ class StepModel:
         per_token = model.hidden_size * model.activation_bytes
         self.allreduce_s_per_token = calls * (allreduce_seconds(per_token, tp, gpu, c) - allreduce_seconds(0, tp, gpu, c))
         self._decode_base: dict[int, tuple] = {}
-        self._last_lines: tuple = (-1, -1, -1, None)
+        self._last_lines: tuple = (None, None)  # (the shape last priced, its lines)
 
     # ---- the parts of a step ---------------------------------------------------------------------
     def overhead(self, num_seqs: int, graph: bool = False) -> float:
@@ -325,12 +330,13 @@ class StepModel:
         return self.overhead(seqs) + (body if body > host else host) + swap
 
     # ---- runs of pure-decode steps in closed form -----------------------------------------------
-    def _decode_lines(self, n: int, x0: int, longest: int = 0) -> tuple:
+    def _decode_lines(self, shape: DecodeShape) -> tuple:
         """Decode step i of n sequences holding x0 + i*n context tokens, the longest longest + i (0: the
         mean), as _envelope's lines in i: the step's constant part, and decode_attention_lines."""
         last = self._last_lines
-        if n == last[0] and x0 == last[1] and longest == last[2]:  # a run is sized, then priced
-            return last[3]
+        if shape == last[0]:  # a run is sized, then priced
+            return last[1]
+        n, x0, longest = shape
         base = self._decode_base.get(n)
         if base is None:
             base = self._decode_base[n] = self._decode_constants(n)
@@ -341,7 +347,7 @@ class StepModel:
         else:  # eager: fixed + max(host, rest + attention terms)
             floor, *terms = attention
             lines = _envelope(fixed, [(max(host, top + floor[0]), 0.0), *((top + a, b) for a, b in terms)])
-        self._last_lines = (n, x0, longest, lines)
+        self._last_lines = (shape, lines)
         return lines
 
     def _decode_constants(self, n: int) -> tuple:
@@ -361,12 +367,12 @@ class StepModel:
         """Seconds for the first k pure-decode steps of a run of `shape` (kvsim.perf.pricing). Closed form in k."""
         if k <= 0 or shape.num_seqs <= 0:
             return 0.0
-        return _run_time(self._decode_lines(*shape), k)
+        return _run_time(self._decode_lines(shape), k)
 
     def decode_run_within(self, shape: DecodeShape, max_steps: int, budget_s: float = math.inf) -> DecodeRunPrice:
         """The first k <= max_steps steps of the run that start within budget_s: k = max_steps if those
         all end before budget_s, else the smallest k whose steps reach it (decode_steps_within)."""
-        lines = self._decode_lines(*shape)
+        lines = self._decode_lines(shape)
         first = lines[0] + lines[1]
         if max_steps == 1:
             return _new(DecodeRunPrice, (1, first, first))
@@ -379,7 +385,7 @@ class StepModel:
         """The smallest k >= 1 with decode_run_time(shape, k) >= budget_s."""
         if shape.num_seqs <= 0 or not math.isfinite(budget_s):
             raise ValueError(f"need num_seqs > 0 and a finite budget, got {shape.num_seqs}, {budget_s}")
-        return _steps_within(self._decode_lines(*shape), budget_s)[0]
+        return _steps_within(self._decode_lines(shape), budget_s)[0]
 
 
 def _steps_within(lines: tuple, budget_s: float) -> tuple[int, float]:
@@ -390,29 +396,33 @@ def _steps_within(lines: tuple, budget_s: float) -> tuple[int, float]:
     a += fixed  # sum_{i<k} (a + b i) >= budget, in the first regime
     if a >= budget_s:
         return 1, a
-    run = partial(_run_time, lines)
     if b > 0:
         k = math.ceil((-(a - b / 2) + math.sqrt((a - b / 2) ** 2 + 2 * b * budget_s)) / b)
     else:
         k = math.ceil(budget_s / a)
     k = max(k, 1)
-    total = run(k)
+    total = _run_time(lines, k)
     if total >= budget_s:
-        if k == 1 or run(k - 1) < budget_s:
+        if k == 1 or _run_time(lines, k - 1) < budget_s:
             return k, total
-        if k == 2 or run(k - 2) < budget_s:
-            return k - 1, run(k - 1)
-    elif k > 1 and run(k - 1) >= budget_s and (k == 2 or run(k - 2) < budget_s):  # rounding
-        return k - 1, run(k - 1)
-    elif run(k + 1) >= budget_s:
-        return k + 1, run(k + 1)
-    lo, hi = 1, 2  # regime change inside the run: bisection over the closed form
-    while run(hi) < budget_s:
+        if k == 2 or _run_time(lines, k - 2) < budget_s:
+            return k - 1, _run_time(lines, k - 1)
+    elif k > 1 and _run_time(lines, k - 1) >= budget_s and (k == 2 or _run_time(lines, k - 2) < budget_s):  # rounding
+        return k - 1, _run_time(lines, k - 1)
+    elif _run_time(lines, k + 1) >= budget_s:
+        return k + 1, _run_time(lines, k + 1)
+    return _bisect_steps(lines, budget_s)
+
+
+def _bisect_steps(lines: tuple, budget_s: float) -> tuple[int, float]:
+    """_steps_within for a run that changes regime: bisection over the closed form."""
+    lo, hi = 1, 2
+    while _run_time(lines, hi) < budget_s:
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if run(mid) >= budget_s:
+        if _run_time(lines, mid) >= budget_s:
             hi = mid
         else:
             lo = mid
-    return hi, run(hi)
+    return hi, _run_time(lines, hi)

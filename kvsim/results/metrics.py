@@ -134,15 +134,20 @@ class Metrics:
         if step.itl_gaps:
             self.record_itls(step.itl_gaps)
         size = step.cohort_size
-        if size:
-            self.record_run_itl(step.cohort_first_gap, size, step.cohort_later_gap, size * (step.num_steps - 1))
+        if size:  # record_run_itl, written out: every engine event has one
+            runs = self._itl_runs
+            runs += (step.cohort_first_gap, size, step.cohort_later_gap, size * (step.num_steps - 1))
+            if len(runs) >= ITL_BUFFER:
+                self._flush_itl()
         for seq in step.finished:
             self.on_finish(seq)
         r = self._replicas.get(step.replica) or self.series(step.replica)
-        if step.peak_used >= 0:
+        peak = step.peak_used
+        if peak >= 0:
             for sample, batch_tokens in step.marks:
                 self._record_sample(r, sample, batch_tokens, 0.0)
-            self.note_used(r, step.peak_used)
+            if peak > r.peak_used:  # note_used
+                r.peak_used = peak
         self._record_sample(r, step.sample, step.batch_tokens, step.used_block_s)
         step.sample_boundary = r.bucket_end
 
@@ -277,13 +282,16 @@ class Metrics:
         r.last_t, r.last_used = t, blocks_used
         if blocks_used > r.peak_used:
             r.peak_used = blocks_used
-        self._running_now += running - r.running
-        self._waiting_now += waiting - r.waiting
-        r.running, r.waiting = running, waiting
-        if self._running_now > self.peak_running:
-            self.peak_running = self._running_now
-        if self._waiting_now > self.peak_waiting:
-            self.peak_waiting = self._waiting_now
+        if running != r.running:  # the replicas' sums and their peaks move only when a count does
+            self._running_now += running - r.running
+            r.running = running
+            if self._running_now > self.peak_running:
+                self.peak_running = self._running_now
+        if waiting != r.waiting:
+            self._waiting_now += waiting - r.waiting
+            r.waiting = waiting
+            if self._waiting_now > self.peak_waiting:
+                self.peak_waiting = self._waiting_now
 
     def note_used(self, r: _ReplicaSeries, blocks_used: int) -> None:
         """A sample's KV use that no row shows (inside a fused run): it counts for the peak."""

@@ -124,6 +124,25 @@ class ResultsWriter:
             except FileExistsError:
                 continue
 
+    def requests_part(self, index: int) -> _GuardedFile:
+        """A file for one policy's requests.csv rows written by a worker process: part `index`, in
+        the temporary folder until `add_requests_part(index)` appends it to requests.csv."""
+        return _GuardedFile(self._part(index), self.out_dir)
+
+    def add_requests_part(self, index: int) -> None:
+        """Append part `index` (rows a worker wrote, `requests_part`) to requests.csv, and remove it."""
+        path = self._part(index)
+        with self._aborting(), open(path, encoding="utf-8", newline="") as part:
+            while True:
+                text = part.read(1 << 20)
+                if not text:
+                    break
+                self.requests_file.write(text)
+        path.unlink()
+
+    def _part(self, index: int) -> Path:
+        return self.tmp_dir / f".requests-{index}.part"
+
     def add_timeseries(self, policy: str, rows: list[tuple]) -> None:
         """Append one policy's time-series rows (as from `Metrics.timeseries_rows`)."""
         name = csv_cell(policy)

@@ -41,6 +41,7 @@ else:  # pragma: no cover
 MAX_DOC_BYTES = 64 << 20  # a JSON file or a table
 MAX_TOML_BYTES = 1 << 20  # a scenario: hand-written, a few KiB (sweep points live in CSV)
 MAX_LINE_BYTES = 64 << 20  # one line of a trace (a Mooncake row of 2^31 tokens has 4M block ids)
+CHUNK_BYTES = 4 << 20  # what readers of many lines at once read at a time (iter_text_chunks)
 MAX_DEPTH = 32  # nesting of tables and arrays (a scenario needs 4)
 _INT64 = 2**63
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -100,6 +101,32 @@ def decode_text(path, data: bytes, what: str, first_line: int = 1) -> str:
     except UnicodeDecodeError as exc:
         line = first_line - 1 + _line_of(data, exc.start)
         raise KvsimError(f"{path}:{line}: {what} is not UTF-8 text ({exc.reason})") from None
+
+
+def iter_text_chunks(path: Path, what: str, size: int = CHUNK_BYTES, limit: int = MAX_LINE_BYTES) -> Iterator[str]:
+    """A text file's whole lines (each with its newline; the file's last maybe without) as a few
+    MiB of text at a time, checked as `iter_lines` checks each line: for readers that take many lines
+    at once. `size` is below `limit`, so only a block's first line can be too long."""
+    with open_regular(path, what) as f:
+        line, rest = 1, b""
+        while True:
+            try:
+                data = f.read(size)
+            except OSError as exc:
+                raise KvsimError(f"{path}:{line}: cannot read {what} ({exc.strerror})") from None
+            first = data.find(b"\n")
+            if len(rest) + (first + 1 if first >= 0 else len(data)) > limit:
+                raise KvsimError(f"{path}:{line}: line longer than {limit >> 20} MiB")
+            if first < 0 and data:  # no line ends in this read
+                rest += data
+                continue
+            cut = data.rfind(b"\n") + 1
+            block, rest = rest + data[:cut], data[cut:]
+            if block:
+                yield decode_text(path, block, what, line)
+                line += block.count(b"\n")
+            if not data:
+                return
 
 
 def read_text(path: Path, what: str, limit: int = MAX_DOC_BYTES) -> str:

@@ -2,6 +2,12 @@
 ids, and the checked parsing of one field or CSV row (errors name the file and line as an editor
 counts them). kvsim/scenario/traces.py (Azure, Mooncake, csv) and kvsim/scenario/datasets.py
 (ShareGPT, vllm bench, mapped csv) read their formats with these.
+
+A CSV of plain rows (no quotes, no carriage return but before a newline) is also read in bulk
+(`plain_csv_columns`, `parse_lens`, `azure_ns_many`): a few MiB of rows at a time, each column's
+fields checked by one pass of C loops, about five times faster than row by row. The bulk readers
+take only what the row-by-row reader would take with the same values; at anything else they raise
+`NotPlain`, and the row-by-row reader reads the file again (and names the line of the error).
 """
 
 from __future__ import annotations
@@ -9,15 +15,16 @@ from __future__ import annotations
 import csv
 import re
 from array import array
+from itertools import chain, repeat
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.scenario.files import iter_lines
+from kvsim.scenario.files import iter_lines, iter_text_chunks
 from kvsim.scenario.limits import MAX_REQUESTS, MAX_TOKENS, MAX_TRACE_SECONDS, MAX_TRACE_YEAR, MIN_TRACE_YEAR
 from kvsim.sequence import mix64
 
@@ -197,3 +204,76 @@ def sorted_trace(arrival: np.ndarray, prompt, output, hash_ids=None, start=None,
         if a is not None:
             a.flags.writeable = False
     return Trace(arrival, prompt, output, hash_ids, start, end)
+
+
+# --- reading plain rows in bulk ----------------------------------------------------------------
+
+class NotPlain(Exception):
+    """A bulk reader met something it does not take as it is: read the file row by row."""
+
+
+@lru_cache(maxsize=16)
+def many(field: re.Pattern) -> re.Pattern:
+    """Lines that each match `field` (a pattern without newlines), joined by newlines: one C loop
+    checks a whole column. Its digits are ASCII digits (\\d also takes other scripts' digits, and is
+    slower): what it takes, `field` takes."""
+    one = field.pattern.replace(r"\d", "[0-9]")
+    return re.compile(rf"(?:{one})(?:\n(?:{one}))*")
+
+
+def plain_csv_columns(path: Path, columns: tuple[str, ...]) -> Iterator[list[list[str]]]:
+    """A headed CSV's rows a few MiB at a time, as a list per named column of its stripped fields
+    (as `read_csv` gives them). Every row must have the header's number of fields: NotPlain at a
+    quote, a lone carriage return, a blank line, a row of more or fewer fields, a field past the csv
+    module's limit, more than MAX_REQUESTS rows or a missing column."""
+    chunks = iter_text_chunks(path, "trace")
+    head, _, text = next(chunks, "").partition("\n")
+    head = head[:-1] if head.endswith("\r") else head
+    if '"' in head or "\r" in head:
+        raise NotPlain
+    header = [h.strip() for h in head.split(",")]
+    if any(name not in header for name in columns):
+        raise NotPlain
+    idx, width, rows = [header.index(name) for name in columns], len(header), 0
+    for text in chain((text,), chunks):
+        if not text or text == "\n":  # the header's newline alone, or a last line without fields
+            continue
+        if '"' in text or text.count("\r") != text.count("\r\n"):
+            raise NotPlain
+        body = text.replace("\r\n", "\n")
+        body = body[:-1] if body.endswith("\n") else body
+        lines = body.split("\n")
+        if set(map(str.count, lines, repeat(","))) != {width - 1} or max(map(len, lines)) > csv.field_size_limit():
+            raise NotPlain
+        fields = body.replace("\n", ",").split(",")  # row after row, `width` fields each
+        rows += len(fields) // width
+        if rows > MAX_REQUESTS:
+            raise NotPlain
+        yield [list(map(str.strip, fields[i::width])) for i in idx]
+
+
+def parse_lens(texts: list[str], zero_ok: bool = False) -> list[int]:
+    """Each text as `parse_len` reads it, or NotPlain if any would fail."""
+    if texts and not many(INTEGER).fullmatch("\n".join(texts)):
+        raise NotPlain
+    values = list(map(int, texts))
+    if values and (min(values) < (0 if zero_ok else 1) or max(values) > MAX_TOKENS):
+        raise NotPlain
+    return values
+
+
+def azure_ns_many(stamps: list[str]) -> np.ndarray:
+    """Each timestamp as `azure_ns` reads it (int64 nanoseconds), or NotPlain if any would fail."""
+    if stamps and not many(AZURE_TIME).fullmatch("\n".join(stamps)):
+        raise NotPlain
+    try:
+        ns = np.array(stamps, dtype="datetime64[ns]").astype(np.int64)
+    except ValueError:
+        raise NotPlain from None
+    if len(ns) and (ns.min() < _YEAR_NS[0] or ns.max() >= _YEAR_NS[1]):
+        raise NotPlain
+    return ns
+
+
+# azure_ns's years as nanoseconds: from the first instant of MIN_TRACE_YEAR to the first after MAX_TRACE_YEAR
+_YEAR_NS = tuple(int(np.datetime64(f"{year}-01-01", "ns").astype(np.int64)) for year in (MIN_TRACE_YEAR, MAX_TRACE_YEAR + 1))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 from array import array
+from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import lru_cache, wraps
 from pathlib import Path
@@ -40,11 +41,20 @@ import numpy as np
 from kvsim.errors import KvsimError
 from kvsim.scenario.files import iter_lines, open_regular
 from kvsim.scenario.limits import MAX_TRACE_BLOCK_IDS
-from kvsim.scenario.trace_rows import (MOONCAKE_BLOCK_SIZE, Columns, Trace, azure_ns, fail, parse_len, parse_seconds,
-                                       read_csv, sorted_trace)
+from kvsim.scenario.trace_rows import (MOONCAKE_BLOCK_SIZE, Columns, NotPlain, Trace, azure_ns, azure_ns_many, fail,
+                                       parse_len, parse_lens, parse_seconds, plain_csv_columns, read_csv, sorted_trace)
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 def load_azure(path: Path) -> Trace:
     path = Path(path)
+    try:
+        return azure_in_bulk(path)
+    except NotPlain:  # read row by row: the error, if any, names its line
+        return azure_by_rows(path)
+
+
+def azure_by_rows(path: Path) -> Trace:
     cols = Columns(path, "q")
 
     def row(line, f):
@@ -53,10 +63,23 @@ def load_azure(path: Path) -> Trace:
         output = parse_len(path, line, "GeneratedTokens", f[2], zero_ok=True)
         cols.add(line, ns, prompt, max(output, 1))
 
-    read_csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"), row)
+    read_csv(path, AZURE_COLUMNS, row)
     cols.nonempty()
     ns = np.frombuffer(cols.time, dtype=np.int64)
     return sorted_trace((ns - ns[0]) / 1e9, cols.prompt, cols.output)
+
+
+def azure_in_bulk(path: Path) -> Trace:
+    """azure_by_rows's trace, from a file of plain rows (kvsim.scenario.trace_rows.NotPlain at anything else)."""
+    times, prompt, output = [], array("q"), array("q")
+    for stamps, prompts, outputs in plain_csv_columns(path, AZURE_COLUMNS):
+        times.append(azure_ns_many(stamps))
+        prompt.extend(parse_lens(prompts))
+        output.extend([n or 1 for n in parse_lens(outputs, zero_ok=True)])
+    if not times:
+        raise NotPlain
+    ns = np.concatenate(times)
+    return sorted_trace((ns - ns[0]) / 1e9, prompt, output)
 
 
 def load_csv(path: Path) -> Trace:
@@ -148,6 +171,21 @@ def one_read_per_call(fn):
         finally:
             _read_once.reset(token)
     return run
+
+
+def trace_reads() -> Optional[dict]:
+    """The traces the current run has read (`one_read_per_call`), for its worker processes (`reading`)."""
+    return _read_once.get()
+
+
+@contextmanager
+def reading(reads: Optional[dict]):
+    """Within: `load_trace` gives the traces in `reads` (a run's, from `trace_reads`), as in that run."""
+    token = _read_once.set(reads)
+    try:
+        yield
+    finally:
+        _read_once.reset(token)
 
 
 @lru_cache(maxsize=4)

@@ -133,6 +133,7 @@ def _release_previous() -> None:
 class TritonBackend:
     name = "triton"
     fuses_decode_runs = False  # every step runs on the device
+    holds_device = True  # most of the GPU's memory: one policy at a time
     prices_longest_decode = True
 
     def __init__(self, scenario, policy, model, gpu, capacity, settings):

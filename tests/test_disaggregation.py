@@ -46,6 +46,23 @@ def test_bytes_per_block_follow_the_decode_pools_tensor_parallelism():
         assert d.rank_bytes_per_block == 16 * LLAMA8B_TOKEN_BYTES // tp_d
 
 
+def test_a_sliding_window_models_pools_keep_every_layer_whole():
+    """vLLM turns its hybrid KV cache manager off under a KV connector: gemma-2-9b's pools hold one
+    group of all 42 layers (16 tokens x 2 x 8 KV heads x 256 x 2 B x 42 = 5,505,024 B a block), where
+    its aggregated policy pages 21 layers a group (half that), and moves each layer whole."""
+    sc = disagg_scenario(model={"name": "gemma-2-9b"}, engine={"max_model_len": 8192},
+                         policies=[{"name": "disagg"}, {"name": "agg", "disaggregated": False}])
+    d = disaggregation(sc, sc.policies[0])
+    block = 16 * 2 * 8 * 256 * 2 * 42
+    for pool in (d.prefill, d.decode):
+        assert (pool.capacity.bytes_per_block, pool.capacity.windows) == (block, ())
+        assert pool.capacity.num_blocks == int(pool.capacity.kv // block)
+    assert d.total_bytes_per_block == block
+    from kvsim.perf.memory import kv_capacity
+    aggregated = kv_capacity(sc, sc.policies[1], model_spec(sc), gpu_spec(sc))
+    assert aggregated.bytes_per_block == block // 2 and sorted(aggregated.windows) == [0, 4096]
+
+
 def test_one_requests_transfer_time_by_hand():
     """1000 prompt tokens = 63 blocks of 2 MiB over InfiniBand NDR (50 GB/s a GPU), after NIXL's post
     time and the fabric's latency; nothing queues, so TTFT splits into prefill, transfer, first token."""

@@ -15,8 +15,9 @@ rank reads `decode block bytes` per block, its KV heads' share at the decode poo
 parallelism (an MLA latent whole on every rank), from the prefill rank holding them. With decode TP
 = r x prefill TP, one prefill rank serves r decode ranks, so its link, the busiest, carries r times a
 decode rank's bytes; the bytes crossing all links are decode TP x a decode rank's. vLLM turns its
-hybrid KV cache manager off whenever a KV connector is configured, so every layer's KV is moved (a
-sliding-window model's layers keep the whole context, as kvsim's engine already lays them out).
+hybrid KV cache manager off whenever a KV connector is configured, so every layer's KV is moved and
+kept whole: a sliding-window model's pools are sized and allocated as one group of every layer (its
+aggregated policies keep vLLM's hybrid groups).
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def pool(scenario, policy, role: str, simulate: bool = True) -> Pool:
     gpu = in_pool(role, gpu_spec, view)
     in_pool(role, check_fits, view, model, gpu, [pol], simulate)
     limits = engine_limits(view, pol, model, gpu)
-    return Pool(role, view, pol, model, gpu, limits, in_pool(role, kv_capacity, view, pol, model, gpu, limits, simulate))
+    capacity = in_pool(role, kv_capacity, view, pol, model, gpu, limits, simulate, False)  # hybrid manager off
+    return Pool(role, view, pol, model, gpu, limits, capacity)
 
 
 def pool_basis(pool: Pool):

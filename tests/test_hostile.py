@@ -315,7 +315,15 @@ def test_hostile_input(box, capsys, monkeypatch, name):
     assert snapshot(box.root) == before
 
 
+def _as_from_a_terminal() -> None:
+    """A command typed at a terminal gets Ctrl-C and hang-ups, even when the tests run in the background
+    (`nohup`, or `cmd &` in a script, which ignore SIGHUP and SIGINT and pass that on)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _child(box: Box, argv: list, **kw) -> subprocess.Popen:
+    kw.setdefault("preexec_fn", _as_from_a_terminal)
     env = {**os.environ, "HOME": str(box.root / "home"), "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "kvsim", *map(str, argv)], cwd=box.work, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)

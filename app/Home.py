@@ -22,6 +22,7 @@ PAGES = [
     st.Page("views/capacity.py", title="Capacity", icon=":material/speed:"),
     st.Page("views/memory.py", title="Memory", icon=":material/memory:"),
     st.Page("views/validation.py", title="Validation", icon=":material/fact_check:"),
+    st.Page("views/disagg.py", title="Disaggregation", icon=":material/call_split:"),
 ]
 
 st.set_page_config(page_title="kvsim", page_icon=str(FAVICON), layout="wide")

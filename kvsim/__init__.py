@@ -78,7 +78,7 @@ def plan(scenario, *, policies=None, seeds=3, resolution=0.02, num_requests=None
 
 def deploy(scenario, target_rate, *, gpus=None, tensor_parallel=(1, 2, 4, 8), policy=None, seeds=3,
            resolution=0.02, num_requests=None, top=3, max_replicas=64, workers=None, ray=None, progress=None,
-           headroom=True):
+           headroom=True, disaggregated=False):
     """The cheapest deployments (GPU, tensor parallelism, replicas, KV policy) that meet the SLO at
     `target_rate` req/s (`kvsim plan --target-rate`): every seed and a run four times longer
     sustain it. `policy`: a name or a list of candidates (default: every policy; each GPU and TP
@@ -93,11 +93,28 @@ def deploy(scenario, target_rate, *, gpus=None, tensor_parallel=(1, 2, 4, 8), po
     `usd_per_hour`, `usd_per_m_input`, `usd_per_m_output`, `price_source`, `binding`,
     `binding_detail`, `at_target`: figures at the target rate; `.answer()`: the line to act on);
     `.skipped` layouts with the reason; `.points`; `.to_frame()`, `.points_frame()`, `.to_dict()`.
+    Every policy is served aggregated here, on [hardware]'s layout searched.
+
+    `disaggregated=True` (`kvsim plan --target-rate` on a scenario with [disaggregation]) searches
+    prefill and decode instance counts per pool layout instead: `gpus` and `tensor_parallel` (default:
+    the scenario's pools' own) for each pool, `policy` one name (default: the first served
+    disaggregated), `max_replicas` per pool; `top` and `headroom` do not apply. Returns a
+    `kvsim.planning.disagg.PDPlan`: `.deployments` (each pool layout's cheapest passing counts,
+    cheapest first: `PDDeployment` with `num_prefill`, `num_decode`, both pools' GPU and TP, cost,
+    `prefill_binding`/`decode_binding` at the target and whether one instance fewer of each fails),
+    `.aggregated` (the `DeployResult` of the same GPUs and TP degrees), `.verdict()` (aggregated or
+    disaggregated, which ratio, by how much), `.to_frame()`, `.to_dict()`.
     """
     from kvsim.planning.deploy import deploy as run_deploy
+    from kvsim.planning.disagg import aggregated, pd_deploy
 
     _check_progress(progress)
-    return run_deploy(_scenario(scenario), target_rate, gpus=gpus, tensor_parallel=tensor_parallel,
+    if disaggregated:
+        return pd_deploy(_scenario(scenario), target_rate, gpus=gpus,
+                         tensor_parallel=None if tensor_parallel == (1, 2, 4, 8) else tensor_parallel, policy=policy,
+                         seeds=seeds, resolution=resolution, num_requests=num_requests, max_replicas=max_replicas,
+                         workers=workers, ray=ray, progress=progress)
+    return run_deploy(aggregated(_scenario(scenario)), target_rate, gpus=gpus, tensor_parallel=tensor_parallel,
                       policy=policy, seeds=seeds, resolution=resolution, num_requests=num_requests, top=top,
                       max_replicas=max_replicas, workers=workers, ray=ray, progress=progress, headroom=headroom)
 

@@ -157,6 +157,10 @@ def cmd_run(args, console) -> int:
         for line in verdict_lines(result.summaries, result.meta):
             console.print(line, markup=False, highlight=False)
         console.print(comparison_table(result.summaries, transpose=console.width < 150))
+        from kvsim.results.disagg_report import disaggregation_lines
+
+        for line in disaggregation_lines(result.summaries):
+            console.print(line, markup=False, highlight=False)
         for run in result.runs:
             console.print(f"[dim]{run.name}: simulated in {run.wall_s:.2f} s wall ({run.events} engine events)[/dim]")
         console.print(f"results: {result.out_dir}")

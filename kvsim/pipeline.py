@@ -23,13 +23,17 @@ from typing import Callable, Optional
 from kvsim.backends import load_backend
 from kvsim.errors import KvsimError, check_int
 from kvsim.engine.arrivals import ClosedLoop, RequestStream
-from kvsim.engine.replica import make_replica
+from kvsim.engine.disaggregated import DisaggregatedSimulation
+from kvsim.engine.kv_transfer import HeldBlocks, KvLink
+from kvsim.engine.replica import ALLOCATORS, make_replica
 from kvsim.engine.router import make_router
 from kvsim.engine.settings import EngineSettings, engine_settings
 from kvsim.engine.simulator import Simulation
 from kvsim.perf.basis import PricingBasis, pricing_basis
+from kvsim.perf.disaggregation import disaggregation, pool_basis
 from kvsim.perf.measured import request_overhead_s
 from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
+from kvsim.results.disaggregation import DisaggregationObserver
 from kvsim.results.metrics import Metrics
 from kvsim.results.verdict import judge
 from kvsim.results.writer import ResultsWriter
@@ -96,12 +100,42 @@ def run_meta(scenario, model, gpu, basis: Optional[PricingBasis] = None) -> dict
     basis = basis or pricing_basis(scenario, model, gpu)
     parallel = {"data_parallel_size": hw.data_parallel_size, "enable_expert_parallel": hw.enable_expert_parallel} \
         if hw.data_parallel_size > 1 or hw.enable_expert_parallel else {}
-    return {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": hw.tensor_parallel_size, **parallel,
+    pools = disaggregated_meta(scenario, basis) if scenario.disaggregation is not None else None
+    if pools:
+        basis = pools.pop("basis")
+    meta = {"model": model.name, "gpu": gpu.name, "tensor_parallel_size": hw.tensor_parallel_size, **parallel,
             "pricing_basis": basis.to_dict(),
             "num_replicas": hw.num_replicas, "backend": scenario.backend.name, "seed": scenario.workload.seed,
             "description": scenario.description, "arrival": scenario.workload.arrival.model_dump(),
             "clients": clients_meta(scenario),
             "slo": scenario.slo.model_dump(), "policy_order": [p.name for p in scenario.policies]}
+    if pools:
+        meta["disaggregation"] = pools
+    return meta
+
+
+def disaggregated_meta(scenario, hardware_basis: PricingBasis) -> dict:
+    """The pools and link as summary.json's meta names them (which policies use them: `disaggregated`),
+    each pool's pricing basis, and under "basis" the run's: the pools' and, when a policy is served
+    aggregated, [hardware]'s (kvsim.perf.disaggregation.combined_basis)."""
+    from kvsim.perf.disaggregation import combined_basis, pool
+    from kvsim.scenario.disaggregation import ROLES, link_spec, pool_view
+
+    served = [p for p in scenario.policies if scenario.disaggregated(p)]
+    pools, bases = {}, {} if served else {"hardware": hardware_basis}
+    for role in ROLES:
+        hw = pool_view(scenario, scenario.policies[0], role)[0].hardware
+        pools[role] = {"gpu": hw.gpu, "tensor_parallel_size": hw.tensor_parallel_size,
+                       "num_replicas": hw.num_replicas, "router": hw.router}
+        if served:
+            bases[f"{role} pool"] = pool_basis(pool(scenario, served[0], role, simulate=False))
+            pools[role]["pricing_basis"] = bases[f"{role} pool"].to_dict()
+    if served and len(served) < len(scenario.policies):
+        bases = {"hardware": hardware_basis, **bases}
+    link = link_spec(scenario)
+    return {**pools, "link": link.name, "bandwidth_gbps": link.bandwidth_gbps,
+            "kv_transfer": scenario.disaggregation.kv_transfer, "policies": [p.name for p in served],
+            "basis": combined_basis(bases)}
 
 
 def clients_meta(scenario) -> Optional[dict]:
@@ -142,6 +176,8 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
                     on_progress: Optional[Callable[[int], None]] = None,
                     basis: Optional[PricingBasis] = None) -> tuple[dict, Simulation]:
     """Simulate one policy; returns its summary and the finished simulation."""
+    if scenario.disaggregated(policy):
+        return simulate_disaggregated(scenario, policy, metrics, on_progress)
     capacity, settings = resolve_policy(scenario, policy, model, gpu, basis)
     backend_cls = load_backend(scenario.backend.name, scenario.source)
     replicas = [make_replica(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings),
@@ -173,6 +209,55 @@ def _clients_figures(summary: dict, source: ClosedLoop) -> None:
     arrivals["backlog_fraction"] = backlog / received if backlog is not None and received else None
 
 
+def _pool_replicas(pool, role_index: int, first: int, interval: float) -> tuple[list, EngineSettings]:
+    """A pool's replicas (time-series ids from `first`) and its engine settings; a prefill pool's
+    allocators hold a finished request's blocks until its KV has left (kv_transfer.HeldBlocks)."""
+    settings = engine_settings(pool.scenario, pool.policy, pool.limits, pool.capacity.bytes_per_block)  # synchronous
+    backend_cls = load_backend(pool.scenario.backend.name, pool.scenario.source)
+    replicas = []
+    for i in range(pool.num_replicas):
+        backend = backend_cls(pool.scenario, pool.policy, pool.model, pool.gpu, pool.capacity, settings)
+        allocator = ALLOCATORS[settings.allocator](settings, backend.num_blocks)
+        rep = make_replica(i, settings, backend, interval, HeldBlocks(allocator) if role_index == 0 else allocator)
+        rep.record.replica = first + i
+        replicas.append(rep)
+    return replicas, settings
+
+
+def simulate_disaggregated(scenario, policy, metrics: Metrics,
+                           on_progress: Optional[Callable[[int], None]] = None) -> tuple[dict, Simulation]:
+    """Simulate one policy on the scenario's prefill and decode pools (kvsim.engine.disaggregated)."""
+    dis = disaggregation(scenario, policy)
+    prefill, prefill_settings = _pool_replicas(dis.prefill, 0, 0, metrics.interval)
+    decode, settings = _pool_replicas(dis.decode, 1, len(prefill), metrics.interval)
+    observer = DisaggregationObserver(metrics, len(prefill), len(decode))
+    routers = (make_router(prefill_settings, prefill, dis.prefill.capacity.num_blocks),
+               make_router(settings, decode, dis.decode.capacity.num_blocks))
+    sim = DisaggregatedSimulation(prefill, decode, observer, routers,
+                                  KvLink(dis.link, dis.link_bytes_per_block, len(prefill), len(decode)), observer,
+                                  dis.kv_transfer == "layerwise", dis.decode.model.num_hidden_layers, on_progress)
+    source = arrival_source(scenario, settings.max_model_len, metrics.request_overhead_s)
+    end = sim.run(source)
+    described = decode[0].backend.describe()
+    extra = {**_run_figures(sim, settings, policy, described), "num_replicas": len(prefill) + len(decode)}
+    summary = metrics.summary(duration_s=end, num_blocks=dis.decode.capacity.num_blocks * len(decode),
+                              block_size=settings.block_size, bytes_per_block=dis.decode.capacity.bytes_per_block,
+                              extra=extra, num_replicas=len(decode), kv_replicas=range(len(prefill), len(sim.replicas)))
+    summary["disaggregation"] = observer.summary(end, dis.describe(), {p.role: _pool_figures(p) for p in (dis.prefill, dis.decode)})
+    if source.closed_loop:
+        _clients_figures(summary, source)
+    summary["verdict"] = judge(summary).as_dict()
+    return summary, sim
+
+
+def _pool_figures(pool) -> dict:
+    hw = pool.scenario.hardware
+    return {"gpu": pool.gpu.name, "tensor_parallel_size": hw.tensor_parallel_size, "num_replicas": hw.num_replicas,
+            "router": hw.router, "max_num_seqs": pool.limits.max_num_seqs,
+            "max_num_batched_tokens": pool.limits.max_num_batched_tokens,
+            "num_blocks_per_replica": pool.capacity.num_blocks, "bytes_per_block": pool.capacity.bytes_per_block}
+
+
 def _run_figures(sim: Simulation, settings: EngineSettings, policy, described: dict) -> dict:
     """summary.json's figures of the engine that ran (beside the metrics')."""
     return {
@@ -190,6 +275,22 @@ def _run_figures(sim: Simulation, settings: EngineSettings, policy, described: d
         "num_replicas": settings.num_replicas,
         "async_scheduling": settings.async_scheduling,
     }
+
+
+def check_deployments(scenario, model, gpu, policies) -> None:
+    """One line, before any output, when a policy's deployment cannot run: an aggregated one on
+    [hardware] (kvsim.perf.memory.check_fits), a disaggregated one on its pools
+    (kvsim.perf.disaggregation)."""
+    aggregated = [p for p in policies if not scenario.disaggregated(p)]
+    if aggregated:
+        check_fits(scenario, model, gpu, aggregated)
+    if len(aggregated) < len(policies):
+        if scenario.backend.name != "analytic":
+            raise KvsimError(f"{scenario.source}: backend.name: disaggregated serving is simulated on the analytic "
+                             f"backend only, not {scenario.backend.name!r}")
+        for p in policies:
+            if scenario.disaggregated(p):
+                disaggregation(scenario, p)
 
 
 def chosen_policies(scenario, names=None) -> list:
@@ -219,7 +320,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     chosen = chosen_policies(scenario, policies)
     workers = min(len(chosen), os.cpu_count() or 1) if workers is None else workers
     check_int(workers, "--workers", 1, MAX_WORKERS)
-    check_fits(scenario, model, gpu, chosen)  # a model that does not fit fails before any output
+    check_deployments(scenario, model, gpu, chosen)  # a model that does not fit fails before any output
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
     interval = timeseries_interval(scenario)
     basis = pricing_basis(scenario, model, gpu)

@@ -436,3 +436,24 @@ def test_cached_ahead_counts_what_pops_would_evict():
     for n in counts:  # pop one block at a time and compare
         queue.pop(1)
         assert before - queue.num_cached == ahead[n - 1], n
+
+
+def test_a_hit_carries_on_into_a_later_run_of_another_copy():
+    """Found by the machine above: a conversation's prompt cached twice (a preempted turn re-ran it
+    into other blocks). The readmitted sequence's hit follows the copy that reaches farthest from
+    depth 1, which stops at 3; vLLM looks each block up by hash alone, so the hit goes on in the
+    other copy's run that began at depth 2: all 4 blocks, as the specification finds them."""
+    m = BlockManagerMachine()
+    steps = [("admit", dict(chunk=1000, extra=0, group=None, shared=1)), ("finish", dict(i=0)),
+             ("admit_turn", dict(chunk=3, conv=0, new=7, reply=7)), ("step", dict(i=0, n=1)), ("preempt", dict(i=0)),
+             ("admit_turn", dict(chunk=3, conv=0, new=1, reply=0)), ("step", dict(i=0, n=1)), ("finish", dict(i=0)),
+             ("readmit", dict(i=0)), ("admit_turn", dict(chunk=1000, conv=0, new=1, reply=0)), ("preempt", dict(i=0)),
+             ("preempt", dict(i=0)), ("admit", dict(chunk=1000, extra=0, group=None, shared=1)), ("finish", dict(i=0)),
+             ("readmit", dict(i=0)), ("cohort_run", dict(i=0, n=4))]
+    for name, kwargs in steps:
+        getattr(m, name)(**kwargs)
+    fast, ref = m.preempted[0]
+    assert len(m.bm.get_computed_blocks(fast)) == len(m.ref.get_computed_blocks(ref)) == 4
+    m.readmit(0)
+    m.same_tables_as_the_specification()
+    m.refcounts_match_tables()

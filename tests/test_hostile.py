@@ -315,7 +315,15 @@ def test_hostile_input(box, capsys, monkeypatch, name):
     assert snapshot(box.root) == before
 
 
+def _as_from_a_terminal() -> None:
+    """A command typed at a terminal gets Ctrl-C and hang-ups, even when the tests run in the background
+    (`nohup`, or `cmd &` in a script, which ignore SIGHUP and SIGINT and pass that on)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _child(box: Box, argv: list, **kw) -> subprocess.Popen:
+    kw.setdefault("preexec_fn", _as_from_a_terminal)
     env = {**os.environ, "HOME": str(box.root / "home"), "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "kvsim", *map(str, argv)], cwd=box.work, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
@@ -442,7 +450,7 @@ def test_every_schema_field_is_described():
     sections = [c for c in vars(config).values()
                 if isinstance(c, type) and issubclass(c, config._Section) and c is not config._Section]
     fields = [(c.__name__, name, f.description) for c in sections for name, f in c.model_fields.items()]
-    assert len(sections) == 17 and len(fields) > 60  # 14: [cost]; 15: [workload.trace.columns]; 16-17: think_time_s, [workload.sessions]
+    assert len(sections) == 20 and len(fields) > 60  # 14: [cost]; 15: [workload.trace.columns]; 16-17: think_time_s, [workload.sessions]; 20: [disaggregation]
     assert [(c, n) for c, n, d in fields if not d or len(d) < 15] == []
     schema = json.loads(subprocess.run([sys.executable, "-m", "kvsim", "schema"], cwd=ROOT, capture_output=True,
                                        text=True, check=True).stdout)

@@ -42,20 +42,22 @@ class Card:
     throughput: float | None = None  # requests/s at the safe load (a closed loop's: what its clients get)
 
 
-def cards(result, colors: dict, tied: dict, usd_per_hour: float | None, output_tokens: float) -> list[Card]:
+def cards(result, colors: dict, tied: dict, usd_per_hour: float | dict | None, output_tokens: float) -> list[Card]:
     """A card per policy of a `kvsim.plan` result; the best is the first of the highest safe rates (a
-    closed loop: concurrencies), $ per million output tokens at the requests/s served there."""
+    closed loop: concurrencies), $ per million output tokens at the requests/s served there.
+    `usd_per_hour`: one figure, or one per policy (a disaggregated policy's GPUs are its pools')."""
     best = max(result.policies, key=lambda p: (p.safe_rate, p.mean_rate), default=None)
     note = basis_note(result.meta.get("pricing_basis"))
     unit = result.meta.get("load_unit") or "req/s"
+    costs = usd_per_hour if isinstance(usd_per_hour, dict) else {}
     out = []
     for p in result.policies:
+        usd = costs.get(p.policy) if costs else usd_per_hour
         rps = p.safe_rate if unit == "req/s" else (p.at_safe_rate.get("throughput_rps") if p.safe_rate > 0 else None)
-        per_m = (usd_per_hour / (rps * 3600 * output_tokens) * 1e6
-                 if usd_per_hour and rps and output_tokens else None)
+        per_m = usd / (rps * 3600 * output_tokens) * 1e6 if usd and rps and output_tokens else None
         out.append(Card(p.policy, colors[p.policy], p is best and p.safe_rate > 0, p.sustainable_at_scenario_rate,
                         p.safe_rate, p.headroom, f"{p.mean_rate:.3g} (95% CI {p.ci_low:.3g}–{p.ci_high:.3g})",
-                        tuple(tied.get(p.policy, ())), usd_per_hour, per_m, p.binding or "–",
+                        tuple(tied.get(p.policy, ())), usd, per_m, p.binding or "–",
                         p.binding_detail or "", note, unit=unit, throughput=rps))
     return out
 
@@ -72,13 +74,19 @@ def load_label(unit: str, value: float) -> str:
     return f"{value:.3g} {unit}"
 
 
-def hourly_cost(scenario) -> tuple[float, str] | None:
-    """($/hour of the scenario's GPUs, the price's source), or None without a price."""
-    price = gpu_price(scenario, scenario.hardware.gpu)
-    if price is None:
+def hourly_cost(scenario, policy=None) -> tuple[float, str] | None:
+    """($/hour of the scenario's GPUs, the price's source), or None without a price; for a policy
+    served disaggregated, of its prefill and decode pools' GPUs."""
+    views = [scenario.hardware]
+    if policy is not None and scenario.disaggregated(policy):
+        from kvsim.scenario.disaggregation import ROLES, pool_view
+
+        views = [pool_view(scenario, policy, role)[0].hardware for role in ROLES]
+    prices = [gpu_price(scenario, hw.gpu) for hw in views]
+    if any(price is None for price in prices):
         return None
-    hw = scenario.hardware
-    return price.usd_per_hour * hw.tensor_parallel_size * hw.num_replicas, price.source
+    return (sum(price.usd_per_hour * hw.tensor_parallel_size * hw.num_replicas for price, hw in zip(prices, views)),
+            prices[0].source)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)

@@ -109,3 +109,33 @@ def deploy(toml_text: str, source: str, base_dir: str, inputs_digest: str, setti
                             max_replicas=targets.max_replicas, workers=_workers, progress=bar, headroom=targets.headroom)
     finally:
         bar.close()
+
+
+@dataclass(frozen=True, slots=True)
+class PDTargets:
+    """The prefill:decode search's candidates, as `kvsim plan --target-rate R --disaggregated` takes them."""
+
+    target_rate: float
+    gpus: tuple[str, ...]  # each pool's candidates (and the aggregated search's)
+    tensor_parallel: tuple[int, ...]
+    max_replicas: int = 16
+
+    def cli(self) -> str:
+        return (f"--target-rate {self.target_rate:g} --disaggregated" + "".join(f" --gpu {g}" for g in self.gpus)
+                + "".join(f" --tp {t}" for t in self.tensor_parallel) + f" --max-replicas {self.max_replicas}")
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def pd_deploy(toml_text: str, source: str, base_dir: str, inputs_digest: str, settings: Settings, targets: PDTargets,
+              _workers: int | None = None):
+    """`kvsim.deploy(..., disaggregated=True)`: each pool layout's cheapest prefill:decode counts beside the
+    cheapest aggregated deployment."""
+    scenario = _scenario(toml_text, source, base_dir)
+    bar = Bar(f"Searching prefill:decode counts for {targets.target_rate:g} req/s")
+    try:
+        return kvsim.deploy(scenario, targets.target_rate, gpus=list(targets.gpus),
+                            tensor_parallel=targets.tensor_parallel, seeds=settings.seeds,
+                            resolution=settings.resolution, num_requests=settings.num_requests,
+                            max_replicas=targets.max_replicas, workers=_workers, progress=bar, disaggregated=True)
+    finally:
+        bar.close()

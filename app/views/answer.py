@@ -118,7 +118,9 @@ with errors.caught(st):
     cost = answers.hourly_cost(scenario)
     _, out_tokens = answers.mean_tokens(*here)
     colors = policy_colors(result.meta["policy_order"])
-    shown = answers.cards(result, colors, tied_with(result.policies), cost[0] if cost else None, out_tokens)
+    per_policy = {p.name: answers.hourly_cost(scenario, p) for p in scenario.policies}
+    shown = answers.cards(result, colors, tied_with(result.policies),
+                          {name: c[0] if c else None for name, c in per_policy.items()}, out_tokens)
     st.subheader(f"Each policy at {answers.load_label(result.meta.get('load_unit') or 'req/s', r0)}, "
                  "and how far it goes")
     for start in range(0, len(shown), CARDS_PER_ROW):

@@ -5,11 +5,12 @@ observer or arrival source is a new class satisfying one of these, not a new bra
 
 | Protocol | what it is | implementers |
 | --- | --- | --- |
-| `KVAllocator` | KV-cache blocks of one replica | `block_manager.BlockManager` (paged, prefix caching), `contiguous.ContiguousAllocator`, `reference_pool.ReferencePool` (the plain specification) |
+| `KVAllocator` | KV-cache blocks of one replica | `block_manager.BlockManager` (paged, prefix caching), `contiguous.ContiguousAllocator`, `reference_pool.ReferencePool` (the plain specification), `kv_transfer.HeldBlocks` (a prefill instance's: finished requests' blocks held until their KV has left) |
 | `Backend` | prices (or runs) engine steps | `kvsim.backends.analytic.AnalyticBackend`, `kvsim.backends.triton_engine.backend.TritonBackend` |
 | `EngineObserver` | is told what each step did | `kvsim.results.metrics.Metrics` |
 | `ArrivalSource` | releases requests, is told when they end | `arrivals.RequestStream` (open loop), `arrivals.ClosedLoop` (a `ClosedLoopSource`) |
-| `Router` | picks a replica for each request | `router.LeastLoaded`, `router.RoundRobin`, `router.PrefixAffinity` |
+| `Router` | picks a replica for each request | `router.LeastLoaded`, `router.RoundRobin`, `router.PrefixAffinity`, `router.MostFreeBlocks` |
+| `TransferObserver` | is told of each KV transfer of a disaggregated deployment | `kvsim.results.disaggregation.DisaggregationObserver` |
 
 The records that cross them: `kvsim.batch.Batch` (the scheduler's plan of a step, the backend's
 input), `kvsim.batch.DecodeShape` and `kvsim.perf.pricing.DecodeRunPrice` (a run of decode steps and
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Optional, Protocol, Sequence as Seq, runtime_c
 
 if TYPE_CHECKING:
     from kvsim.batch import Batch, DecodeShape
+    from kvsim.engine.kv_transfer import KvTransfer
     from kvsim.engine.records import StepRecord
     from kvsim.perf.pricing import DecodeRunPrice
     from kvsim.sequence import Request, Sequence
@@ -124,3 +126,11 @@ class ClosedLoopSource(ArrivalSource, Protocol):
 @runtime_checkable
 class Router(Protocol):
     def route(self, seq: Sequence) -> int: ...  # the replica (index) that gets the request
+
+
+@runtime_checkable
+class TransferObserver(Protocol):
+    """Is told of each request's KV transfer (kvsim.engine.kv_transfer.KvTransfer) once the decode
+    instance has the whole KV; the record is the request's own (kept until it finishes)."""
+
+    def on_transfer(self, transfer: KvTransfer) -> None: ...

@@ -354,22 +354,39 @@ class PrefixIndex:
     def longest_hit(self, chain: array, limit: int, content: BlockContent, head: int) -> tuple[list, int]:
         """The cached blocks holding the longest prefix of `chain` (at most `limit` blocks), as
         (run, start, end) slices of runs in depth order, and the depth reached."""
-        heads, d, found = self._heads, 0, []
+        heads, d, found, scanned = self._heads, 0, [], 1
         while d < limit:
             runs = heads.get(chain[d])
-            if runs is None:
-                break
-            best, best_end = None, d
-            for run in runs:
-                end = run.match(chain, limit, content, head)
-                if end > best_end:
-                    best, best_end = run, end
-            if best is None:  # every run starting here lost its first block: dead
-                self._drop(chain[d], [r for r in runs if not r.holds(r.start, content, head)])
+            best, best_end = self._farthest(runs or (), chain, limit, content, head, d)
+            if best is None and d > scanned:  # a run that began inside the hit so far may reach further
+                best, best_end = self._farthest(self._runs_within(chain, scanned, d), chain, limit, content,
+                                                head, d)
+                scanned = d
+            if best is None:
+                if runs is not None:  # every run starting here lost its first block: dead
+                    self._drop(chain[d], [r for r in runs if not r.holds(r.start, content, head)])
                 break
             found.append((best, d, best_end))
             d = best_end
         return found, d
+
+    @staticmethod
+    def _farthest(runs, chain: array, limit: int, content: BlockContent, head: int, d: int):
+        """The run reaching farthest past depth `d` along `chain`, and how far (None, d: none passes d)."""
+        best, best_end = None, d
+        for run in runs:
+            end = run.match(chain, limit, content, head)
+            if end > best_end:
+                best, best_end = run, end
+        return best, best_end
+
+    def _runs_within(self, chain: array, lo: int, hi: int):
+        """The runs that start at depths [lo, hi) of `chain`: where two copies of a prefix were cached
+        and the hit followed one, the other's later run can carry it on (vLLM looks blocks up by hash
+        alone, whichever copy holds them)."""
+        heads = self._heads
+        for depth in range(lo, hi):
+            yield from heads.get(chain[depth], ())
 
     def _drop(self, key: int, dead: list[CachedRun]) -> None:
         runs = self._heads[key]

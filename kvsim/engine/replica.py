@@ -47,9 +47,10 @@ def contiguous_allocator(settings: EngineSettings, num_blocks: int) -> Contiguou
 ALLOCATORS = {"paged": paged_allocator, "contiguous": contiguous_allocator}
 
 
-def make_replica(index: int, settings: EngineSettings, backend, interval: float) -> Replica:
-    """Replica `index` of a policy: its allocator sized by the backend, and its scheduler."""
-    allocator = ALLOCATORS[settings.allocator](settings, backend.num_blocks)
+def make_replica(index: int, settings: EngineSettings, backend, interval: float, allocator=None) -> Replica:
+    """Replica `index` of a policy: its allocator sized by the backend (or `allocator`), and its scheduler."""
+    if allocator is None:
+        allocator = ALLOCATORS[settings.allocator](settings, backend.num_blocks)
     scheduler_class = WindowedScheduler if getattr(allocator, "window", 0) else Scheduler
     scheduler = scheduler_class(allocator, settings, use_cohort=backend.fuses_decode_runs,
                                 track_longest=backend.prices_longest_decode)

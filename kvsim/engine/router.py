@@ -2,6 +2,7 @@
 
 - `least_loaded`: the replica with the fewest unfinished requests (the first on ties).
 - `round_robin`: replicas in turn.
+- `most_free_blocks`: the replica with the most free KV blocks (a disaggregated decode pool's default).
 - `prefix_affinity`: cache-aware routing with the router's own view of where prefixes live, as the
   Gateway API Inference Extension's approximate prefix-cache scorer does (the `prefix-cache-scorer`
   that llm-d's approximate prefix-cache-aware routing deploys): the router hashes each prompt in
@@ -60,6 +61,22 @@ class RoundRobin:
     def route(self, seq: Sequence) -> int:
         self.last = (self.last + 1) % self.n
         return self.last
+
+
+class MostFreeBlocks:
+    """The replica with the most free KV blocks (the fewest unfinished requests, then the first, on
+    ties): a decode pool's router, as llm-d's KV-cache utilization scorer ranks vLLM instances by
+    the KV usage they report. Blocks a replica's queued requests will take count only once taken."""
+
+    def __init__(self, replicas: list):
+        self.replicas = replicas
+
+    def route(self, seq: Sequence) -> int:
+        return max(self.replicas, key=_free_blocks).index
+
+
+def _free_blocks(rep) -> tuple[int, int, int]:
+    return rep.allocator.num_free_blocks, -rep.scheduler.num_unfinished, -rep.index
 
 
 class PrefixAffinity:
@@ -136,7 +153,8 @@ def _longest_prefix(seen: dict, chain: list) -> int:
     return lo
 
 
-ROUTERS = {"least_loaded": LeastLoaded, "round_robin": RoundRobin, "prefix_affinity": PrefixAffinity}
+ROUTERS = {"least_loaded": LeastLoaded, "round_robin": RoundRobin, "prefix_affinity": PrefixAffinity,
+           "most_free_blocks": MostFreeBlocks}
 
 
 def make_router(settings, replicas: list, num_blocks: int):

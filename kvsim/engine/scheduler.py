@@ -62,7 +62,7 @@ class Scheduler:
         self.swapped: deque[Sequence] = deque()
         self.num_preemptions = 0
         self.num_running = 0  # running sequences, cohort members included
-        self.num_unfinished = 0  # sequences added and not yet finished: waiting, running or swapped
+        self.num_unfinished = 0  # sequences added and not yet finished: waiting, running, swapped (or remote: add_remote)
         self._order = 0
         self._cohort_step_blocks = 0
         # Why the last schedule() left sequences waiting: KV_CACHE, MAX_NUM_SEQS or TOKEN_BUDGET
@@ -93,6 +93,17 @@ class Scheduler:
         self.waiting.append(seq)
         self.num_unfinished += 1
         return True
+
+    def add_remote(self, seq: Sequence) -> None:
+        """A request whose prompt KV another engine computes (disaggregated prefill): unfinished here
+        from now on, though only `add_ready` hands it to the queues (kvsim.engine.kv_transfer)."""
+        self.num_unfinished += 1
+
+    def add_ready(self, seq: Sequence) -> None:
+        """A remote-prefilled sequence whose KV has arrived into the blocks it holds: it waits at the head
+        of the queue for its last prompt token, as vLLM keeps requests leaving WAITING_FOR_REMOTE_KVS."""
+        seq.status = WAITING
+        self.waiting.appendleft(seq)
 
     @property
     def has_work(self) -> bool:

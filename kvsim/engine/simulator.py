@@ -79,9 +79,7 @@ class Simulation:
             for rep in self.replicas:
                 env.process(self._engine_loop(rep))
             if self.closed:
-                wake = wake_event_type()
-                self.schedule_wake = lambda t: wake(env, max(0.0, t - env.now), t).callbacks.append(self._wake)
-                self.arm()
+                self.start_wakes(env)
             env.run()
             end = max(self.last_dispatch if self.closed else env.now, *(rep.clock for rep in self.replicas))
         stuck = sum(rep.scheduler.num_unfinished for rep in self.replicas)
@@ -126,6 +124,12 @@ class Simulation:
             self.on_progress(len(seqs))
 
     # ---- a closed loop's wakes -------------------------------------------------------------------
+    def start_wakes(self, env: simpy.Environment) -> None:
+        """A closed loop's wakes on `env`, the first armed (after the engine loops' processes)."""
+        wake = wake_event_type()
+        self.schedule_wake = lambda t: wake(env, max(0.0, t - env.now), t).callbacks.append(self._wake)
+        self.arm()
+
     def arm(self) -> None:
         """A wake at the source's next send, unless one is armed for that instant already."""
         t = self.source.next_time

@@ -200,10 +200,11 @@ class KvCapacity:
         ]
 
 
-def compute_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, limits=None) -> KvCapacity:
+def compute_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, limits=None, hybrid: bool = True) -> KvCapacity:
     """The breakdown, unchecked: kv may be negative and num_blocks zero (see kv_capacity). Blocks are
     those of vLLM's shared pool (`policy_layout`): one page in each layer of a group. `limits`: the
-    policy's engine_limits, when the caller has them."""
+    policy's engine_limits, when the caller has them; `hybrid=False`: vLLM's hybrid KV cache manager
+    off (every layer keeps the whole context in one group), as it is under a KV connector."""
     hw, engine = scenario.hardware, scenario.engine
     tp, dp = hw.tensor_parallel_size, hw.data_parallel_size
     limits = limits or engine_limits(scenario, policy, model, gpu)
@@ -214,7 +215,7 @@ def compute_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, limits=No
                    else float(activation_estimate(model, limits.step_budget, limits.max_num_seqs, tp)))
     reserve = (engine.fixed_reserve_gib if engine.fixed_reserve_gib is not None else NON_TORCH_GIB[tp * dp > 1]) * GiB
     kv = budget - weights - activations - reserve
-    layout = policy_layout(scenario, policy, model, gpu)
+    layout = policy_layout(scenario, policy, model, gpu, naive=not hybrid)
     num_blocks = layout.num_blocks(kv)
     return KvCapacity(total, budget, weights, activations, reserve, kv, layout.block_bytes, num_blocks,
                       layout.block_size, layout.tokens(num_blocks), layout_windows(layout))
@@ -252,18 +253,19 @@ def check_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, cap: KvCapa
 
 
 def kv_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, limits=None,
-                simulate: bool = True) -> KvCapacity:
-    """The checked breakdown; `simulate`: the engine must also be able to simulate the layout."""
+                simulate: bool = True, hybrid: bool = True) -> KvCapacity:
+    """The checked breakdown; `simulate`: the engine must also be able to simulate the layout;
+    `hybrid`: as compute_capacity's."""
     if simulate:
-        check_simulable(scenario, policy, model, gpu)
-    cap = compute_capacity(scenario, policy, model, gpu, limits)
+        check_simulable(scenario, policy, model, gpu, hybrid)
+    cap = compute_capacity(scenario, policy, model, gpu, limits, hybrid)
     check_capacity(scenario, policy, model, gpu, cap)
     return cap
 
 
-def check_simulable(scenario, policy, model: ModelSpec, gpu: GpuSpec) -> None:
+def check_simulable(scenario, policy, model: ModelSpec, gpu: GpuSpec, hybrid: bool = True) -> None:
     """One line when kvsim's engine cannot simulate the policy's KV cache layout as vLLM runs it."""
-    problem = simulation_problem(model, policy_layout(scenario, policy, model, gpu), gpu.name,
+    problem = simulation_problem(model, policy_layout(scenario, policy, model, gpu, naive=not hybrid), gpu.name,
                                  scenario.engine.block_size, scenario.engine.preemption_mode)
     if problem:
         raise KvsimError(f"{scenario.source}: {problem}")

@@ -353,8 +353,7 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
          executor=None, progress: Optional[Callable[[int, int], None]] = None, tune: bool = False) -> PlanResult:
     """Each policy's safe rate, with the mean and interval of its knee; see the module docstring.
     `tune`: then search each policy's max_num_seqs and max_num_batched_tokens (kvsim/planning/tune.py)."""
-    from kvsim.perf.basis import pricing_basis
-    from kvsim.pipeline import chosen_policies
+    from kvsim.pipeline import chosen_policies, run_meta  # run_meta: a disaggregated policy's basis is its pools'
     from kvsim.results.verdict import STABILITY_TOLERANCE
     from kvsim.scenario.catalog import gpu_spec, model_spec
 
@@ -388,7 +387,7 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
             executor.close()
     hw = scenario.hardware
     model, gpu = model_spec(scenario), gpu_spec(scenario)
-    meta = {"model": model.name, "gpu": gpu.name, "pricing_basis": pricing_basis(scenario, model, gpu).to_dict(),
+    meta = {"model": model.name, "gpu": gpu.name, "pricing_basis": run_meta(scenario, model, gpu)["pricing_basis"],
             "safe_check_step_time_scale": check_scale(scenario), "step_cost_margin": STEP_COST_MARGIN,
             "tensor_parallel_size": hw.tensor_parallel_size, "num_replicas": hw.num_replicas,
             "arrival": scenario.workload.arrival.model_dump(), "scenario_rate": r0,

@@ -52,6 +52,9 @@ def add_commands(sub) -> None:
     plan.add_argument("--max-replicas", type=_positive(int), default=64)
     plan.add_argument("--top", type=_positive(int), default=3, help="deployments listed, each with its own safe "
                                                                     "rate searched (default 3)")
+    plan.add_argument("--disaggregated", action=argparse.BooleanOptionalAction, default=None,
+                      help="with --target-rate: search prefill:decode instance counts x GPU and TP per pool beside "
+                           "the aggregated layouts (default: when the scenario has a [disaggregation] section)")
     plan.add_argument("--headroom", action=argparse.BooleanOptionalAction, default=True,
                       help="search each listed deployment's own safe rate (--no-headroom: only whether it "
                            "meets the target, faster)")
@@ -109,22 +112,35 @@ def cmd_plan(args, console) -> int:
     common = dict(seeds=args.seeds, resolution=args.resolution, num_requests=args.requests, workers=args.workers,
                   ray=args.ray, progress=bar)
     try:
-        if args.target_rate is not None:
-            result = deploy(scenario, args.target_rate, gpus=args.gpu, tensor_parallel=tuple(args.tp or TP_DEGREES),
-                            policy=args.policy, top=args.top, max_replicas=args.max_replicas,
-                            headroom=args.headroom, **common)
+        pd = args.disaggregated if args.disaggregated is not None else scenario.disaggregation is not None
+        if args.target_rate is not None and pd:
+            from kvsim.planning.disagg import pd_deploy
+
+            if args.policy and len(args.policy) > 1:
+                raise KvsimError("--disaggregated: give at most one --policy (the one searched)")
+            result = pd_deploy(scenario, args.target_rate, gpus=args.gpu, tensor_parallel=args.tp,
+                               policy=args.policy[0] if args.policy else None, max_replicas=args.max_replicas, **common)
+        elif args.target_rate is not None:
+            from kvsim.planning.disagg import aggregated
+
+            result = deploy(aggregated(scenario), args.target_rate, gpus=args.gpu,
+                            tensor_parallel=tuple(args.tp or TP_DEGREES), policy=args.policy, top=args.top,
+                            max_replicas=args.max_replicas, headroom=args.headroom, **common)
         else:
             result = plan(scenario, policies=args.policy, tune=args.tune, **common)
     finally:
         bar.close()
     if not args.quiet:
-        if args.target_rate is not None:
+        if args.target_rate is not None and pd:
+            _print_lines(console, output.pd_lines(result))
+            console.print(output.pd_table(result))
+            _print_skipped(console, "pool layouts", [f"{s['pool']} {s['gpu']} TP{s['tensor_parallel_size']}: {s['reason']}"
+                                                     for s in result.skipped])
+        elif args.target_rate is not None:
             _print_lines(console, output.deploy_lines(result))
             console.print(output.deploy_table(result))
-            if result.skipped:
-                console.print(f"[dim]{len(result.skipped)} layouts left out: "
-                              + "; ".join(f"{s['gpu']} TP{s['tensor_parallel_size']} {s['policy']}: {s['reason']}"
-                                          for s in result.skipped) + "[/dim]", highlight=False)
+            _print_skipped(console, "layouts", [f"{s['gpu']} TP{s['tensor_parallel_size']} {s['policy']}: {s['reason']}"
+                                                for s in result.skipped])
         else:
             _print_lines(console, output.plan_lines(result))
             console.print(output.plan_table(result))
@@ -135,6 +151,12 @@ def cmd_plan(args, console) -> int:
         if not args.quiet:
             console.print(f"results: {written}")
     return 0
+
+
+def _print_skipped(console, what: str, reasons: list[str]) -> None:
+    """One dim line: the layouts a search left out and why."""
+    if reasons:
+        console.print(f"[dim]{len(reasons)} {what} left out: " + "; ".join(reasons) + "[/dim]", highlight=False)
 
 
 def cmd_sweep(args, console) -> int:

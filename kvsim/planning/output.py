@@ -236,3 +236,46 @@ def deploy_table(result) -> Table:
     table.caption = "priced: measured (vLLM kernels timed on the GPU, or a calibration of its own) or estimated " \
                     "(its datasheet at H100 efficiencies, or layers no table times): plan.json says why"
     return table
+
+
+def pd_lines(result) -> list[str]:
+    """A disaggregated plan's opening lines and its verdict: aggregated or disaggregated, which ratio."""
+    m = result.meta
+    link = m["link"]
+    lines = [f"{m['model']}, target {result.target_rate:g} req/s, policy {m['policy']}; " + slo_text(m["slo"]),
+             f"KV over {link['preset']}" + (f" at {link['bandwidth_gbps']:g} GB/s" if link.get("bandwidth_gbps") else "")
+             + f", {m['kv_transfer'].replace('_', ' ')}; {len(m['seeds'])} seeds × {m['num_requests']:,} requests a "
+             f"point and a {m['long_run_requests']:,}-request run must sustain the target; "
+             f"{len(result.points) + len(result.aggregated.points)} points simulated",
+             "answer: " + result.verdict()]
+    if m.get("from_closed_loop"):
+        lines.insert(1, "the scenario's closed loop planned as its requests arriving at the target rate (Poisson, "
+                        "no client limit: vllm bench serve --request-rate without --max-concurrency)")
+    if result.estimated_note():
+        lines.append(result.estimated_note())
+    return lines
+
+
+def pd_table(result) -> Table:
+    """The best disaggregated layouts (cheapest first) beside the best aggregated one."""
+    table = Table(title=f"kvsim plan: disaggregated vs aggregated for {result.target_rate:g} req/s, cheapest first")
+    cols = ["serving", "prefill", "decode", "GPUs", "$/hour", "$/M in", "$/M out", "TTFT p ms", "TPOT p ms",
+            "prefill binds", "decode binds", "priced"]
+    for i, c in enumerate(cols):
+        table.add_column(c, justify="left" if i in (0, 1, 2, 9, 10, 11) else "right", no_wrap=i < 3)
+    for d in result.deployments:
+        tight = {"prefill": " (one fewer fails)" if d.prefill_tight else "",
+                 "decode": " (one fewer fails)" if d.decode_tight else ""}
+        table.add_row("disaggregated", f"{d.num_prefill} × {d.prefill_gpu} TP {d.prefill_tp}",
+                      f"{d.num_decode} × {d.decode_gpu} TP {d.decode_tp}", str(d.num_gpus), _num(d.usd_per_hour),
+                      _num(d.usd_per_m_input, 3), _num(d.usd_per_m_output, 3), _num(d.at_target.get("ttft_ms_at_pct"), 0),
+                      _num(d.at_target.get("tpot_ms_at_pct"), 0), (d.prefill_binding or "–") + tight["prefill"],
+                      (d.decode_binding or "–") + tight["decode"], d.pricing or "–")
+    for a in result.aggregated.deployments[:1]:
+        table.add_row("aggregated", f"{a.num_replicas} × {a.gpu} TP {a.tensor_parallel_size} (both phases)", "",
+                      str(a.num_gpus), _num(a.usd_per_hour), _num(a.usd_per_m_input, 3), _num(a.usd_per_m_output, 3),
+                      _num(a.at_target.get("ttft_ms_at_pct"), 0), _num(a.at_target.get("tpot_ms_at_pct"), 0),
+                      a.binding or "–", "", a.pricing or "–")
+    table.caption = "priced: measured or estimated step times (an estimated pool makes its layout estimated): " \
+                    "plan.json says why"
+    return table

@@ -86,12 +86,13 @@ def at_load(scenario, rate: float, seed: Optional[int] = None, num_requests: Opt
 
 
 def check_fits(scenario, policies: Optional[list[str]] = None) -> None:
-    """Raise KvsimError (one line) now if a policy's KV cache cannot hold the model, not in a worker."""
-    from kvsim.perf.memory import check_fits as fits
+    """Raise KvsimError (one line) now if a policy's KV cache cannot hold the model (or a disaggregated
+    policy's pools cannot run), not in a worker."""
+    from kvsim.pipeline import check_deployments
     from kvsim.scenario.catalog import gpu_spec, model_spec
 
-    fits(scenario, model_spec(scenario), gpu_spec(scenario),
-         [p for p in scenario.policies if policies is None or p.name in policies])
+    check_deployments(scenario, model_spec(scenario), gpu_spec(scenario),
+                      [p for p in scenario.policies if policies is None or p.name in policies])
 
 
 def simulate(scenario) -> dict[str, dict]:

@@ -275,8 +275,18 @@ def _replica_shade(color: str, replica: int, count: int) -> str:
     return color if count <= 1 else shade(color, 0.55 * replica / (count - 1))
 
 
+def kv_percent(summary: dict) -> float | dict[int, float]:
+    """A block of one replica as % of its capacity (fp8 blocks hold twice the tokens); a disaggregated
+    policy's per replica, its pools' caches differing."""
+    pools = (summary.get("disaggregation") or {}).get("pools")
+    if pools:
+        return {r: 100.0 / p["num_blocks_per_replica"] for p in pools.values() for r in p["replicas"]}
+    blocks = (summary.get("kv") or {}).get("num_blocks") or 0
+    return 100.0 * (summary.get("num_replicas") or 1) / blocks if blocks else 0.0
+
+
 def _kv_figure(series: dict[tuple[str, int], dict[str, np.ndarray]], policies: list[str], colors: dict[str, str],
-               scale: dict[str, float]) -> _Plot:
+               scale: dict[str, float | dict[int, float]]) -> _Plot:
     """KV blocks in use (solid) and, shaded above, blocks holding only prefix-cache content, as % of a
     replica's capacity; the capacity a grey line."""
     fig = _subplots(len(policies), 1, policies, "KV cache per replica: in use (solid), prefix-cache content "
@@ -288,12 +298,13 @@ def _kv_figure(series: dict[tuple[str, int], dict[str, np.ndarray]], policies: l
         for k, replica in enumerate(replicas[policy]):
             data, color = series[(policy, replica)], _replica_shade(colors.get(policy, "#444444"), k, n)
             suffix = f" replica {replica}" if n > 1 else ""
-            used = data["kv_blocks_used"] * scale[policy]
+            pct = scale[policy] if isinstance(scale[policy], float) else scale[policy].get(replica, 0.0)
+            used = data["kv_blocks_used"] * pct
             fig.add({"type": "scatter", "x": data["time_s"], "y": used, "mode": "lines",
                      "name": f"{policy} in use", "legendgroup": f"{policy} used", "showlegend": k == 0,
                      "hovertemplate": f"{policy}{suffix} in use: %{{y:.1f}}%<extra></extra>",
                      "line": {"color": color, "width": 1.5}}, row)
-            fig.add({"type": "scatter", "x": data["time_s"], "y": used + data["kv_blocks_cached"] * scale[policy],
+            fig.add({"type": "scatter", "x": data["time_s"], "y": used + data["kv_blocks_cached"] * pct,
                      "mode": "lines", "fill": "tonexty", "fillcolor": _rgba(color, 0.18),
                      "name": f"{policy} prefix cache (reclaimable)", "legendgroup": f"{policy} cached",
                      "showlegend": k == 0, "line": {"color": _rgba(color, 0.35), "width": 0.5},
@@ -379,11 +390,8 @@ def report_plots(summaries: dict[str, dict], requests_csv_path, timeseries_csv_p
         latencies = _read_latencies(Path(requests_csv_path), slo)
     figures = [_bars_figure(summaries, colors), _cdf_figure(latencies, colors, slo)]
     if policies:
-        kv_pct = {}  # blocks of one replica as % of its capacity (fp8 blocks hold twice the tokens)
-        for p, s in summaries.items():
-            blocks = (s.get("kv") or {}).get("num_blocks") or 0
-            kv_pct[p] = 100.0 * (s.get("num_replicas") or 1) / blocks if blocks else 0.0
-        figures += [_kv_figure(series, policies, colors, kv_pct), _queue_figure(series, policies, colors)]
+        figures += [_kv_figure(series, policies, colors, {p: kv_percent(s) for p, s in summaries.items()}),
+                    _queue_figure(series, policies, colors)]
     rows = why_missed(latencies)
     if any(r["group"] == "missed" for r in rows):
         figures.append(_why_figure(rows))

@@ -356,11 +356,13 @@ class Metrics:
                 "at_percentile": {k: None if v is None else v * 1e3 for k, v in figures.items()},
                 "served_fraction": self.num_finished / received if received else None}
 
-    def _kv_summary(self, num_blocks: int, block_size: int, bytes_per_block: int, num_replicas: int = 1) -> dict:
+    def _kv_summary(self, num_blocks: int, block_size: int, bytes_per_block: int, num_replicas: int = 1,
+                    replicas=None) -> dict:
         """Fractions are of one replica's blocks: the peak is the largest one replica reached; the
         mean is time-weighted over each replica's samples (a value holds until the next sample) and
-        averaged over replicas by time."""
-        reps = [r for _, r in sorted(self._replicas.items()) if r.last]  # replicas that ran a step, in order
+        averaged over replicas by time. `replicas`: the ones counted (default all; a disaggregated
+        deployment's decode pool)."""
+        reps = [r for i, r in sorted(self._replicas.items()) if r.last and (replicas is None or i in replicas)]
         per_replica = num_blocks // num_replicas
         peak = max((r.peak_used for r in reps), default=0)
         span = sum(r.last_t - r.first_t for r in reps)
@@ -396,7 +398,7 @@ class Metrics:
         return out
 
     def summary(self, *, duration_s: float, num_blocks: int, block_size: int, bytes_per_block: int,
-                extra: dict | None = None, num_replicas: int = 1) -> dict:
+                extra: dict | None = None, num_replicas: int = 1, kv_replicas=None) -> dict:
         """The policy's figures as plain JSON values; undefined ones (no finished request) are None."""
         rejected = sum(self.rejected_by_reason.values())
         received = self.num_finished + rejected
@@ -418,7 +420,7 @@ class Metrics:
             "peak_running": self.peak_running,
             "peak_waiting": self.peak_waiting,
             "admission_blocked_s": dict(sorted(self.admission_blocked_s.items())),
-            "kv": self._kv_summary(num_blocks, block_size, bytes_per_block, num_replicas),
+            "kv": self._kv_summary(num_blocks, block_size, bytes_per_block, num_replicas, kv_replicas),
             "preemptions": self.preemptions,
             "prefix_hit_rate": self.prefix_hit_tokens / self.prompt_tokens if self.prompt_tokens else None,
             "duration_s": duration_s,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim.results.disagg_report import deployment_line, disaggregation_figures, disaggregation_table_html
 from kvsim.results.figures import PHASES, _Plot, _read_latencies, report_plots, why_missed
 from kvsim.results.headline import table_figures
 from kvsim.results.metrics import SLO_KEYS
@@ -91,8 +92,12 @@ def verdict_lines(summaries: dict[str, dict], meta: dict | None = None) -> list[
     if meta.get("model"):
         tp, replicas = meta.get("tensor_parallel_size", 1), meta.get("num_replicas", 1)
         offered = next((s.get("arrivals", {}).get("offered_rps") for s in summaries.values()), None)
-        lines.append(f"{meta['model']} on {meta.get('gpu')}, TP {tp} × {replicas} replica{'s' if replicas > 1 else ''}; "
-                     f"{_rate_text(meta.get('arrival') or {}, offered, meta.get('clients'))}")
+        pools = meta.get("disaggregation")
+        where = ("" if pools and set(pools["policies"]) >= set(meta.get("policy_order") or summaries) else
+                 f" on {meta.get('gpu')}, TP {tp} × {replicas} replica{'s' if replicas > 1 else ''}")
+        lines.append(f"{meta['model']}{where}; {_rate_text(meta.get('arrival') or {}, offered, meta.get('clients'))}")
+        if pools:
+            lines.append(deployment_line(meta))
     basis = meta.get("pricing_basis")
     if basis:  # measured or estimated, and why (kvsim.perf.basis)
         label = basis["label"].upper() if basis["label"] == "estimated" else basis["label"]
@@ -186,10 +191,11 @@ def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requ
         first = next(iter(summaries.values()), {}).get("slo") or {}
         latencies = _read_latencies(Path(requests_csv_path), (meta or {}).get("slo") or first.get("bounds"))
     figures = report_plots(summaries, requests_csv_path, timeseries_csv_path, latencies, meta, series)
+    figures += disaggregation_figures(summaries, meta)
     rows = why_missed(latencies)
     why = _why_table_html(rows) if any(r["group"] == "missed" for r in rows) else ""
     page = figures_page(f"kvsim report: {scenario_name}", verdict_lines(summaries, meta), figures,
-                        _summary_table_html(summaries) + why)
+                        _summary_table_html(summaries) + disaggregation_table_html(summaries) + why)
     Path(path).write_text(page, encoding="utf-8")
 
 

@@ -22,6 +22,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 from kvsim.errors import KvsimError
 from kvsim.scenario import limits as L
 from kvsim.scenario.catalog import GPUS, MODELS
+from kvsim.scenario.links import DEFAULT_LINK, LINKS
 from kvsim.scenario.files import MAX_TOML_BYTES, check_values, key_path, parse_toml, read_text, user_path
 from kvsim.scenario.overrides import apply_overrides
 
@@ -152,6 +153,65 @@ class HardwareConfig(_Section):
         "Override: host link bandwidth in GB/s each way, for KV swapping. Default: the preset's."))
 
 
+# Routers a pool of a disaggregated deployment may use: the aggregated ones, and decode instances by
+# free KV blocks (kvsim.engine.router).
+POOL_ROUTERS = ("least_loaded", "round_robin", "prefix_affinity", "most_free_blocks")
+
+
+class PoolConfig(_Section):
+    """One pool of a disaggregated deployment: its instances' GPU, tensor parallelism and count."""
+
+    gpu: Optional[Annotated[Label, AfterValidator(_gpu_preset)]] = Field(None, json_schema_extra={"enum": list(GPUS)},
+                                                                         description=(
+        "GPU preset of this pool's instances. Default: hardware.gpu (whose datasheet overrides apply only "
+        "to a pool on that GPU)."))
+    tensor_parallel_size: Optional[Annotated[int, Field(ge=1, le=L.MAX_TENSOR_PARALLEL)]] = Field(None, description=(
+        "GPUs per instance of this pool. Default: hardware.tensor_parallel_size. vLLM v0.11.0's NixlConnector "
+        "needs the decode pool's to be a multiple of the prefill pool's."))
+    num_replicas: Annotated[int, Field(ge=1, le=L.MAX_REPLICAS)] = Field(1, description=(
+        "Instances in this pool (vLLM: one `vllm serve --kv-transfer-config ...` each)."))
+    router: Optional[Literal[POOL_ROUTERS]] = Field(None, description=(  # type: ignore[valid-type]
+        "How requests are spread over this pool's instances: least_loaded, round_robin, prefix_affinity, or "
+        "most_free_blocks (the instance with the most free KV blocks as its engine reports them, as llm-d's "
+        "KV-cache utilization scorer ranks instances). Default: prefix_affinity for prefill, most_free_blocks "
+        "for decode."))
+    gpu_memory_utilization: Optional[Fraction] = Field(None, description=(
+        "This pool's --gpu-memory-utilization. Default: hardware.gpu_memory_utilization."))
+    max_num_seqs: Optional[Annotated[int, Field(ge=1, le=L.MAX_NUM_SEQS)]] = Field(None, description=(
+        "This pool's --max-num-seqs. Default: engine.max_num_seqs (or vLLM's default for the GPU)."))
+    max_num_batched_tokens: Optional[Annotated[int, Field(ge=1, le=L.MAX_BATCHED_TOKENS)]] = Field(None, description=(
+        "This pool's --max-num-batched-tokens, over a policy's and the engine's. Default: the policy's, else "
+        "engine.max_num_batched_tokens (or vLLM's default for the GPU)."))
+
+
+class LinkConfig(_Section):
+    """The KV link between the pools, per GPU and direction (kvsim.scenario.links)."""
+
+    preset: Literal[tuple(LINKS)] = Field(DEFAULT_LINK, description=(  # type: ignore[valid-type]
+        "Link preset: " + "; ".join(f"{n} ({s.bandwidth_gbps:g} GB/s)" for n, s in LINKS.items())
+        + ". The keys below override its figures."))
+    bandwidth_gbps: Optional[Annotated[float, Field(gt=0, le=L.MAX_BANDWIDTH_GBPS)]] = Field(None, description=(
+        "GB/s one GPU moves in one direction (a measured figure beats the preset's line rate)."))
+    latency_us: Optional[Annotated[float, Field(ge=0, le=L.MAX_MS * 1e3)]] = Field(None, description=(
+        "Microseconds to a transfer's first byte."))
+    overhead_us: Optional[Annotated[float, Field(ge=0, le=L.MAX_MS * 1e3)]] = Field(None, description=(
+        "Microseconds each transfer costs besides its bytes (the connector posting the read, its notice). "
+        "Default: NIXL's post time, 6,700 us (vllm-project/vllm#50913)."))
+
+
+class DisaggregationConfig(_Section):
+    """Disaggregated prefill and decode, as vLLM v0.11.0 with its NixlConnector: a prefill pool runs each
+    prompt (one output token), a decode pool pulls its KV over the link and generates the rest."""
+
+    prefill: PoolConfig = Field(PoolConfig(), description="The prefill pool ([disaggregation.prefill]).")
+    decode: PoolConfig = Field(PoolConfig(), description="The decode pool ([disaggregation.decode]).")
+    link: LinkConfig = Field(LinkConfig(), description="The KV link between them ([disaggregation.link]).")
+    kv_transfer: Literal["whole_request", "layerwise"] = Field("whole_request", description=(
+        "whole_request: the decode instance reads a request's KV once its prefill is done (vLLM's "
+        "NixlConnector); layerwise: the decode instance is picked when the prefill starts and each layer's KV "
+        "streams as it is computed (Splitwise, Mooncake), so only the last layer's share follows the prefill."))
+
+
 class EngineConfig(_Section):
     """vLLM engine arguments, with vLLM's defaults (V1 `vllm serve`; see kvsim.scenario.defaults)."""
 
@@ -212,6 +272,9 @@ class PolicyConfig(_Section):
         "This policy's token budget per step (the prefill chunk size). Default: engine.max_num_batched_tokens."))
     enable_prefix_caching: Optional[bool] = Field(None, description=(
         "This policy's prefix caching (paged only). Default: engine.enable_prefix_caching."))
+    disaggregated: Optional[bool] = Field(None, description=(
+        "Serve this policy disaggregated (the [disaggregation] pools) or aggregated ([hardware]). Default: "
+        "disaggregated when the scenario has a [disaggregation] section and the policy's allocator is paged."))
     contiguous_reserve: Literal["max_model_len", "known_output"] = Field("max_model_len", description=(
         "Contiguous allocator: reserve max_model_len slots per request (what such engines must do) or only "
         "prompt + the request's known output length (an oracle bound)."))
@@ -551,6 +614,8 @@ class Scenario(_Section):
         "KV-cache policies to compare ([[policies]] tables), each replaying the same requests."))
     workload: WorkloadConfig = Field(description="The requests to replay.")
     slo: SloConfig = Field(SloConfig(), description="Latency bounds and the percentile they are judged at.")
+    disaggregation: Optional[DisaggregationConfig] = Field(None, description=(
+        "Disaggregated prefill and decode pools and the KV link between them (none: every policy aggregated)."))
     cost: Optional[CostConfig] = Field(None, description="GPU prices for kvsim plan --target-rate.")
     output: OutputConfig = Field(OutputConfig(), description="The results folder.")
     backend: BackendConfig = Field(BackendConfig(), description="The step-time backend.")
@@ -578,6 +643,23 @@ class Scenario(_Section):
         if dup:
             raise ValueError(f"policy names must be unique, repeated: {', '.join(sorted(dup))}")
         return self
+
+    @model_validator(mode="after")
+    def _disaggregation(self):
+        for i, p in enumerate(self.policies):
+            if p.disaggregated and self.disaggregation is None:
+                raise ValueError(f"policies[{i}].disaggregated: the scenario has no [disaggregation] section")
+            if p.disaggregated and p.allocator != "paged":
+                raise ValueError(f"policies[{i}].allocator: disaggregated serving needs the paged allocator "
+                                 "(vLLM's NixlConnector moves KV blocks)")
+        return self
+
+    def disaggregated(self, policy: PolicyConfig) -> bool:
+        """Whether the policy is served by the [disaggregation] pools (by default: when the scenario has
+        them and the policy's allocator is paged)."""
+        if policy.disaggregated is None:
+            return self.disaggregation is not None and policy.allocator == "paged"
+        return policy.disaggregated
 
     def resolve(self, path: str) -> Path:
         """A path from the scenario, made absolute against the scenario's folder."""

@@ -358,7 +358,16 @@ class HybridBlockManager:
             seq.num_computed_tokens = hit * self.block_size
             seq.num_cached_tokens += seq.num_computed_tokens
         self._parked.pop(seq, None)
-        self._grow(seq, ht, num_new_tokens)
+        if hit or shared:
+            self._grow(seq, ht, num_new_tokens)
+            return
+        # the usual admission (nothing cached, nothing shareable): every group's blocks in one take
+        bs, groups = self.block_size, self.num_groups
+        need = -(-num_new_tokens // bs)
+        new = self._take(groups * need)
+        ht.tables = [new[g * need:(g + 1) * need] for g in range(groups)]
+        self.reserved_unused_tokens += groups * (need * bs - num_new_tokens)
+        ht.registered = min(num_new_tokens, seq.num_tokens) // bs
 
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
         """allocate_slots' check, after its remove_skipped_blocks (which frees even when it fails)."""
@@ -518,7 +527,8 @@ class HybridBlockManager:
             raise AllocationError(f"sequence {seq.seq_id}: its block table was not allocated here")
         computed, bs = seq.num_computed_tokens, self.block_size
         full = computed // bs
-        final = [self._free_table(seq, ht, g, full) for g in range(self.num_groups)]
+        final = [self._free_table(seq, ht, g, full) for g in range(self.num_groups)] if ht.shared \
+            else [self._free_unique_table(ht.tables[g], ht.skipped if w else 0, full) for g, w in enumerate(self.windows)]
         # a null prefix holds as many slots as tokens, so every group's unused slots are its tail's
         self.reserved_unused_tokens -= sum(map(len, ht.tables)) * bs - self.num_groups * computed
         del self._tables[seq]
@@ -528,6 +538,19 @@ class HybridBlockManager:
             self._parked.pop(seq, None)
         seq.block_table = array("i")
         seq.num_computed_tokens = 0
+
+    def _free_unique_table(self, table: array, lo: int, full: int) -> tuple:
+        """_free_table for a table of unique content only (from position lo on)."""
+        n = len(table)
+        end = max(lo, min(full, n))
+        if lo >= n:
+            return lo, end, n, -1
+        unique = table[lo:]
+        unique.reverse()
+        if self.enable_prefix_caching:
+            return lo, end, n, self.queue.append(unique, n - end)
+        self.queue.append_uncached(unique)
+        return lo, end, n, -1
 
     def _free_table(self, seq: Sequence, ht: HybridTable, g: int, full: int) -> tuple:
         """Free group g's live blocks (unique ones first: the tail); returns the parking record of its

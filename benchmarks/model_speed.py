@@ -49,6 +49,11 @@ CASES = [  # (label, model, pricing, kind)
 ]
 
 
+def paired(a: list, b: list) -> float:
+    """The median of the per-repeat ratios a / b."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
@@ -68,7 +73,6 @@ def main() -> None:
                 times[name, label].append(wall)
                 cpus[name, label].append(cpu)
                 counts[name, label] = (events, steps)
-    paired = lambda a, b: statistics.median(x / y for x, y in zip(a, b))  # noqa: E731
     head = ("| model | kind | pricing | simulation s (median) | CPU s (median) | engine events / steps "
             "| vs dense, wall (paired median) | vs dense, CPU (paired median) |")
     if args.baseline:

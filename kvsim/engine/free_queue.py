@@ -149,6 +149,16 @@ class FreeBlockQueue:
             self._uncached.extend(range(g, g + num_uncached))
         return g
 
+    def append_one(self, block: int) -> int:
+        """Queue one block that holds cached content (nothing reusable in a queue that does not
+        cache); its log position."""
+        ids = self._ids
+        ids.append(block)
+        self.num_free += 1
+        if self.caching:
+            self.num_cached += 1
+        return self._base + len(ids) - 1
+
     def append_uncached(self, blocks: array) -> None:
         """Queue blocks that hold nothing reusable, in a queue that does not cache."""
         self._ids.extend(blocks)

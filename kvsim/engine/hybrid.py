@@ -79,6 +79,7 @@ class HybridBlockManager:
         self.num_groups = len(windows)
         self.full_groups = [g for g, w in enumerate(windows) if not w]
         self.window_groups = [g for g, w in enumerate(windows) if w]
+        self._one_window = self.window_groups[0] if len(self.window_groups) == 1 else -1  # release()'s fast path
         self.queue = FreeBlockQueue(num_blocks, enable_prefix_caching)
         self.content = BlockContent()
         self.index: list[dict[int, list]] = [{} for _ in windows]  # identity -> [(block, serial), ...]
@@ -357,7 +358,16 @@ class HybridBlockManager:
             seq.num_computed_tokens = hit * self.block_size
             seq.num_cached_tokens += seq.num_computed_tokens
         self._parked.pop(seq, None)
-        self._grow(seq, ht, num_new_tokens)
+        if hit or shared:
+            self._grow(seq, ht, num_new_tokens)
+            return
+        # the usual admission (nothing cached, nothing shareable): every group's blocks in one take
+        bs, groups = self.block_size, self.num_groups
+        need = -(-num_new_tokens // bs)
+        new = self._take(groups * need)
+        ht.tables = [new[g * need:(g + 1) * need] for g in range(groups)]
+        self.reserved_unused_tokens += groups * (need * bs - num_new_tokens)
+        ht.registered = min(num_new_tokens, seq.num_tokens) // bs
 
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
         """allocate_slots' check, after its remove_skipped_blocks (which frees even when it fails)."""
@@ -373,16 +383,18 @@ class HybridBlockManager:
     def _grow(self, seq: Sequence, ht: HybridTable, num_new_tokens: int) -> None:
         bs, computed = self.block_size, seq.num_computed_tokens
         need = -(-(computed + num_new_tokens) // bs)
-        taken = 0
-        for table in ht.tables:
-            n = need - len(table)
-            if n > 0:
-                new = self._take(n)
-                lo = len(table)
-                if lo < ht.shared:
-                    self.content.hold(new[:ht.shared - lo])
-                table.extend(new)
-                taken += n
+        wants = [need - len(table) for table in ht.tables]
+        taken = sum(wants) if min(wants) >= 0 else sum(n for n in wants if n > 0)
+        if taken:  # every group's blocks in one take, group 0's first (as group by group)
+            new, at = self._take(taken), 0
+            for table, n in zip(ht.tables, wants):
+                if n > 0:
+                    part = new[at:at + n] if n < taken else new
+                    at += n
+                    lo = len(table)
+                    if lo < ht.shared:
+                        self.content.hold(part[:ht.shared - lo])
+                    table.extend(part)
         self.reserved_unused_tokens += taken * bs - self.num_groups * num_new_tokens
         upto = min(computed + num_new_tokens, seq.num_tokens) // bs
         if upto > ht.registered:
@@ -447,35 +459,37 @@ class HybridBlockManager:
 
     def release(self, seq: Sequence, num_computed_tokens: int) -> tuple[int, int]:
         """A cohort member's remove_skipped_blocks at its count `num_computed_tokens`: (blocks freed, the
-        count at which it next frees)."""
+        count at which it next frees). The usual release (one windowed group, unique content, one
+        block: the position's own or, when the table ends there, the first reserved one) is inline."""
         ht = self._tables[seq]
         lo = ht.skipped
-        if len(self.window_groups) == 1 and lo >= ht.shared \
-                and (num_computed_tokens - self.window + 1) // self.block_size == lo + 1:
-            freed = self._release_one(ht, lo)  # the usual release: one unique block
-        else:
+        g, w, bs = self._one_window, self.window, self.block_size
+        if g < 0 or lo < ht.shared or (num_computed_tokens - w + 1) // bs != lo + 1:
             freed = self._skip(seq, ht, num_computed_tokens)
-        return freed, self.window - 1 + self.block_size * (ht.skipped + 1)
-
-    def _release_one(self, ht: HybridTable, lo: int) -> int:
-        """_skip_unique for one position, whose block is in the table or, when the table ends there
-        (a cohort member's position not claimed yet), the first reserved block."""
-        g = self.window_groups[0]
+            return freed, w - 1 + bs * (ht.skipped + 1)
         table = ht.tables[g]
         n = len(table)
         if n > lo:
-            block = table[lo:lo + 1]
+            block = table[lo]
         elif n == lo:
-            block = self._reserved_front(1)
+            block = self._reserved_one()
             table.append(NULL)
         else:
-            return self._skip_unique(ht, lo, lo + 1)
+            return self._skip_unique(ht, lo, lo + 1), w - 1 + bs * (lo + 2)
         ht.skipped = lo + 1
         if self.enable_prefix_caching:
-            ht.last = (lo, lo + 1, {g: self.queue.append(block, 0)})
+            ht.last = (lo, lo + 1, {g: self.queue.append_one(block)})
         else:
-            self.queue.append_uncached(block)
-        return 1
+            self.queue.append_one(block)
+        return 1, w - 1 + bs * (lo + 2)
+
+    def _reserved_one(self) -> int:
+        """The first reserved block, handed out."""
+        at = self._reserved_at
+        if at >= len(self._reserved):
+            raise AllocationError("claims 1 blocks, 0 reserved")
+        self._reserved_at = at + 1
+        return self._reserved[at]
 
     def reserve(self, n: int) -> None:
         if n > self.queue.num_free:
@@ -488,12 +502,16 @@ class HybridBlockManager:
         """Reserved blocks into the member's tables, position by position and group by group, until
         they cover its computed tokens."""
         ht, need = self._tables[seq], -(-seq.num_computed_tokens // self.block_size)
-        want = sum(need - len(t) for t in ht.tables if len(t) < need)
+        wants = [need - len(t) for t in ht.tables]
+        want = sum(wants) if min(wants) >= 0 else sum(n for n in wants if n > 0)
         if want > self.num_reserved_blocks:
             raise AllocationError(f"sequence {seq.seq_id}: claims {want} blocks, {self.num_reserved_blocks} reserved")
-        for table in ht.tables:
-            if len(table) < need:
-                table.extend(self._reserved_front(need - len(table)))
+        if want:  # one slice of the reserved blocks, group 0's part first (as group by group)
+            blocks, at = self._reserved_front(want), 0
+            for table, n in zip(ht.tables, wants):
+                if n > 0:
+                    table.extend(blocks[at:at + n])
+                    at += n
         if need > ht.registered:
             ht.registered = seq.num_computed_tokens // self.block_size  # unique content: nothing to index
 
@@ -509,9 +527,10 @@ class HybridBlockManager:
             raise AllocationError(f"sequence {seq.seq_id}: its block table was not allocated here")
         computed, bs = seq.num_computed_tokens, self.block_size
         full = computed // bs
-        final = [self._free_table(seq, ht, g, full) for g in range(self.num_groups)]
+        final = [self._free_table(seq, ht, g, full) for g in range(self.num_groups)] if ht.shared \
+            else [self._free_unique_table(ht.tables[g], ht.skipped if w else 0, full) for g, w in enumerate(self.windows)]
         # a null prefix holds as many slots as tokens, so every group's unused slots are its tail's
-        self.reserved_unused_tokens -= sum(len(t) * bs - computed for t in ht.tables)
+        self.reserved_unused_tokens -= sum(map(len, ht.tables)) * bs - self.num_groups * computed
         del self._tables[seq]
         if self.enable_prefix_caching and seq.num_output_tokens < seq.request.output_len:
             self._parked[seq] = _Parked(final, ht.last)
@@ -519,6 +538,19 @@ class HybridBlockManager:
             self._parked.pop(seq, None)
         seq.block_table = array("i")
         seq.num_computed_tokens = 0
+
+    def _free_unique_table(self, table: array, lo: int, full: int) -> tuple:
+        """_free_table for a table of unique content only (from position lo on)."""
+        n = len(table)
+        end = max(lo, min(full, n))
+        if lo >= n:
+            return lo, end, n, -1
+        unique = table[lo:]
+        unique.reverse()
+        if self.enable_prefix_caching:
+            return lo, end, n, self.queue.append(unique, n - end)
+        self.queue.append_uncached(unique)
+        return lo, end, n, -1
 
     def _free_table(self, seq: Sequence, ht: HybridTable, g: int, full: int) -> tuple:
         """Free group g's live blocks (unique ones first: the tail); returns the parking record of its

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import heapq
 from heapq import heappop, heapreplace
-from itertools import accumulate, chain, cycle, islice, repeat
-from operator import mul, sub
 
 from kvsim.engine.cohort import DecodeCohort
 from kvsim.engine.records import DecodeRunPlan
@@ -48,7 +46,7 @@ class WindowedCohort(DecodeCohort):
         self._short: dict[Sequence, int] = {}  # members reading less than the window: offset (context - clock)
         self.short_offsets = 0  # their offsets' sum
         self.step_freed = 0  # blocks released at the current clock so far
-        self.run_releases: list[int] = []  # releases of the last planned run, step by step (the first's too)
+        self.run_releases: list[tuple[int, int]] = []  # the last planned run's releases: (step index, blocks), in order
 
     # ---- membership ------------------------------------------------------------------------------
     def count_phase(self, num_computed_tokens: int, n: int) -> None:
@@ -75,7 +73,8 @@ class WindowedCohort(DecodeCohort):
     # ---- releases --------------------------------------------------------------------------------
     def _releases_before(self, clock: int, run_order: int, counts=None) -> int:
         """Take the releases at clocks below `clock` (and, at clock - 1, of members ahead of run_order in
-        the running queue), in order; their blocks, per step from the cohort's clock into `counts`."""
+        the running queue), in order; their blocks, as (steps from the cohort's clock, blocks) of each
+        step that frees some, onto `counts`."""
         heap, serials, release, now = self._releases, self._serials, self.allocator.release, self.clock
         freed = 0
         while heap:
@@ -87,8 +86,11 @@ class WindowedCohort(DecodeCohort):
                 continue
             c = seq.num_computed_tokens + t - seq.cohort_clock
             n, nxt = release(seq, c)
-            if counts is not None:
-                counts[t - now] += n
+            if counts is not None and n:
+                if counts and counts[-1][0] == t - now:
+                    counts[-1] = (t - now, counts[-1][1] + n)
+                else:
+                    counts.append((t - now, n))
             freed += n
             heapreplace(heap, (t + nxt - c, order, serial, seq))  # its next release: one sift, not two
         return freed
@@ -103,11 +105,15 @@ class WindowedCohort(DecodeCohort):
 
     def plan_releases(self, steps: int) -> None:
         """Release what the run's steps after the first free (clocks clock+1 .. clock+steps-1), in step
-        order; `run_releases` then holds each step's blocks, the first step's (step_freed) first."""
-        counts = [0] * steps
-        self._releases_before(self.clock + steps, NEVER, counts)
-        counts[0] = self.step_freed
-        self.run_releases = counts
+        order; `run_releases` then holds (step index, blocks) of each step that frees some, the first
+        step's (step_freed) first. Sparse: a run's reads of it cost its releases, not its steps."""
+        first = [(0, self.step_freed)] if self.step_freed else []
+        heap = self._releases
+        if heap and heap[0][0] < self.clock + steps:  # some may be due in the run
+            later: list = []
+            self._releases_before(self.clock + steps, NEVER, later)
+            first += later[1:] if later and not later[0][0] else later
+        self.run_releases = first
 
     def steps_to_next_release(self) -> int:
         """Steps from the current one to the next whose start releases blocks (at least 1)."""
@@ -144,29 +150,32 @@ class WindowedCohort(DecodeCohort):
     # ---- a run's blocks, releases netted ---------------------------------------------------------
     def released_after(self, step: int) -> int:
         """Blocks the planned run releases at its steps after `step` (already released)."""
-        return sum(self.run_releases[step:])
+        return sum(n for j, n in self.run_releases if j >= step)
 
     def net_blocks(self, steps: int) -> int:
-        return self.blocks_needed(steps) - sum(self.run_releases[:steps])
+        return self.blocks_needed(steps) - sum(n for j, n in self.run_releases if j < steps)
 
     def crossing_moments(self, steps: int) -> tuple[int, int, int]:
         m0, m1, m2 = super().crossing_moments(steps)
-        releases = self.run_releases[:steps]
-        r0 = sum(releases)
-        if not r0:
-            return m0, m1, m2
-        js = range(1, len(releases) + 1)
-        return m0 - r0, m1 - sum(map(mul, releases, js)), m2 - sum(map(mul, releases, map(mul, js, js)))
+        for j, n in self.run_releases:  # released at step j + 1 of the run
+            if j >= steps:
+                break
+            m0, m1, m2 = m0 - n, m1 - n * (j + 1), m2 - n * (j + 1) * (j + 1)
+        return m0, m1, m2
 
     def peak_net(self, steps: int) -> int:
-        """The most of net_blocks(j) over j = 1..steps (releases make it rise and fall): one pass over
-        the steps, the members' crossings repeating every block_size steps."""
-        releases = self.run_releases
-        if not any(releases[:steps]):
-            return self.blocks_needed(steps)
-        c0 = self.clock % self.block_size
-        taken = islice(cycle(self.crossings[c0:c0 + self.block_size]), steps)
-        return max(accumulate(map(sub, taken, chain(releases, repeat(0)))))
+        """The most of net_blocks(j) over j = 1..steps (releases make it rise and fall): the blocks taken
+        only grow, so the most is just before a release or at the end."""
+        best, released = None, 0
+        for j, n in self.run_releases:
+            if j >= steps:
+                break
+            if j:
+                net = self.blocks_needed(j) - released
+                best = net if best is None or net > best else best
+            released += n
+        net = self.blocks_needed(steps) - released
+        return net if best is None or net > best else best
 
 
 class WindowedScheduler(Scheduler):

@@ -92,10 +92,15 @@ def allreduce_seconds(size_bytes: float, workers: int, gpu: GpuSpec, c: Calibrat
 
 def _undominated(lines: list) -> list:
     """The first line (the floor, kept) and the others no other line is at least as high as at every step."""
-    rest = lines[1:]
-    keep = [ln for k, ln in enumerate(rest)
-            if not any(o[0] >= ln[0] and o[1] >= ln[1] and (o != ln or j < k) for j, o in enumerate(rest) if j != k)]
-    return [lines[0], *keep]
+    rest, keep = lines[1:], [lines[0]]
+    for k, ln in enumerate(rest):
+        a, b = ln
+        for j, o in enumerate(rest):  # (loops, not any() over a generator: this runs at every priced run)
+            if o[0] >= a and o[1] >= b and j != k and (j < k or o != ln):
+                break
+        else:
+            keep.append(ln)
+    return keep
 
 
 def _line_sum(a: float, b: float, lo: int, hi: int) -> float:

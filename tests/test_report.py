@@ -312,3 +312,12 @@ def test_report_figures_draw_latency_on_log_axes_with_slo_lines_and_a_legend_for
     assert cached and all(t["fill"] == "tonexty" for t in cached)  # shaded above the blocks in use
     shown = [t for t in kv.data if t.get("showlegend")]
     assert len(shown) == 2 * len(POLICIES) + 1  # a policy's replicas share its legend entries
+
+
+def test_a_missing_plotly_is_one_line_naming_the_package(monkeypatch):
+    """plotly is a dependency, but a hand-made environment may lack it: the report says so, not a bug."""
+    import kvsim.results.report as report
+
+    monkeypatch.setattr(report, "find_spec", lambda name: None)
+    with pytest.raises(KvsimError, match="needs the plotly package, which is not installed: pip install plotly"):
+        report._package_dir("plotly")

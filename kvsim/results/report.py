@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim.errors import KvsimError
 from kvsim.results.disagg_report import deployment_line, disaggregation_figures, disaggregation_table_html
 from kvsim.results.figures import PHASES, _Plot, _read_latencies, report_plots, why_missed
 from kvsim.results.headline import table_figures
@@ -136,7 +137,11 @@ def comparison_table(summaries: dict[str, dict], transpose: bool = False):
 def _package_dir(name: str) -> Path:
     """An installed package's folder, found without importing it (plotly's import costs more than
     reading its plotly.min.js)."""
-    return Path(find_spec(name).submodule_search_locations[0])
+    spec = find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise KvsimError(f"the report needs the {name} package, which is not installed: pip install {name} "
+                         "(or reinstall kvsim)")
+    return Path(spec.submodule_search_locations[0])
 
 
 def _json(value) -> str:

@@ -33,7 +33,7 @@ from kvsim.batch import DecodeShape
 from kvsim.perf.basis import measured_tables
 from kvsim.perf.kernel_moe import model_kernels
 from kvsim.perf.kernels import load_tables
-from kvsim.perf.pricing import DecodeRunPrice
+from kvsim.perf.pricing import DecodeRunPrice, first_reaching
 from kvsim.perf.roofline import activation_bytes_per_token
 from kvsim.perf.server import ServerTerms, shipped_terms, vllm_capture_sizes
 
@@ -360,13 +360,7 @@ class MeasuredStepModel:
             lo, hi = k, 2 * k
             while run(shape, hi) < budget_s:
                 lo, hi = hi, 2 * hi
-        while hi - lo > 1:  # the run crossed a knot of the line: bisection over the closed form
-            mid = (lo + hi) // 2
-            if run(shape, mid) >= budget_s:
-                hi = mid
-            else:
-                lo = mid
-        return hi
+        return first_reaching(run, shape, budget_s, lo, hi)  # the run crossed a knot of the line
 
     # ---- what priced the run --------------------------------------------------------------------
     def describe(self) -> dict:

@@ -55,7 +55,7 @@ class RunPricer(StepPricer, Protocol):
         """The smallest k >= 1 with decode_run_time(shape, k) >= budget_s."""
 
 
-def _first_reaching(run_time, shape: DecodeShape, budget_s: float, lo: int, hi: int) -> int:
+def first_reaching(run_time, shape: DecodeShape, budget_s: float, lo: int, hi: int) -> int:
     """The smallest k in (lo, hi] with run_time(shape, k) >= budget_s, given that k = hi reaches it
     and k = lo does not (run times grow with k)."""
     while hi - lo > 1:
@@ -75,7 +75,7 @@ def steps_within(pricer: StepPricer, shape: DecodeShape, budget_s: float) -> int
     lo, hi = 0, 1
     while run_time(shape, hi) < budget_s:
         lo, hi = hi, 2 * hi
-    return _first_reaching(run_time, shape, budget_s, lo, hi)
+    return first_reaching(run_time, shape, budget_s, lo, hi)
 
 
 def run_within(pricer: StepPricer, shape: DecodeShape, max_steps: int, budget_s: float = math.inf) -> DecodeRunPrice:
@@ -87,7 +87,7 @@ def run_within(pricer: StepPricer, shape: DecodeShape, max_steps: int, budget_s:
     total = run_time(shape, max_steps)
     if total < budget_s:
         return DecodeRunPrice(max_steps, total, first)
-    k = 1 if first >= budget_s else _first_reaching(run_time, shape, budget_s, 1, max_steps)
+    k = 1 if first >= budget_s else first_reaching(run_time, shape, budget_s, 1, max_steps)
     return DecodeRunPrice(k, run_time(shape, k), first)
 
 

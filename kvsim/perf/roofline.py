@@ -40,7 +40,7 @@ from kvsim.perf.calibration import Calibration, load_calibration  # noqa: F401  
 from kvsim.perf.memory import QUANTIZED_KV, bytes_per_block, kv_bytes_per_token, kv_elements_per_token, \
     kv_heads_per_gpu
 from kvsim.perf.moe import busiest_touched, expert_parallel_ranks, moe_load, ring_fraction
-from kvsim.perf.pricing import DecodeRunPrice
+from kvsim.perf.pricing import DecodeRunPrice, first_reaching
 from kvsim.perf.weights import weights_per_gpu
 from kvsim.scenario.catalog import GpuSpec, ModelSpec
 
@@ -523,10 +523,5 @@ def _bisect_steps(lines: tuple, budget_s: float) -> tuple[int, float]:
     lo, hi = 1, 2
     while _run_time(lines, hi) < budget_s:
         lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if _run_time(lines, mid) >= budget_s:
-            hi = mid
-        else:
-            lo = mid
+    hi = first_reaching(lambda _, k: _run_time(lines, k), None, budget_s, lo, hi)
     return hi, _run_time(lines, hi)

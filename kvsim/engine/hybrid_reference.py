@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from kvsim.engine.block_manager import AllocationError
-from kvsim.engine.reference_pool import ContentKeys
+from kvsim.engine.reference_pool import ContentKeys, FreeListFigures
 from kvsim.sequence import Sequence
 
 NULL = -1  # vLLM's null block: a table entry whose block left the window
@@ -63,10 +63,7 @@ def sliding_window(num_blocks: int, block_size: int, windows: tuple[int, ...]) -
     return sliding.pop()
 
 
-class HybridReference:
-    external_fragmentation = 0.0
-    grows = True
-
+class HybridReference(FreeListFigures):
     def __init__(self, num_blocks: int, block_size: int, windows: tuple[int, ...], enable_prefix_caching: bool = True,
                  max_num_batched_tokens: int = 1 << 30):
         self.window = sliding_window(num_blocks, block_size, windows)  # the sliding groups' window
@@ -311,18 +308,6 @@ class HybridReference:
 
     # ---- figures ---------------------------------------------------------------------------------
     @property
-    def num_free_blocks(self) -> int:
-        return len(self.free)
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free)
-
-    @property
-    def num_cached_blocks(self) -> int:
-        return sum(self.key[b] is not None for b in self.free)
-
-    @property
     def num_shared_refs(self) -> int:
         """References past a block's first holder in the full-attention groups, per group."""
         full = [g for g, w in enumerate(self.windows) if not w]
@@ -333,16 +318,6 @@ class HybridReference:
     def reserved_unused_tokens(self) -> int:
         held = sum(b != NULL for t in self.tables.values() for table in t for b in table) + len(self.reserved)
         return held * self.block_size - self.written
-
-    def block_counts(self) -> tuple[int, int, int]:
-        return self.num_used_blocks, self.num_cached_blocks, len(self.free)
-
-    def evictions_ahead(self, counts) -> list[int]:
-        order = list(self.free)
-        return [sum(self.key[b] is not None for b in order[:n]) for n in counts]
-
-    def free_block_ids(self) -> list[int]:
-        return list(self.free)
 
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         """The first group's slots (a KV cache per group is the triton engine's to lay out; it has none)."""

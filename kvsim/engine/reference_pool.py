@@ -56,10 +56,37 @@ class ContentKeys:
         return keys[:n]
 
 
-class ReferencePool:
+class FreeListFigures:
+    """What a plain pool reports of its free list: `free` (block ids, the LRU head first), `key` (the
+    content a block holds, None: nothing reusable) and `num_blocks`, as both specifications keep them."""
+
     external_fragmentation = 0.0
     grows = True
 
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return sum(self.key[b] is not None for b in self.free)
+
+    def block_counts(self) -> tuple[int, int, int]:
+        return self.num_used_blocks, self.num_cached_blocks, len(self.free)
+
+    def evictions_ahead(self, counts) -> list[int]:
+        order = list(self.free)
+        return [sum(self.key[b] is not None for b in order[:n]) for n in counts]
+
+    def free_block_ids(self) -> list[int]:
+        return list(self.free)
+
+
+class ReferencePool(FreeListFigures):
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
@@ -192,18 +219,6 @@ class ReferencePool:
 
     # ---- figures ------------------------------------------------------------------------------
     @property
-    def num_free_blocks(self) -> int:
-        return len(self.free)
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free)
-
-    @property
-    def num_cached_blocks(self) -> int:
-        return sum(self.key[b] is not None for b in self.free)
-
-    @property
     def num_shared_refs(self) -> int:
         return sum(r - 1 for r in self.ref if r > 1)
 
@@ -211,16 +226,6 @@ class ReferencePool:
     def reserved_unused_tokens(self) -> int:
         held = sum(len(t) for t in self.tables.values()) + len(self.reserved)
         return held * self.block_size - self.written
-
-    def block_counts(self) -> tuple[int, int, int]:
-        return self.num_used_blocks, self.num_cached_blocks, len(self.free)
-
-    def evictions_ahead(self, counts) -> list[int]:
-        order = list(self.free)
-        return [sum(self.key[b] is not None for b in order[:n]) for n in counts]
-
-    def free_block_ids(self) -> list[int]:
-        return list(self.free)
 
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         bs, table = self.block_size, seq.block_table

@@ -467,6 +467,17 @@ def _state(pid: int) -> str:
         return "Z"
 
 
+def _signal_the_group(box, proc, sig: str, workers: list[int], before) -> None:
+    """`sig` to kvsim's process group: one line from kvsim, none from the workers, none of them left, and
+    the folder as it was."""
+    os.killpg(proc.pid, getattr(signal, sig))
+    _, err = proc.communicate(timeout=60)
+    expected = "kvsim: interrupted\n" if sig == "SIGINT" else f"kvsim: terminated ({sig})\n"
+    assert (proc.returncode, err) == (128 + getattr(signal, sig), expected)
+    assert _gone(workers)
+    assert snapshot(box.root) == before
+
+
 needs_proc = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 
 
@@ -481,12 +492,7 @@ def test_signal_to_the_process_group_with_idle_workers(box, sig):
     _wait_for(proc, lambda: len(_children(proc.pid)) >= 2)
     time.sleep(0.3)
     workers = _children(proc.pid)
-    os.killpg(proc.pid, getattr(signal, sig))
-    _, err = proc.communicate(timeout=60)
-    expected = "kvsim: interrupted\n" if sig == "SIGINT" else f"kvsim: terminated ({sig})\n"
-    assert (proc.returncode, err) == (128 + getattr(signal, sig), expected)
-    assert _gone(workers)
-    assert snapshot(box.root) == before
+    _signal_the_group(box, proc, sig, workers, before)
 
 
 TWO_MORE_POLICIES = '[[policies]]\nname = "fp8"\nkv_cache_dtype = "fp8"\n[[policies]]\nname = "int8"\nkv_cache_dtype = "int8"'
@@ -510,12 +516,7 @@ def test_signal_to_a_run_of_policies_side_by_side(box, sig):
     proc = _run_side_by_side(box, scenario, start_new_session=True)
     workers = _children(proc.pid)
     assert len(workers) == 2
-    os.killpg(proc.pid, getattr(signal, sig))
-    _, err = proc.communicate(timeout=60)
-    expected = "kvsim: interrupted\n" if sig == "SIGINT" else f"kvsim: terminated ({sig})\n"
-    assert (proc.returncode, err) == (128 + getattr(signal, sig), expected)
-    assert _gone(workers)
-    assert snapshot(box.root) == before
+    _signal_the_group(box, proc, sig, workers, before)
 
 
 @needs_proc

@@ -384,9 +384,8 @@ class PrefixIndex:
         """The runs that start at depths [lo, hi) of `chain`: where two copies of a prefix were cached
         and the hit followed one, the other's later run can carry it on (vLLM looks blocks up by hash
         alone, whichever copy holds them)."""
-        heads = self._heads
-        for depth in range(lo, hi):
-            yield from heads.get(chain[depth], ())
+        for runs in filter(None, map(self._heads.get, chain[lo:hi])):
+            yield from runs
 
     def _drop(self, key: int, dead: list[CachedRun]) -> None:
         runs = self._heads[key]

@@ -16,15 +16,18 @@ import re
 from pathlib import Path
 from typing import Annotated, Iterable, Literal, Optional
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
+from pydantic import (AfterValidator, BeforeValidator, Field, PrivateAttr,
                       ValidationError, model_validator)
 
 from kvsim.errors import KvsimError
 from kvsim.scenario import limits as L
 from kvsim.scenario.catalog import GPUS, MODELS
 from kvsim.scenario.links import DEFAULT_LINK, LINKS
+from kvsim.scenario.load_curve import RateCurveConfig
 from kvsim.scenario.files import MAX_TOML_BYTES, check_values, key_path, parse_toml, read_text, user_path
 from kvsim.scenario.overrides import apply_overrides
+from kvsim.scenario.sections import Section
+from kvsim.scenario.autoscaling import AutoscalingConfig, check_autoscaled
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -80,8 +83,7 @@ Label = Annotated[str, Field(min_length=1, max_length=L.MAX_NAME_CHARS), AfterVa
 PathText = Annotated[str, Field(min_length=1, max_length=L.MAX_PATH_CHARS), AfterValidator(_one_line(L.MAX_PATH_CHARS))]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+_Section = Section
 
 
 class ModelConfig(_Section):
@@ -337,9 +339,19 @@ class ArrivalConfig(_Section):
         "gamma: coefficient of variation of the gaps (1 = Poisson, 2 = bursty)."))
     time_scale: Annotated[float, Field(ge=L.MIN_SCALE, le=L.MAX_SCALE)] = Field(1.0, description=(
         "trace: multiply the trace's inter-arrival gaps by this (0.5 = twice the load)."))
+    curve: Optional[RateCurveConfig] = Field(None, description=(
+        "poisson, gamma, deterministic: a rate that varies over time instead of `rate` "
+        "([workload.arrival.curve]: a table of (seconds, rate) points or a diurnal shape, and bursts; "
+        "kvsim.scenario.load_curve)."))
 
     @model_validator(mode="after")
     def _rate(self):
+        if self.curve is not None:
+            if self.process in ("trace", "immediate"):
+                raise ValueError(f"curve: process '{self.process}' follows no rate (poisson, gamma or deterministic do)")
+            if self.rate is not None:
+                raise ValueError("give rate or curve, not both (the curve sets the rate over time)")
+            return self
         if self.process not in ("trace", "immediate") and self.rate is None:
             raise ValueError(f"process '{self.process}' needs 'rate' (requests per second)")
         if self.process == "immediate" and self.rate is not None:
@@ -468,6 +480,9 @@ class WorkloadConfig(_Section):
         "Stop after this many requests (or at duration_s, whichever comes first)."))
     duration_s: Optional[Annotated[float, Field(gt=0, le=L.MAX_DURATION_S)]] = Field(None, description=(
         "Stop at the first arrival after this many simulated seconds."))
+    start_s: Optional[Annotated[float, Field(ge=0, le=L.MAX_DURATION_S)]] = Field(None, description=(
+        "Replay only the arrivals at or after this many seconds: a window of a longer workload, its requests "
+        "keeping their times and ids (open loops; with duration_s, the window [start_s, duration_s])."))
     arrival: ArrivalConfig = Field(ArrivalConfig(rate=1.0), description="The arrival process.")
     prompt_len: LengthDist = Field(LengthDist(dist="fixed", value=512), description="Prompt length distribution.")
     output_len: LengthDist = Field(LengthDist(dist="fixed", value=128), description=(
@@ -495,10 +510,17 @@ class WorkloadConfig(_Section):
         if self.arrival.process == "trace" and not self.trace.has_times:
             raise ValueError(f"arrival.process: the {self.trace.format} trace has no arrival times: use poisson, "
                              "gamma or deterministic arrivals, with prompt_len and output_len dist = \"trace\"")
-        if self.trace is None and self.num_requests is None and self.duration_s is None:
+        if self.trace is None and self.num_requests is None and self.duration_s is None and self.arrival.curve is None:
             raise ValueError("give num_requests or duration_s")
         self._clients()
-        if self.num_requests is None and self.duration_s is not None and self.arrival.process not in ("trace", "immediate"):
+        if self.start_s is not None:
+            if self.max_concurrency is not None or self.sessions is not None or self.arrival.process == "immediate":
+                raise ValueError("start_s: a window of arrivals is for open loops (no max_concurrency, sessions or "
+                                 "immediate arrivals)")
+            if self.duration_s is not None and self.start_s >= self.duration_s:
+                raise ValueError(f"start_s ({self.start_s:g}) must be before duration_s ({self.duration_s:g})")
+        if self.num_requests is None and self.duration_s is not None and self.arrival.process not in ("trace", "immediate") \
+                and self.arrival.curve is None:
             expected = self.arrival.rate * self.duration_s
             if expected > L.MAX_REQUESTS:
                 raise ValueError(f"arrival.rate × duration_s = {expected:,.0f} requests, more than "
@@ -617,6 +639,9 @@ class Scenario(_Section):
     disaggregation: Optional[DisaggregationConfig] = Field(None, description=(
         "Disaggregated prefill and decode pools and the KV link between them (none: every policy aggregated)."))
     cost: Optional[CostConfig] = Field(None, description="GPU prices for kvsim plan --target-rate.")
+    autoscaling: Optional[AutoscalingConfig] = Field(None, description=(
+        "Replicas that come and go under an autoscaler (kvsim.scenario.autoscaling; none: hardware.num_replicas "
+        "replicas throughout)."))
     output: OutputConfig = Field(OutputConfig(), description="The results folder.")
     backend: BackendConfig = Field(BackendConfig(), description="The step-time backend.")
     # Set by load_scenario, not by the file: where relative paths start, and the file for errors.
@@ -652,6 +677,12 @@ class Scenario(_Section):
             if p.disaggregated and p.allocator != "paged":
                 raise ValueError(f"policies[{i}].allocator: disaggregated serving needs the paged allocator "
                                  "(vLLM's NixlConnector moves KV blocks)")
+        return self
+
+    @model_validator(mode="after")
+    def _autoscaled(self):
+        if self.autoscaling is not None:
+            check_autoscaled(self)
         return self
 
     def disaggregated(self, policy: PolicyConfig) -> bool:

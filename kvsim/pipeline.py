@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from kvsim.autoscaled import autoscaling_summary, pool_simulation, pool_size
 from kvsim.backends import load_backend
 from kvsim.errors import KvsimError, check_int
 from kvsim.engine.arrivals import ClosedLoop, RequestStream
@@ -180,19 +181,31 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
         return simulate_disaggregated(scenario, policy, metrics, on_progress)
     capacity, settings = resolve_policy(scenario, policy, model, gpu, basis)
     backend_cls = load_backend(scenario.backend.name, scenario.source)
-    replicas = [make_replica(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings),
-                             metrics.interval) for i in range(settings.num_replicas)]
-    sim = Simulation(replicas, metrics, make_router(settings, replicas, replicas[0].backend.num_blocks), on_progress)
+
+    def factory(i: int):
+        return make_replica(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings), metrics.interval)
+
+    auto = scenario.autoscaling
+    if auto is None:
+        sim, observer = None, metrics
+    else:
+        sim, observer, settings = pool_simulation(scenario, model, settings, factory, metrics, on_progress)
+    if sim is None:
+        replicas = [factory(i) for i in range(settings.num_replicas)]
+        sim = Simulation(replicas, observer, make_router(settings, replicas, replicas[0].backend.num_blocks), on_progress)
     source = arrival_source(scenario, settings.max_model_len, metrics.request_overhead_s)
     try:
         end = sim.run(source)
-        described = replicas[0].backend.describe()
+        described = sim.replicas[0].backend.describe()
     finally:
-        for rep in replicas:  # a GPU backend holds most of the device: let the next policy have it
+        for rep in sim.replicas:  # a GPU backend holds most of the device: let the next policy have it
             rep.backend.close()
-    summary = metrics.summary(duration_s=end, num_blocks=replicas[0].backend.num_blocks * len(replicas),
+    peak = len(sim.replicas) if auto is None else pool_size(sim)
+    summary = metrics.summary(duration_s=end, num_blocks=sim.replicas[0].backend.num_blocks * peak,
                               block_size=settings.block_size, bytes_per_block=capacity.bytes_per_block,
-                              extra=_run_figures(sim, settings, policy, described), num_replicas=len(replicas))
+                              extra=_run_figures(sim, settings, policy, described), num_replicas=peak)
+    if auto is not None:
+        summary["autoscaling"] = autoscaling_summary(scenario, gpu, sim, observer, end)
     if source.closed_loop:
         _clients_figures(summary, source)
     summary["verdict"] = judge(summary).as_dict()

@@ -20,10 +20,12 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.results.disagg_report import deployment_line, disaggregation_figures, disaggregation_table_html
+from kvsim.results.fleet_figures import autoscale_figures
 from kvsim.results.figures import PHASES, _Plot, _read_latencies, report_plots, why_missed
 from kvsim.results.headline import table_figures
 from kvsim.results.metrics import SLO_KEYS
 from kvsim.results.verdict import LABELS, judge, percentile_label
+from kvsim.scenario.load_curve import curve_text
 
 
 def _verdict_cell(summary: dict) -> str:
@@ -58,6 +60,8 @@ def _rate_text(arrival: dict, offered, clients: dict | None = None) -> str:
         text = "trace replay" + (f" (time × {scale:g})" if scale != 1.0 else "")
     elif process == "immediate":
         text = f"closed loop of {n:,} clients" if n else "every request at t = 0"
+    elif arrival.get("curve"):
+        text = f"{process} {curve_text(arrival['curve'])}"
     else:
         text = f"{process} {arrival.get('rate', 0):g} {unit}" + (f" (cv {arrival['cv']:g})" if process == "gamma" else "")
     if n and process != "immediate":
@@ -197,6 +201,7 @@ def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requ
         latencies = _read_latencies(Path(requests_csv_path), (meta or {}).get("slo") or first.get("bounds"))
     figures = report_plots(summaries, requests_csv_path, timeseries_csv_path, latencies, meta, series)
     figures += disaggregation_figures(summaries, meta)
+    figures += autoscale_figures(summaries, (meta or {}).get("slo"))
     rows = why_missed(latencies)
     why = _why_table_html(rows) if any(r["group"] == "missed" for r in rows) else ""
     page = figures_page(f"kvsim report: {scenario_name}", verdict_lines(summaries, meta), figures,

@@ -178,8 +178,8 @@ class WvaAutoscaler:
         if self.loop.fire(view.now):
             self.target = self.analyze(view)
             self.emitted.append((view.now, self.target))
-        seen = view.scrapes.last_time(view.now)  # the gauge as Prometheus last scraped it
-        value = next((v for t, v in reversed(self.emitted) if t <= seen), None)
+        seen = view.scrapes.last_time(view.now)  # the gauge as Prometheus last scraped it (after it was set)
+        value = next((v for t, v in reversed(self.emitted) if t < seen), None)
         want = None if value is None else external_average_replicas(view.spec, value, 1.0, self.cfg.tolerance)
         return self.hpa.reconcile(view.now, view.spec, want)
 

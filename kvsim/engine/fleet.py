@@ -193,13 +193,14 @@ class FleetSimulation(Simulation):
             return t
         if rep.index in self.draining:
             return math.inf
+        if t == math.inf:
+            return t
         c, idx, k = rep.scheduler.num_unfinished, rep.index, 0
         for o in self.ready:
-            if o is not rep:
-                d = c - o.scheduler.num_unfinished + (o.index < idx)
-                if d > 0:
-                    k += d
-        if k == 0 or t == math.inf:
+            d = c - o.scheduler.num_unfinished + (o.index < idx)  # rep itself adds 0
+            if d > 0:
+                k += d
+        if k == 0:
             return t
         return min(self.arrival_after(k), self.next_tick)
 

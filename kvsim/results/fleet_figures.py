@@ -69,6 +69,9 @@ def day_figure(auto: dict, slo: Optional[dict] = None, lower: Optional[list[dict
     fig.axis("y", 5, range=[max(0.0, min((w["attainment"] or 1.0) for w in windows) - 0.05), 1.0])
     fig.axis("x", 5, title={"text": "hours"})
     fig.layout["legend"] = {"orientation": "h", "y": -0.06}
+    for key, axis in fig.layout.items():  # rounding leaves a domain a hair outside [0, 1], which plotly refuses
+        if key[1:5] == "axis" and "domain" in axis:
+            axis["domain"] = [min(1.0, max(0.0, round(v, 9))) for v in axis["domain"]]
     return fig
 
 

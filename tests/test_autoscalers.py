@@ -211,3 +211,14 @@ def test_make_autoscaler_defaults_the_slo_aware_loop_to_the_scenario_slo():
     assert (loop.ttft_slo_s, loop.tpot_slo_s) == (1.5, 0.05) and loop.period_s == 15.0
     assert loop.hpa.up == SLO_UP and loop.hpa.down == SLO_DOWN and (loop.hpa.min_replicas, loop.hpa.max_replicas) == (3, 8)
     assert math.isinf(make_autoscaler(make_scenario(autoscaling={"policy": "fixed"}).autoscaling, sc.slo).period_s)
+
+
+def test_every_autoscaler_satisfies_the_protocol():
+    from kvsim.engine.interfaces import Autoscaler
+
+    for policy, section in (("hpa", {"hpa": {"target": 2}}), ("keda", {"keda": {"threshold": 2}}), ("wva", {}),
+                            ("slo_aware", {}), ("fixed", {})):
+        sc = make_scenario(autoscaling={"policy": policy, **section})
+        scaler = make_autoscaler(sc.autoscaling, sc.slo)
+        assert isinstance(scaler, Autoscaler) and scaler.name == policy
+        assert scaler.describe()["policy"] == policy

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Iterable, Literal, Optional
 
 from pydantic import (AfterValidator, BeforeValidator, Field, PrivateAttr,
-                      ValidationError, model_validator)
+                      ValidationError, model_serializer, model_validator)
 
 from kvsim.errors import KvsimError
 from kvsim.scenario import limits as L
@@ -343,6 +343,14 @@ class ArrivalConfig(_Section):
         "poisson, gamma, deterministic: a rate that varies over time instead of `rate` "
         "([workload.arrival.curve]: a table of (seconds, rate) points or a diurnal shape, and bursts; "
         "kvsim.scenario.load_curve)."))
+
+    @model_serializer(mode="wrap")
+    def _without_unset_curve(self, handler):
+        """No `curve` key unless a curve is given: summary.json's and plan.json's arrival as before curves."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("curve") is None:
+            data.pop("curve", None)
+        return data
 
     @model_validator(mode="after")
     def _rate(self):

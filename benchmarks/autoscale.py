@@ -89,20 +89,18 @@ def day_slice(start: float, end: float) -> list[str]:
         r = day_record(sc, "paged", None)
         rows.append(_row(name, r))
     days_cpu = time.process_time() - t0
-    counts, span = window_counts(base, auto.window_s)
+    counts, first, last = window_counts(base, auto.window_s)
     t0 = time.process_time()
-    windows = lower_bound(InlineExecutor(), base, "paged", counts, auto.window_s, span, target, 2 * auto.max_replicas,
-                          lambda: None)
+    used = lower_bound(InlineExecutor(), base, "paged", counts, auto.window_s, first, last, target,
+                       2 * auto.max_replicas, lambda: None)
     bound_cpu = time.process_time() - t0
-    first = int(start // auto.window_s)
-    used = windows[first:]  # the windows before start_s hold no request
     static_n = max(w.replicas or 2 * auto.max_replicas for w in used)
     static = day_record(static_scenario(base, static_n), "paged", None)
     rows.append(_row(f"static pool at the peak ({static_n})", static))
     from kvsim.results.fleet import cost_figures
     from kvsim.scenario.catalog import gpu_price
 
-    hours = sum((w.replicas or 0) * (w.end - max(w.start, start)) for w in used) / 3600
+    hours = sum((w.replicas or 0) * (w.end - w.start) for w in used) / 3600
     usd = cost_figures(hours, base.hardware.tensor_parallel_size, gpu_price(base, base.hardware.gpu), 0, 0)["usd"]
     rows.append(f"| lower bound (fewest replicas per {auto.window_s:g} s window) | – | – | {hours:.1f} | ${usd:,.0f} | – | "
                 f"{min(w.replicas or 0 for w in used)}-{max(w.replicas or 0 for w in used)} |")

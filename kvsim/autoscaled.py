@@ -85,4 +85,4 @@ def autoscaling_summary(scenario, gpu, sim, observer: FleetObserver, end: float)
     return fleet_summary(observer, members, changes, decisions, window_s=auto.window_s, end_s=window_end,
                          horizon_s=max(window_end, end), target=attainment_target(scenario),
                          price=gpu_price(scenario, gpu.name), gpus_per_replica=hw.tensor_parallel_size,
-                         autoscaler=described, startup=startup)
+                         autoscaler=described, startup=startup, start_s=scenario.workload.start_s or 0.0)

@@ -32,9 +32,9 @@ def test_the_lower_bound_is_the_brute_force_fewest_replicas_per_window():
     """Per window, the search's answer is the first count of 1, 2, ... that meets the target when
     every count is simulated (and, on this trace, every count above it meets it too)."""
     sc = small_day()
-    counts, span = window_counts(sc, 150.0)
+    counts, start, span = window_counts(sc, 150.0)
     assert len(counts) == 6 and counts.sum() == len(list(generate_requests(sc)))
-    searches = lower_bound(InlineExecutor(), sc, "paged", counts, 150.0, span, 0.95, 4, lambda: None)
+    searches = lower_bound(InlineExecutor(), sc, "paged", counts, 150.0, start, span, 0.95, 4, lambda: None)
     most = 4
     for s in searches:
         brute = {n: window_attainment(sc, "paged", s.start, s.end, n)[0] for n in range(1, most + 1)}

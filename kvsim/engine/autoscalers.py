@@ -20,7 +20,10 @@ to the count returned. Every autoscaler that actuates through Kubernetes ends in
   non-saturated replicas); while a previous decision is not reached (desired != current) or some
   replicas report no metrics (metrics != current) it holds. Its target is exported as
   wva_desired_replicas, scraped, and an HPA follows it (External, AverageValue 1; the WVA sample
-  HPA's behavior: no stabilization, 10 Pods per 15 s).
+  HPA's behavior: no stabilization, 10 Pods per 15 s). The analyzer asks for as few as 1 replica
+  and then holds while its last target differs from the current count: under an HPA whose
+  minReplicas is above what it asked for, the target is never reached and it holds for good, as the
+  controller does (keep that HPA's minReplicas at 1, the sample's).
 - `SloAwareAutoscaler`: llm-d's SLO-aware loop (llm-d guides/workload-autoscaling/README.slo-aware.md):
   every `rule_interval_s` s_raw = max(P90 TTFT / TTFT SLO, P90 TPOT / TPOT SLO) over the last minute's
   requests (0 without traffic), clamped at C; s = its average over the smoothing window; at each HPA

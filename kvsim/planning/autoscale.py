@@ -166,21 +166,23 @@ class WindowSearch:
         return 0 if self.requests == 0 else self.hi
 
 
-def window_counts(scenario, window_s: float) -> tuple[np.ndarray, float]:
-    """Requests arriving in each window, and the arrivals' span (one pass over the workload)."""
+def window_counts(scenario, window_s: float) -> tuple[np.ndarray, float, float]:
+    """Requests arriving in each window from the workload's start (workload.start_s), and the
+    arrivals' start and end (one pass over the workload)."""
     from kvsim.scenario.workload import arrival_window, generate_requests
 
+    start = scenario.workload.start_s or 0.0
     times = np.fromiter((r.arrival_time for r in generate_requests(scenario)), dtype=np.float64)
-    span = max(arrival_window(scenario), float(times[-1]) if len(times) else 0.0)
-    n = max(1, math.ceil(span / window_s - 1e-9))
-    idx = np.minimum((times // window_s).astype(np.int64), n - 1)
-    return np.bincount(idx, minlength=n), span
+    end = max(arrival_window(scenario), float(times[-1]) if len(times) else 0.0)
+    n = max(1, math.ceil((end - start) / window_s - 1e-9))
+    idx = np.clip(((times - start) // window_s).astype(np.int64), 0, n - 1)
+    return np.bincount(idx, minlength=n), start, end
 
 
-def lower_bound(executor, scenario, policy: str, counts: np.ndarray, window_s: float, span: float, target: float,
-                most: int, tick: Callable[[], None]) -> list[WindowSearch]:
+def lower_bound(executor, scenario, policy: str, counts: np.ndarray, window_s: float, start: float, end: float,
+                target: float, most: int, tick: Callable[[], None]) -> list[WindowSearch]:
     """Every window's fewest passing replica count (module docstring, step 2)."""
-    searches = [WindowSearch(i, i * window_s, min((i + 1) * window_s, span) if i < len(counts) - 1 else span,
+    searches = [WindowSearch(i, start + i * window_s, end if i == len(counts) - 1 else start + (i + 1) * window_s,
                              int(c)) for i, c in enumerate(counts)]
     peak = max(searches, key=lambda s: (s.requests, -s.index))
     _search(executor, scenario, policy, [peak], target, most, tick, doubling=True)
@@ -283,7 +285,7 @@ def plan_autoscale(scenario, policy: Optional[str] = None, grid: Optional[list[s
     keys, points = candidate_points(scenario, grid or [])
     for p in points:  # every setting validated before anything runs
         point_scenario(scenario, p, auto.max_replicas)
-    counts, span = window_counts(scenario, auto.window_s)
+    counts, start, span = window_counts(scenario, auto.window_s)
     total = int(counts.sum())
     most = max(auto.max_replicas, 1) * 2
     done, planned = [0], len(points) + 1 + 3 * len(counts)
@@ -291,7 +293,7 @@ def plan_autoscale(scenario, policy: Optional[str] = None, grid: Optional[list[s
         else (lambda: None)
     executor = make_executor(workers, ray)
     try:
-        windows = lower_bound(executor, scenario, pol, counts, auto.window_s, span, target, most, tick)
+        windows = lower_bound(executor, scenario, pol, counts, auto.window_s, start, span, target, most, tick)
         static_n = max((w.replicas or most for w in windows), default=1) or 1
         budget = math.floor((1 - target) * total + 1e-9)
         tasks = [(point_scenario(scenario, p, static_n), pol, budget) for p in points]
@@ -301,7 +303,7 @@ def plan_autoscale(scenario, policy: Optional[str] = None, grid: Optional[list[s
         close = getattr(executor, "close", None)
         if close:
             close()
-    return _answer(pol, target, auto.window_s, total, keys, points, records, windows, static_n, span, scenario)
+    return _answer(pol, target, auto.window_s, total, keys, points, records, windows, static_n, span - start, scenario)
 
 
 def _answer(pol, target, window_s, total, keys, points, records, windows, static_n, span, scenario) -> AutoscalePlan:

@@ -88,19 +88,19 @@ def _percentiles(values: np.ndarray, groups: np.ndarray, n: int) -> dict[int, li
 
 
 def window_figures(obs: FleetObserver, changes: list[tuple], window_s: float, end_s: float,
-                   target: float) -> list[dict]:
-    """Per window of arrivals: requests, attainment, latencies and replicas (module docstring)."""
+                   target: float, start_s: float = 0.0) -> list[dict]:
+    """Per window of arrivals from `start_s`: requests, attainment, latencies and replicas (module docstring)."""
     lat = obs.metrics.latencies()
-    n = max(1, math.ceil(end_s / window_s - 1e-9))
-    arrivals = np.frombuffer(obs.arrivals, dtype=np.float64)
-    win = np.minimum((arrivals // window_s).astype(np.int64), n - 1)
-    rejected = np.minimum((np.frombuffer(obs.rejected, dtype=np.float64) // window_s).astype(np.int64), n - 1)
+    n = max(1, math.ceil((end_s - start_s) / window_s - 1e-9))
+    arrivals = np.frombuffer(obs.arrivals, dtype=np.float64) - start_s
+    win = np.clip((arrivals // window_s).astype(np.int64), 0, n - 1)
+    rejected = np.clip(((np.frombuffer(obs.rejected, dtype=np.float64) - start_s) // window_s).astype(np.int64), 0, n - 1)
     finished = np.bincount(win, minlength=n)
     good = np.bincount(win, weights=~lat["missed"], minlength=n)
     received = finished + np.bincount(rejected, minlength=n)
     ttft = _percentiles(lat["ttft_s"], win, n)
     tpot = _percentiles(np.frombuffer(obs.tpot, dtype=np.float64), win, n)
-    edges = np.minimum(np.arange(n + 1) * window_s, max(end_s, 1e-9))
+    edges = np.minimum(start_s + np.arange(n + 1) * window_s, max(end_s, start_s + 1e-9))
     edges[-1] = max(end_s, edges[-2] + 1e-9)
     t, spec, ready = replica_steps(changes)
     spec_mean, ready_mean = step_means(t, spec, edges), step_means(t, ready, edges)
@@ -116,9 +116,10 @@ def window_figures(obs: FleetObserver, changes: list[tuple], window_s: float, en
     return rows
 
 
-def billed_hours(members: list, horizon_s: float) -> float:
-    """Replica-hours: each replica from its creation to its removal (or the horizon)."""
-    return sum(((m.removed if m.removed >= 0 else horizon_s) - m.created) for m in members) / 3600.0
+def billed_hours(members: list, horizon_s: float, start_s: float = 0.0) -> float:
+    """Replica-hours: each replica from its creation (or `start_s`) to its removal (or the horizon)."""
+    return sum(max(0.0, (m.removed if m.removed >= 0 else horizon_s) - max(m.created, start_s))
+               for m in members) / 3600.0
 
 
 def cost_figures(replica_hours: float, gpus_per_replica: int, price, tokens: int, output_tokens: int) -> dict:
@@ -134,12 +135,13 @@ def cost_figures(replica_hours: float, gpus_per_replica: int, price, tokens: int
 
 def fleet_summary(obs: FleetObserver, members: list, changes: list[tuple], decisions: list[tuple], *,
                   window_s: float, end_s: float, horizon_s: float, target: float, price, gpus_per_replica: int,
-                  autoscaler: dict, startup: Optional[dict]) -> dict:
-    """summary.json's `autoscaling` section (module docstring). `end_s`: the arrivals' end (the
-    windows); `horizon_s`: until when replicas still running are billed."""
+                  autoscaler: dict, startup: Optional[dict], start_s: float = 0.0) -> dict:
+    """summary.json's `autoscaling` section (module docstring). `start_s`, `end_s`: the arrivals'
+    span (the windows; a window of a longer day starts late); `horizon_s`: until when replicas still
+    running are billed (from `start_s`)."""
     m = obs.metrics
-    windows = window_figures(obs, changes, window_s, end_s, target)
-    hours = billed_hours(members, horizon_s)
+    windows = window_figures(obs, changes, window_s, end_s, target, start_s)
+    hours = billed_hours(members, horizon_s, start_s)
     received = sum(w["requests"] for w in windows)
     good = m.num_good
     t, spec, ready = replica_steps(changes)
@@ -152,10 +154,11 @@ def fleet_summary(obs: FleetObserver, members: list, changes: list[tuple], decis
         "windows_meeting_target": sum(1 for w in windows if w["meets_target"]),
         "num_windows": len(windows),
         "replicas": {"peak": int(spec.max()) if len(spec) else 0, "min": int(spec.min()) if len(spec) else 0,
-                     "mean": hours * 3600.0 / horizon_s if horizon_s > 0 else None,
+                     "mean": hours * 3600.0 / (horizon_s - start_s) if horizon_s > start_s else None,
                      "created": len(members), "scale_decisions": len(decisions),
                      "times_s": t.tolist(), "spec": spec.tolist(), "ready": ready.tolist()},
         **cost_figures(hours, gpus_per_replica, price, m.prompt_tokens + m.output_tokens, m.output_tokens),
+        "start_s": start_s,
         "horizon_s": horizon_s,
         "windows": windows,
     }

@@ -19,6 +19,7 @@ def test_a_scenario_without_autoscaling_is_pointed_at_the_shipped_days():
     assert_clean(at)
     assert [t.value for t in at.title] == ["Autoscaling"]
     assert at.info and "autoscale/day_hpa" in at.info[0].value
+    assert len(at.get("plotly_chart")) == 1  # the offered load over time
 
 
 def test_the_page_simulates_the_first_minutes_of_a_shipped_day_as_kvsim_run(tmp_path):
@@ -28,7 +29,7 @@ def test_the_page_simulates_the_first_minutes_of_a_shipped_day_as_kvsim_run(tmp_
     keyed(at, "number_input", "kvsim.auto.hours").set_value(0.1).run()
     at.button(key="kvsim.auto.run").click().run()
     assert_clean(at)
-    assert len(at.get("plotly_chart")) == 1
+    assert len(at.get("plotly_chart")) == 2  # the load curve and the day
     shown = at.markdown[0].value if at.markdown else ""
     assert "SLO attainment" in shown and "replica-hours" in shown
     toml = tmp_path / "day.toml"

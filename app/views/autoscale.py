@@ -15,7 +15,9 @@ from kvsim.planning.autoscale import plan_autoscale
 from kvsim.planning.autoscale_report import autoscale_lines, rows
 from kvsim.results.fleet_figures import day_figure
 from kvsim.results.report import slo_text
-from kvsim.scenario.config import scenario_from_toml
+from kvdash.source import SCENARIO_DIR
+from kvsim.scenario.config import load_scenario, scenario_from_toml
+from kvsim.scenario.load_curve import rate_curve
 from kvsim.scenario.workload import arrival_window
 
 cur = settings.current()
@@ -32,14 +34,65 @@ def planned(toml_text: str, source: str, base_dir: str, inputs_digest: str):
     return plan_autoscale(scenario_from_toml(toml_text, source, Path(base_dir)), workers=1)
 
 
+def rate_line(scenario) -> tuple[list, list] | None:
+    """The offered rate over time (hours, req/s): the curve's, or the constant rate (None for traces
+    and closed loops)."""
+    arrival = scenario.workload.arrival
+    if arrival.curve is not None:
+        curve = rate_curve(arrival.curve)
+        return ([float(t) / 3600 for t in curve.start] + [curve.end_s / 3600],
+                [float(r) for r in curve.r0] + [float(curve.r1[-1])])
+    if arrival.rate is not None and arrival.process != "immediate":
+        end = max(arrival_window(scenario), 1.0) / 3600
+        return [0.0, end], [arrival.rate, arrival.rate]
+    return None
+
+
+def load_figure(scenario) -> go.Figure:
+    """The scenario's offered load over time; beside it, without an [autoscaling] section, the
+    shipped days' (scenarios/autoscale/day_hpa.toml)."""
+    fig = go.Figure()
+    line = rate_line(scenario)
+    if line is not None:
+        fig.add_scatter(x=line[0], y=line[1], mode="lines", name=f"{scenario.name or 'this scenario'}",
+                        line={"width": 3})
+    if scenario.autoscaling is None:
+        day = load_scenario(SCENARIO_DIR / "autoscale" / "day_hpa.toml")
+        xs, ys = rate_line(day)
+        fig.add_scatter(x=xs, y=ys, mode="lines", name="the shipped autoscaled days", fill="tozeroy", fillcolor="#5B3FA8",
+                        line={"color": "#AB63FA"})
+    fig.update_layout(title="Offered load (req/s)", height=600, xaxis={"title": "hours"},
+                      yaxis={"rangemode": "tozero"}, legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def shipped_days() -> list[dict]:
+    """The shipped autoscaled days (scenarios/autoscale/): their autoscaler, bounds and what it reads."""
+    rows = []
+    for path in sorted((SCENARIO_DIR / "autoscale").glob("*.toml")):
+        sc = load_scenario(path)
+        a = sc.autoscaling
+        reads = {"hpa": lambda: f"{a.hpa.metric} (per pod), target {a.hpa.target:g}",
+                 "keda": lambda: f"sum({a.keda.metric}), threshold {a.keda.threshold:g} per replica",
+                 "wva": lambda: "KV usage and queue per replica (saturation)",
+                 "slo_aware": lambda: "P90 TTFT and TPOT over the SLO"}.get(a.policy, lambda: "–")()
+        rows.append({"scenario": f"autoscale/{path.stem}", "autoscaler": a.policy,
+                     "replicas": f"{a.min_replicas}-{a.max_replicas}", "reads": reads,
+                     "model": f"{sc.model.name} TP {sc.hardware.tensor_parallel_size} on {sc.hardware.gpu}"})
+    return rows
+
+
 with errors.caught(st):
     scenario = cur.scenario
     auto = scenario.autoscaling
     if auto is None:
+        st.plotly_chart(load_figure(scenario), theme=None, key="kvsim.auto.load")
+        st.dataframe(shipped_days(), hide_index=True)
         st.info("This scenario's replicas are fixed (hardware.num_replicas): pick an autoscaled day under "
                 "Advanced → Scenario (autoscale/day_hpa, autoscale/day_keda, autoscale/day_wva, "
                 "autoscale/day_slo_aware) or upload a scenario with an [autoscaling] section.")
         st.stop()
+    st.plotly_chart(load_figure(scenario), theme=None, key="kvsim.auto.load")
     day_h = arrival_window(scenario) / 3600
     st.caption(f"{settings.workload_text(scenario)} · {slo_text(scenario.slo.model_dump())} · autoscaler "
                f"{auto.policy}, {auto.min_replicas}-{auto.max_replicas} replicas")

@@ -1,7 +1,8 @@
 """The Answer page (the dashboard's first screen) under AppTest: its cards are `kvsim plan`'s numbers
 for the scenario file the dashboard offers, its target-rate line is `kvsim plan --target-rate`'s, a
-model that does not fit shows where the memory goes and a button to a layout that fits; and the
-fixes around it: a trace's own rate as the default target, an uploaded scenario without its trace,
+model that does not fit shows where the memory goes and a button to a layout that fits, every $
+counts every GPU and says at which rate it is priced; and the fixes around it: a trace's own rate as
+the default target, an uploaded scenario without its trace,
 "Run all" on a model that does not fit, captions and downloads that follow the settings."""
 
 import json
@@ -9,6 +10,8 @@ import re
 import shlex
 import subprocess
 import sys
+
+import pytest
 
 from tests.test_dashboard import (FIXTURES, GOOD_TOML, ROOT, assert_clean, cli, downloaded_toml,
                                   downloaded_toml_from_state, one_error, open_app, upload, widget)
@@ -87,6 +90,35 @@ def test_a_model_that_does_not_fit_shows_its_memory_and_a_layout_that_fits():
     assert_clean(at)
     assert widget(at, "selectbox", "hardware.tensor_parallel_size").value == 2
     assert at.success  # now it answers: cards and the target line
+
+
+def test_a_data_parallel_layout_is_priced_for_every_gpu_at_the_rate_it_says():
+    """Two data-parallel ranks of one H100 each are $5.98/h, each card's $/M at its safe rate and the
+    target line's at the target, each saying which; the page names the layout with its DP (and EP:
+    scenarios/moe.toml's DP 2 + EP on two H100s)."""
+    at = small(open_app())
+    widget(at, "number_input", "hardware.data_parallel_size").set_value(2)
+    answer(at)
+    assert_clean(at)
+    assert any(c.value.startswith("Llama-3.1-8B on 2 × H100-SXM (TP 1 DP 2 × 1 replica) · ") for c in at.caption)
+    for policy in ("paged", "paged-fp8"):
+        text = card_text(at, policy)
+        safe = float(re.search(r"safe up to \*\*([\d.]+) req/s", text).group(1))
+        money = re.search(r"\*\*\$([\d.]+)/hour\*\* for 2 × H100-SXM · \$([\d.]+) per M output tokens at "
+                          r"([\d.]+) req/s", text)
+        assert money, text
+        assert float(money.group(1)) == 5.98 and float(money.group(3)) == safe
+        [target] = [s.value for s in at.success]
+        line = re.search(r"\$([\d.]+)/h \(policy [\w-]+\)\*\*  \n\$([\d.]+) per M output tokens at 14 req/s", target)
+        assert line, target
+        # both are $/hour over the output tokens of an hour: one mean output length behind the two
+        tokens = float(line.group(1)) * 1e6 / (14 * 3600 * float(line.group(2)))
+        assert float(money.group(2)) == pytest.approx(5.98 * 1e6 / (safe * 3600 * tokens), rel=0.01)
+    at.sidebar.selectbox(key="kvsim.shipped").set_value("moe")
+    at.switch_page("views/memory.py").run()
+    assert_clean(at)
+    assert any(c.value.startswith("Qwen3-30B-A3B on 2 × H100-SXM (TP 1 DP 2 EP × 1 replica), max_model_len")
+               for c in at.caption)
 
 
 def test_a_traces_own_rate_is_the_default_target_and_an_uploaded_trace_scenario_asks_for_its_trace():

@@ -12,7 +12,7 @@ import streamlit as st
 
 from kvdash import plans
 from kvsim.errors import KvsimError
-from kvsim.scenario.catalog import GPUS, gpu_price, gpu_spec, model_spec
+from kvsim.scenario.catalog import GPUS, gpu_spec, hourly_price, model_spec, num_gpus
 from kvsim.scenario.config import scenario_from_toml
 
 CLI = plans.DEFAULT  # `kvsim plan`'s own defaults: the page's numbers are the command line's
@@ -33,19 +33,22 @@ class Card:
     headroom: float
     knee: str  # "23.8 (95% CI 22.0–25.6)"
     tied: tuple[str, ...]
-    usd_per_hour: float | None
-    usd_per_m_output: float | None  # at the safe rate
+    usd_per_hour: float | None  # every GPU of the layout
+    usd_per_m_output: float | None  # at the safe rate (a closed loop: the req/s its safe clients get)
     binding: str
     binding_detail: str
     note: str = ""  # a label for the figures' provenance (e.g. measured or estimated), when there is one
     unit: str = "req/s"  # what safe_rate counts: req/s, sessions/s, or clients (a closed loop's concurrency)
     throughput: float | None = None  # requests/s at the safe load (a closed loop's: what its clients get)
+    gpus: str = ""  # what the $/hour pays for, e.g. "2 × H100-SXM"
 
 
-def cards(result, colors: dict, tied: dict, usd_per_hour: float | dict | None, output_tokens: float) -> list[Card]:
+def cards(result, colors: dict, tied: dict, usd_per_hour: float | dict | None, output_tokens: float,
+          gpus: dict | None = None) -> list[Card]:
     """A card per policy of a `kvsim.plan` result; the best is the first of the highest safe rates (a
     closed loop: concurrencies), $ per million output tokens at the requests/s served there.
-    `usd_per_hour`: one figure, or one per policy (a disaggregated policy's GPUs are its pools')."""
+    `usd_per_hour`: one figure, or one per policy (a disaggregated policy's GPUs are its pools');
+    `gpus`: per policy, what that pays for."""
     best = max(result.policies, key=lambda p: (p.safe_rate, p.mean_rate), default=None)
     note = basis_note(result.meta.get("pricing_basis"))
     unit = result.meta.get("load_unit") or "req/s"
@@ -58,7 +61,8 @@ def cards(result, colors: dict, tied: dict, usd_per_hour: float | dict | None, o
         out.append(Card(p.policy, colors[p.policy], p is best and p.safe_rate > 0, p.sustainable_at_scenario_rate,
                         p.safe_rate, p.headroom, f"{p.mean_rate:.3g} (95% CI {p.ci_low:.3g}–{p.ci_high:.3g})",
                         tuple(tied.get(p.policy, ())), usd, per_m, p.binding or "–",
-                        p.binding_detail or "", note, unit=unit, throughput=rps))
+                        p.binding_detail or "", note, unit=unit, throughput=rps,
+                        gpus=(gpus or {}).get(p.policy, "")))
     return out
 
 
@@ -74,19 +78,28 @@ def load_label(unit: str, value: float) -> str:
     return f"{value:.3g} {unit}"
 
 
-def hourly_cost(scenario, policy=None) -> tuple[float, str] | None:
-    """($/hour of the scenario's GPUs, the price's source), or None without a price; for a policy
-    served disaggregated, of its prefill and decode pools' GPUs."""
-    views = [scenario.hardware]
+def _views(scenario, policy=None) -> list:
+    """The scenario as each of its pools runs it: itself, or a disaggregated policy's prefill and decode pools."""
     if policy is not None and scenario.disaggregated(policy):
         from kvsim.scenario.disaggregation import ROLES, pool_view
 
-        views = [pool_view(scenario, policy, role)[0].hardware for role in ROLES]
-    prices = [gpu_price(scenario, hw.gpu) for hw in views]
+        return [pool_view(scenario, policy, role)[0] for role in ROLES]
+    return [scenario]
+
+
+def hourly_cost(scenario, policy=None) -> tuple[float, str] | None:
+    """($/hour of every GPU the scenario takes, the price's source), or None without a price
+    (kvsim.scenario.catalog.hourly_price: TP x DP a replica, every replica); for a policy served
+    disaggregated, of its prefill and decode pools' GPUs."""
+    prices = [hourly_price(view) for view in _views(scenario, policy)]
     if any(price is None for price in prices):
         return None
-    return (sum(price.usd_per_hour * hw.tensor_parallel_size * hw.num_replicas for price, hw in zip(prices, views)),
-            prices[0].source)
+    return sum(usd for usd, _ in prices), prices[0][1].source
+
+
+def gpus_text(scenario, policy=None) -> str:
+    """What `hourly_cost` pays for: '2 × H100-SXM'; a disaggregated policy's pools: '1 × H100-SXM + 2 × H200'."""
+    return " + ".join(f"{num_gpus(v.hardware)} × {v.hardware.gpu}" for v in _views(scenario, policy))
 
 
 @st.cache_data(max_entries=32, show_spinner=False)

@@ -20,7 +20,8 @@ import tomli_w
 from kvdash import errors, fields
 from kvdash.source import Base, choose_base, toml_value
 from kvsim.errors import KvsimError
-from kvsim.scenario.catalog import GPUS, MODELS
+from kvsim.planning.parallel import Parallel
+from kvsim.scenario.catalog import GPUS, MODELS, num_gpus
 from kvsim.scenario.config import (ArrivalConfig, PrefixConfig, Scenario, SloConfig, scenario_from_dict,
                                    scenario_from_toml)
 from kvsim.scenario.overrides import apply_overrides
@@ -272,11 +273,12 @@ def build(base: Base, overrides: list[str], unset: list[str], chosen: list[str])
 
 
 def layout_text(scenario: Scenario) -> str:
-    """e.g. 'Llama-3.1-8B on 4 × H100-SXM (TP 2 × 2 replicas)'."""
+    """e.g. 'Llama-3.1-8B on 4 × H100-SXM (TP 2 × 2 replicas)', 'Qwen3-30B-A3B on 2 × H100-SXM (TP 1 DP 2
+    EP × 1 replica)': every GPU, and the layout as `kvsim plan` names it (kvsim.planning.parallel)."""
     hw = scenario.hardware
     model = scenario.model.name or Path(scenario.model.hf_config or "model").parent.name
-    n = hw.tensor_parallel_size * hw.num_replicas
-    return (f"{model} on {n} × {hw.gpu} (TP {hw.tensor_parallel_size} × {hw.num_replicas} "
+    layout = Parallel(hw.tensor_parallel_size, hw.data_parallel_size, hw.enable_expert_parallel)
+    return (f"{model} on {num_gpus(hw)} × {hw.gpu} (TP {layout} × {hw.num_replicas} "
             f"replica{'s' if hw.num_replicas > 1 else ''})")
 
 

@@ -3,7 +3,8 @@ arrival rate, SLO), a card per policy: does it meet the SLO at that rate, its sa
 and a run four times longer sustainable there), $/hour and $ per million output tokens at the safe
 rate, and what binds (a closed loop: its clients, the safe concurrency and the req/s it gets); then what serves a target rate on this GPU ("N × GPU as TP t × r replicas,
 $X/h") with the best policy. The numbers are `kvsim plan`'s and `kvsim plan --target-rate`'s with
-their default settings (kvdash.answers.CLI), cached by scenario. When the model does not fit, the page
+their default settings (kvdash.answers.CLI), cached by scenario. Every $ figure counts every GPU of the
+layout and says at which rate it is priced. When the model does not fit, the page
 shows where the memory goes and a button for a layout that fits.
 """
 
@@ -57,8 +58,9 @@ def card(c: answers.Card, r0: float) -> None:
                  f"safe up to **{answers.load_label(c.unit, c.safe_rate)}**{there} ({c.headroom:+.0%})  \n"
                  f"knee {c.knee}" + (f"  \n= tie with {', '.join(c.tied)}" if c.tied else ""))
     money = ("no price: set cost.gpu_hour_usd" if c.usd_per_hour is None else
-             f"**${c.usd_per_hour:,.2f}/hour**" + ("" if c.usd_per_m_output is None else
-                                                    f" · ${c.usd_per_m_output:,.3f} per M output tokens"))
+             f"**${c.usd_per_hour:,.2f}/hour** for {c.gpus}" + ("" if c.usd_per_m_output is None else
+                                                               f" · ${c.usd_per_m_output:,.3f} per M output tokens "
+                                                               f"at {c.throughput:.3g} req/s"))
     box.markdown(f"{money}  \nbinds: **{c.binding}**", help=c.binding_detail or None)
     if c.note:
         box.caption(c.note)
@@ -92,8 +94,8 @@ def target_answer(scenario, plan_result, here: tuple, r0: float) -> None:
     if result.deployments:
         d = result.deployments[0]
         shown = cols[2].warning if d.pricing == "estimated" else cols[2].success
-        shown(f"**{d.answer()}**  \n${d.usd_per_m_output:,.3f} per M output tokens; every seed and a "
-              f"{result.meta['long_run_requests']:,}-request run meet the SLO at {rate:g} req/s  \n"
+        shown(f"**{d.answer()}**  \n${d.usd_per_m_output:,.3f} per M output tokens at {rate:g} req/s; every seed "
+              f"and a {result.meta['long_run_requests']:,}-request run meet the SLO there  \n"
               f"{d.pricing.capitalize()}: {d.pricing_why}")
     else:
         cols[2].warning(f"No layout of {gpu} (TP 1, 2, 4, 8; up to {targets.max_replicas} replicas) meets the SLO "
@@ -105,8 +107,9 @@ def target_answer(scenario, plan_result, here: tuple, r0: float) -> None:
 
 with errors.caught(st):
     scenario = cur.scenario
-    st.caption(f"{settings.workload_text(scenario)} · {slo_text(scenario.slo.model_dump())} · policies compared: "
-               f"{', '.join(cur.policies)} (change them under Advanced)")
+    st.caption(f"{settings.layout_text(scenario)} · {settings.workload_text(scenario)} · "
+               f"{slo_text(scenario.slo.model_dump())} · policies compared: {', '.join(cur.policies)} (change them "
+               "under Advanced)")
     problem = answers.fit_problem(scenario)
     if problem:
         does_not_fit(problem)
@@ -120,7 +123,8 @@ with errors.caught(st):
     colors = policy_colors(result.meta["policy_order"])
     per_policy = {p.name: answers.hourly_cost(scenario, p) for p in scenario.policies}
     shown = answers.cards(result, colors, tied_with(result.policies),
-                          {name: c[0] if c else None for name, c in per_policy.items()}, out_tokens)
+                          {name: c[0] if c else None for name, c in per_policy.items()}, out_tokens,
+                          {p.name: answers.gpus_text(scenario, p) for p in scenario.policies})
     st.subheader(f"Each policy at {answers.load_label(result.meta.get('load_unit') or 'req/s', r0)}, "
                  "and how far it goes")
     for start in range(0, len(shown), CARDS_PER_ROW):
@@ -133,6 +137,6 @@ with errors.caught(st):
                + (" with that many clients (a closed loop: each client sends its next request when its last one "
                   "ended, as vllm bench serve --max-concurrency; req/s: what they get there)" if closed_loop
                   else " and keep up there") + "; the knee is the seeds' mean, ties overlap in their 95% intervals. "
-               + (f"$ from {cost[1]}. " if cost else "")
+               + (f"$ per M output tokens at the safe rate's req/s; $/hour from {cost[1]}. " if cost else "")
                + f"Same numbers: `python -m kvsim plan {cur.arguments() or 'SCENARIO.toml'}`.")
     target_answer(scenario, result, here, r0)  # a trace's own mean rate, as the plan replays it

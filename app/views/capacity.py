@@ -142,7 +142,7 @@ def plan_rows(result) -> list[dict]:
 def deploy_rows(result) -> list[dict]:
     """`kvsim plan --target-rate`'s table: the cheapest passing layouts, each with its own safe rate."""
     r = result.target_rate
-    return [{"GPU": d.gpu, "TP × replicas": f"{d.tensor_parallel_size} × {d.num_replicas}", "GPUs": d.num_gpus,
+    return [{"GPU": d.gpu, "TP × replicas": f"{d.layout} × {d.num_replicas}", "GPUs": d.num_gpus,
              "policy": d.policy, "safe req/s": f"{d.safe_rate:.3g}" if d.safe_rate is not None else f"≥{r:g}",
              "knee (95% CI)": "–" if d.mean_rate is None else f"{d.mean_rate:.3g} ({d.ci_low:.3g}–{d.ci_high:.3g})",
              "$/hour": d.usd_per_hour, "$/M input": d.usd_per_m_input, "$/M output": d.usd_per_m_output,
@@ -153,7 +153,7 @@ def deploy_rows(result) -> list[dict]:
 
 def cost_figure(result) -> dict:
     ds = [d for d in result.deployments if d.meets_target]
-    labels = [f"{d.gpu} TP{d.tensor_parallel_size}×{d.num_replicas}" for d in ds]
+    labels = [d.label for d in ds]
     return {"data": [{"type": "bar", "orientation": "h", "y": labels, "x": [d.usd_per_m_output for d in ds],
                       "marker": {"color": "#00CC96"}, "customdata": [[d.usd_per_hour, d.num_gpus] for d in ds],
                       "hovertemplate": "%{y}: $%{x:.3f} per M output tokens, $%{customdata[0]:.2f}/h on "

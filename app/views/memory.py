@@ -70,8 +70,8 @@ with errors.caught(st):
     scenario = cur.scenario
     max_len = kvsim.memory(scenario, seq_lens=())["max_model_len"]
     mem = kvsim.memory(scenario, seq_lens=chart_lengths(max_len))
-    st.caption(f"{mem['model']} on {mem['gpu']}, tensor_parallel_size {mem['tensor_parallel_size']}, "
-               f"max_model_len {max_len:,}: per GPU, as `python -m kvsim memory` prints it")
+    st.caption(f"{settings.layout_text(scenario)}, max_model_len {max_len:,}: per GPU, as `python -m kvsim memory` "
+               "prints it")
     for cap in mem["capacity"]:
         if cap["problem"]:
             st.warning(errors.one_line(cap["problem"]))

@@ -318,3 +318,19 @@ def test_picking_a_moe_model_names_its_experts_and_dp_ep_are_scenario_keys():
     assert_clean(at)
     toml = downloaded_toml(at)
     assert "data_parallel_size = 2" in toml and "enable_expert_parallel = true" in toml
+
+
+def test_log_axes_are_labelled_in_whole_numbers_at_ticks_their_span_allows():
+    """plotly's own log ticks label 200 and 500 as a bare '2' and '5': every log axis gets a number format,
+    and ticks by the decades it spans (every digit under 0.7 of one, 1-2-5 up to 3, decades beyond);
+    an axis with its own labels keeps them."""
+    from kvdash.charts import LOG_TICKS, readable
+
+    fig = {"data": [{"x": [1, 2], "y": [3.0, 2e5], "yaxis": "y2"}, {"x": [1, 2], "y": [0.5, 4.0]}],
+           "layout": {"xaxis": {"type": "log", "range": [1, 1.5]}, "yaxis": {"type": "log"},
+                      "yaxis2": {"type": "log"}, "xaxis2": {"type": "log", "ticktext": ["1k"], "tickvals": [1000]}}}
+    out = readable(fig)["layout"]
+    assert out["xaxis"] == {"type": "log", "range": [1, 1.5], "tickformat": LOG_TICKS, "dtick": "D1"}
+    assert out["yaxis"]["dtick"] == "D2" and out["yaxis"]["tickformat"] == LOG_TICKS  # 0.5-4: 0.9 decades
+    assert out["yaxis2"]["dtick"] == 1  # 3-200,000: 4.8 decades
+    assert out["xaxis2"] == fig["layout"]["xaxis2"] and "tickformat" not in fig["layout"]["yaxis"]  # a copy

@@ -11,10 +11,9 @@ the plan the Answer page made, so the numbers are the command line's.
 
 import os
 
-import plotly.graph_objects as go
 import streamlit as st
 
-from kvdash import errors, plans, runs, settings
+from kvdash import charts, errors, plans, runs, settings
 from kvsim.errors import KvsimError
 from kvsim.planning.capacity import DEFAULT_REQUESTS
 from kvsim.planning.output import deploy_lines, plan_files, plan_lines, tied_with
@@ -164,7 +163,7 @@ def cost_figure(result) -> dict:
 
 
 def show(fig: dict, key: str) -> None:
-    st.plotly_chart(go.Figure(fig), theme=None, key=f"kvsim.capacity_{key}")
+    charts.plot(fig, f"kvsim.capacity_{key}")
 
 
 def downloads(result, prefix: str) -> None:

@@ -10,7 +10,7 @@ pools' other keys (link, routers, memory share) are the scenario's [disaggregati
 import plotly.graph_objects as go
 import streamlit as st
 
-from kvdash import answers, errors, plans, settings
+from kvdash import answers, charts, errors, plans, settings
 from kvsim.planning.capacity import default_requests
 from kvsim.planning.points import base_rate
 from kvsim.results.report import slo_text
@@ -94,7 +94,7 @@ with errors.caught(st):
     (st.success if result.deployments or result.aggregated.deployments else st.warning)(f"**{verdict}**")
     if result.estimated_note():
         st.warning(result.estimated_note())
-    st.plotly_chart(options_figure(result), theme=None, key="kvsim.pd_options")
+    charts.plot(options_figure(result), "kvsim.pd_options")
     st.dataframe(table(result), hide_index=True)
     st.caption(f"Each pool layout's cheapest prefill:decode counts whose every seed and a "
                f"{result.meta['long_run_requests']:,}-request run meet the SLO at {targets.target_rate:g} req/s; "

@@ -3,11 +3,10 @@ numbers `python -m kvsim memory` prints): the capacity breakdown, bytes per toke
 sequences that fit per context length and policy, and the prefill FLOPs a shared prefix saves.
 """
 
-import plotly.graph_objects as go
 import streamlit as st
 
 import kvsim
-from kvdash import errors, settings
+from kvdash import charts, errors, settings
 from kvdash.answers import breakdown_figure
 from kvsim.results.memory_report import table_lengths
 from kvsim.results.figures import policy_colors
@@ -63,7 +62,7 @@ def prefix_figure(prefix: dict) -> dict:
 
 
 def show(fig: dict, key: str) -> None:
-    st.plotly_chart(go.Figure(fig), theme=None, key=f"kvsim.memory_{key}")
+    charts.plot(fig, f"kvsim.memory_{key}")
 
 
 with errors.caught(st):

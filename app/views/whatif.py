@@ -5,10 +5,9 @@ runs the whole scenario. The table and figures are the CLI's own (kvsim.results.
 downloads are the settings as a scenario file and the run's results folder files.
 """
 
-import plotly.graph_objects as go
 import streamlit as st
 
-from kvdash import answers, errors, runs, settings
+from kvdash import answers, charts, errors, runs, settings
 from kvsim.errors import KvsimError
 from kvsim.results.headline import table_figures
 from kvsim.results.report import verdict_lines
@@ -56,7 +55,7 @@ with errors.caught(st):
     st.subheader("Policy comparison")
     st.dataframe(comparison_rows(result.summaries), hide_index=True, width="stretch", height="content")
     for i, fig in enumerate(result.figures):
-        st.plotly_chart(go.Figure(fig), theme=None, key=f"kvsim.report_fig_{i}")
+        charts.plot(fig, f"kvsim.report_fig_{i}")
 
     st.subheader("Downloads")
     label = "preview " if result.toml != full_toml else ""

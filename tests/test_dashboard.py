@@ -164,9 +164,13 @@ def test_memory_page_is_kvsim_memory(tmp_path):
     assert {c["kv_cache_dtype"] for c in mem["capacity"]} == {"auto", "fp8", "int4"}
 
     breakdown, per_token, sequences, prefix = figures(at)
-    cap = mem["capacity"][0]
-    parts = [cap[k] for k in ("weights", "activations", "reserve", "kv")] + [cap["total"] - cap["budget"]]
-    assert [t["x"][0] for t in breakdown["data"]] == pytest.approx([x / 2**30 for x in parts])
+    for i, cap in enumerate(mem["capacity"]):  # a bar per kv dtype (and activation reserve), named as the CLI heads it
+        parts = [cap[k] for k in ("weights", "activations", "reserve", "kv")] + [cap["total"] - cap["budget"]]
+        assert [t["y"][i] for t in breakdown["data"]] == [f"{cap['kv_cache_dtype']} ({', '.join(cap['policies'])})"] * 5
+        assert [t["x"][i] for t in breakdown["data"]] == pytest.approx([x / 2**30 for x in parts])
+    labels = [m.label for m in at.metric][:len(mem["capacity"])]  # KV tokens per GPU: one metric each, its own name
+    assert labels == [f"{c['kv_cache_dtype']} ({', '.join(c['policies'])})" for c in mem["capacity"]]
+    assert len(set(labels)) == len(labels) == 4  # auto twice: paged-chunked's smaller activations leave more KV
     assert per_token["data"][0]["y"] == pytest.approx([r["bytes_per_token"] / 1024 for r in mem["bytes_per_token"]])
     for trace in sequences["data"][:-1]:
         rows = [r for r in mem["sequences"] if r["policy"] == trace["name"]]

@@ -1,9 +1,10 @@
 """The Answer page (the dashboard's first screen) under AppTest: its cards are `kvsim plan`'s numbers
 for the scenario file the dashboard offers, its target-rate line is `kvsim plan --target-rate`'s, a
-model that does not fit shows where the memory goes and a button to a layout that fits, every $
-counts every GPU and says at which rate it is priced; and the fixes around it: a trace's own rate as
-the default target, an uploaded scenario without its trace,
-"Run all" on a model that does not fit, captions and downloads that follow the settings."""
+model that does not fit shows where the memory goes and buttons to the layouts that fit best, a
+setting vLLM would not run is the one fix the library names, every $ counts every GPU and says at
+which rate it is priced; and the fixes around it: a trace's own rate
+as the default target, an uploaded scenario without its trace, "Run all" on a model that does not
+fit, captions and downloads that follow the settings."""
 
 import json
 import re
@@ -14,7 +15,7 @@ import sys
 import pytest
 
 from tests.test_dashboard import (FIXTURES, GOOD_TOML, ROOT, assert_clean, cli, downloaded_toml,
-                                  downloaded_toml_from_state, one_error, open_app, upload, widget)
+                                  downloaded_toml_from_state, figures, one_error, open_app, upload, widget)
 from tests.test_dashboard_capacity import keyed
 
 from kvsim.planning.points import base_rate
@@ -76,20 +77,52 @@ def test_the_cards_are_kvsim_plan_and_the_target_line_kvsim_plan_target_rate(tmp
     assert gpus > d["num_gpus"]
 
 
-def test_a_model_that_does_not_fit_shows_its_memory_and_a_layout_that_fits():
+def test_a_model_that_does_not_fit_shows_its_memory_and_the_layouts_that_fit_best():
+    """Llama-3.1-70B on one H100: one GPU of MI300X or B200 holds it, before two H100s (or two A100s: as
+    much memory and slower); the chart stacks what the GPU holds against its memory and the budget."""
     at = small(open_app())
     widget(at, "selectbox", "model.name").set_value("Llama-3.1-70B")
     answer(at)
     assert one_error(at).startswith("scenarios/chat.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at tp=1) "
                                     "does not fit on H100-SXM")
-    [chart] = at.get("plotly_chart")
-    weights = json.loads(chart.proto.spec)["data"][0]
-    assert weights["name"] == "weights" and weights["x"][0] > 71.3  # more than H100's budget at 0.9
-    fix = next(b for b in at.button if b.label.startswith("Use TP 2"))
-    fix.click().run()
+    assert [b.label for b in at.button if b.key.startswith("kvsim.answer.fix")] == [
+        "Use 1 × MI300X (TP 1), $2.49/h", "Use 1 × B200 (TP 1), $5.99/h", "Use 2 × H100-SXM (TP 2), $5.98/h"]
+    [chart] = figures(at)
+    bars = {t["name"]: t["x"] for t in chart["data"]}
+    assert bars["weights"][0] == pytest.approx(131.4, abs=0.05) and bars["KV cache"] == [0.0, 0.0]  # never negative
+    assert all(x >= 0 for xs in bars.values() for x in xs)
+    lines = {s["name"].split(":")[0]: s["x0"] for s in chart["layout"]["shapes"]}
+    assert lines["GPU memory"] == pytest.approx(85017493504 / 2**30)  # what CUDA reports on an H100
+    assert lines["budget at gpu_memory_utilization"] == pytest.approx(0.9 * 85017493504 / 2**30)
+    assert chart["layout"]["title"]["text"].endswith("GiB over the budget")
+    at.button(key="kvsim.answer.fix_0").click().run()
     assert_clean(at)
-    assert widget(at, "selectbox", "hardware.tensor_parallel_size").value == 2
-    assert at.success  # now it answers: cards and the target line
+    assert widget(at, "selectbox", "hardware.gpu").value == "MI300X"
+    assert widget(at, "selectbox", "hardware.tensor_parallel_size").value == 1
+    assert "/hour** for 1 × MI300X" in card_text(at, "paged")  # now it answers (estimated: no MI300X kernel table)
+
+
+def test_deepseek_on_h200_gets_the_one_fix_the_library_names():
+    """DeepSeek-V3 picked on H200 (chat.toml's block size 16): kvsim run's line names the block size
+    vLLM uses for MLA there, so the page offers that and nothing about memory, at TP 1 as at TP 8; the
+    Memory page says the same (its figures already use 64). The button sets it."""
+    at = small(open_app())
+    widget(at, "selectbox", "model.name").set_value("DeepSeek-V3")
+    widget(at, "selectbox", "hardware.gpu").set_value("H200")
+    answer(at)
+    line = ("scenarios/chat.toml: vLLM v0.11.0 runs DeepSeek-V3's latent attention (MLA) with block_size 64 on H200: "
+            "set engine.block_size = 64")
+    assert one_error(at) == line
+    assert [b.label for b in at.button] == ["Set engine.block_size = 64"] and not at.get("plotly_chart")
+    widget(at, "selectbox", "hardware.tensor_parallel_size").set_value(8).run()
+    assert one_error(at) == line and [b.label for b in at.button] == ["Set engine.block_size = 64"]
+    at.switch_page("views/memory.py").run()
+    assert not at.error and [w.value for w in at.warning] == [
+        line + ". The memory figures here use it already; runs and plans need it set."]
+    at.button(key="kvsim.memory_setting.fix_0").click().run()
+    assert_clean(at) and not at.warning
+    assert widget(at, "selectbox", "engine.block_size").value == 64
+    assert "block_size = 64" in downloaded_toml_from_state(at)
 
 
 def test_a_data_parallel_layout_is_priced_for_every_gpu_at_the_rate_it_says():

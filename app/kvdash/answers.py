@@ -1,6 +1,8 @@
-"""What the Answer page says, computed from the library's answers (`kvsim.plan`, `kvsim.deploy`,
-`kvsim.memory`): a card per policy, what to change when the model does not fit, and the line that
-answers a target rate. No Streamlit here but the caches: the page draws.
+"""What the Answer page says, computed from the library's answers (`kvsim.plan`, `kvsim.deploy`): a
+card per policy and the line that answers a target rate, each $ figure for every GPU the layout takes
+(TP x DP a replica, every replica: kvsim.scenario.catalog.hourly_price) and said at which rate it is
+priced. What to change when the scenario cannot run is kvdash.diagnosis. No Streamlit here but the
+caches: the page draws.
 """
 
 from __future__ import annotations
@@ -11,14 +13,10 @@ from pathlib import Path
 import streamlit as st
 
 from kvdash import plans
-from kvsim.errors import KvsimError
-from kvsim.scenario.catalog import GPUS, gpu_spec, hourly_price, model_spec, num_gpus
+from kvsim.scenario.catalog import hourly_price, num_gpus
 from kvsim.scenario.config import scenario_from_toml
 
 CLI = plans.DEFAULT  # `kvsim plan`'s own defaults: the page's numbers are the command line's
-GIB = 2**30
-BREAKDOWN = (("weights", "weights"), ("activations", "activations"), ("reserve", "fixed reserve"),
-             ("kv", "KV cache"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,50 +108,3 @@ def mean_tokens(toml_text: str, source: str, base_dir: str, inputs_digest: str) 
 
     scenario = scenario_from_toml(toml_text, source, Path(base_dir))
     return tokens_per_request(scenario, default_requests(scenario))
-
-
-def fit_problem(scenario) -> str | None:
-    """Why the model does not fit (one line), or None."""
-    from kvsim.perf.memory import check_fits
-
-    try:
-        check_fits(scenario, model_spec(scenario), gpu_spec(scenario), scenario.policies)
-    except KvsimError as exc:
-        return str(exc)
-    return None
-
-
-def fixes(scenario) -> list[tuple[str, dict]]:
-    """Layouts that fit, as (button label, {scenario key: value}): the smallest TP degree that fits on
-    this GPU, else the smallest GPU preset that fits at this TP degree (or the next)."""
-    from kvsim.perf.memory import smallest_tp
-
-    model, policies = model_spec(scenario), scenario.policies
-    gpu = gpu_spec(scenario)
-    out = []
-    tp = smallest_tp(scenario, model, gpu, policies)
-    hw = scenario.hardware
-    if tp is not None and tp != hw.tensor_parallel_size:
-        out.append((f"Use TP {tp} ({tp * hw.num_replicas} × {gpu.name})", {"hardware.tensor_parallel_size": tp}))
-    for other in sorted(GPUS.values(), key=lambda g: g.memory_gib):
-        if other.name == gpu.name or other.memory_gib <= gpu.memory_gib:
-            continue
-        other_tp = smallest_tp(scenario.model_copy(update={"hardware": hw.model_copy(update={"gpu": other.name})}),
-                               model, other, policies)
-        if other_tp is not None:
-            out.append((f"Use {other.name}" + (f" at TP {other_tp}" if other_tp != hw.tensor_parallel_size else ""),
-                        {"hardware.gpu": other.name, "hardware.tensor_parallel_size": other_tp}))
-            break
-    return out
-
-
-def breakdown_figure(cap: dict, gpu: str) -> dict:
-    """One stacked bar per GPU: weights, activations, reserve, KV cache (none when negative: the
-    shortfall is drawn past the budget) and what utilization leaves out."""
-    parts = [(label, cap[key]) for key, label in BREAKDOWN] + [("not used (gpu_memory_utilization)",
-                                                                 cap["total"] - cap["budget"])]
-    data = [{"type": "bar", "orientation": "h", "name": label, "y": [gpu], "x": [value / GIB],
-             "hovertemplate": f"{label}: %{{x:.2f}} GiB<extra></extra>"} for label, value in parts]
-    return {"data": data, "layout": {"barmode": "relative", "height": 260,
-                                     "title": {"text": "Memory per GPU (GiB)"}, "margin": {"l": 90},
-                                     "legend": {"orientation": "h", "y": -0.3, "traceorder": "normal"}}}

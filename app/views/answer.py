@@ -4,14 +4,14 @@ and a run four times longer sustainable there), $/hour and $ per million output 
 rate, and what binds (a closed loop: its clients, the safe concurrency and the req/s it gets); then what serves a target rate on this GPU ("N × GPU as TP t × r replicas,
 $X/h") with the best policy. The numbers are `kvsim plan`'s and `kvsim plan --target-rate`'s with
 their default settings (kvdash.answers.CLI), cached by scenario. Every $ figure counts every GPU of the
-layout and says at which rate it is priced. When the model does not fit, the page
-shows where the memory goes and a button for a layout that fits.
+layout and says at which rate it is priced. When the scenario cannot run, the page shows the library's
+one line and what fixes it (kvdash.diagnosis): where the memory goes and the layouts that fit best, or
+the setting to change.
 """
 
-import plotly.graph_objects as go
 import streamlit as st
 
-from kvdash import answers, errors, plans, settings
+from kvdash import answers, diagnosis, errors, plans, settings
 from kvsim.planning.output import tied_with
 from kvsim.scenario.catalog import GPUS
 from kvsim.results.figures import policy_colors
@@ -19,32 +19,6 @@ from kvsim.results.report import slo_text
 
 cur = settings.current()
 CARDS_PER_ROW = 5
-
-
-def apply(changes: dict) -> None:
-    """A fix's button: set the question's widgets to a layout that fits."""
-    for key, value in changes.items():
-        st.session_state[f"{cur.base.digest}:{key}"] = value
-
-
-def does_not_fit(problem: str) -> None:
-    st.error(errors.one_line(problem))
-    from kvsim.results.memory_report import memory_records
-    from kvsim.scenario.catalog import gpu_spec, model_spec
-
-    scenario = cur.scenario
-    fixes = answers.fixes(scenario)
-    cols = st.columns(max(1, len(fixes)) + 2)
-    for col, (label, changes) in zip(cols, fixes):
-        col.button(label, on_click=apply, args=(changes,), type="primary", key=f"kvsim.answer.fix_{label}")
-    try:
-        cap = memory_records(scenario, model_spec(scenario), gpu_spec(scenario), seq_lens=())["capacity"][0]
-    except Exception:  # noqa: BLE001 (nothing to draw: the error above says why)
-        return
-    st.plotly_chart(go.Figure(answers.breakdown_figure(cap, scenario.hardware.gpu)), theme=None,
-                    key="kvsim.answer_breakdown")
-    st.caption("Per GPU: the weights alone (split over the TP degree) exceed what gpu_memory_utilization leaves; "
-               "the Memory page has the whole breakdown once it fits.")
 
 
 def card(c: answers.Card, r0: float) -> None:
@@ -110,9 +84,12 @@ with errors.caught(st):
     st.caption(f"{settings.layout_text(scenario)} · {settings.workload_text(scenario)} · "
                f"{slo_text(scenario.slo.model_dump())} · policies compared: {', '.join(cur.policies)} (change them "
                "under Advanced)")
-    problem = answers.fit_problem(scenario)
-    if problem:
-        does_not_fit(problem)
+    diag = diagnosis.diagnose(scenario)
+    if diag is not None:
+        st.error(errors.one_line(diag.message))
+        diagnosis.buttons(diag, cur.base.digest, "answer")
+        if diag.kind == diagnosis.MEMORY:
+            diagnosis.memory_view(scenario, "answer")
         st.stop()
     toml = cur.toml()
     here = (toml, cur.base.source, str(cur.base.base_dir), cur.base.digest)

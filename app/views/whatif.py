@@ -7,8 +7,7 @@ downloads are the settings as a scenario file and the run's results folder files
 
 import streamlit as st
 
-from kvdash import answers, charts, errors, runs, settings
-from kvsim.errors import KvsimError
+from kvdash import charts, diagnosis, errors, runs, settings
 from kvsim.results.headline import table_figures
 from kvsim.results.report import verdict_lines
 
@@ -28,9 +27,11 @@ def comparison_rows(summaries: dict) -> list[dict]:
 with errors.caught(st):
     scenario, base = cur.scenario, cur.base
     st.caption(f"{settings.layout_text(scenario)}; {settings.workload_text(scenario)}")
-    problem = answers.fit_problem(scenario)
-    if problem:  # no run can start: say why now, not after a "Run all"
-        raise KvsimError(problem)
+    diag = diagnosis.diagnose(scenario)
+    if diag is not None:  # no run can start: say why now, not after a "Run all"
+        st.error(errors.one_line(diag.message))
+        diagnosis.buttons(diag, base.digest, "whatif")
+        st.stop()
     full_toml = cur.toml()
     total = runs.request_count(full_toml, base.source, str(base.base_dir), base.digest)
     is_preview = total is None or total > runs.PREVIEW_REQUESTS

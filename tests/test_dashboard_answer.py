@@ -2,7 +2,7 @@
 for the scenario file the dashboard offers, its target-rate line is `kvsim plan --target-rate`'s, a
 model that does not fit shows where the memory goes and buttons to the layouts that fit best, a
 setting vLLM would not run is the one fix the library names, every $ counts every GPU and says at
-which rate it is priced; and the fixes around it: a trace's own rate
+which rate it is priced, the target follows the question's rate; and the fixes around it: a trace's own rate
 as the default target, an uploaded scenario without its trace, "Run all" on a model that does not
 fit, captions and downloads that follow the settings."""
 
@@ -152,6 +152,29 @@ def test_a_data_parallel_layout_is_priced_for_every_gpu_at_the_rate_it_says():
     assert_clean(at)
     assert any(c.value.startswith("Qwen3-30B-A3B on 2 × H100-SXM (TP 1 DP 2 EP × 1 replica), max_model_len")
                for c in at.caption)
+
+
+def asks_for_a_search(at) -> bool:
+    return any("Search the safe rates" in i.value for i in at.info)
+
+
+def test_the_target_follows_the_questions_rate_and_capacity_shows_a_plan_it_has():
+    """The arrival rate changed from 14 to 15: the target rate is 15 (the command no longer says
+    `--set workload.arrival.rate=15.0 --target-rate 14`), and Capacity shows the Answer page's plan of
+    15 req/s without a button press."""
+    at = answer(small(open_app()))
+    at.switch_page("views/capacity.py").run()  # the first visit: the Answer page's plan of 14 req/s
+    assert not asks_for_a_search(at) and keyed(at, "number_input", "kvsim.capacity.target_rate").value == 14.0
+    answer(at)
+    widget(at, "number_input", "workload.arrival.rate").set_value(15.0).run()  # on the Answer page: its widgets stay
+    assert_clean(at)
+    assert keyed(at, "number_input", "kvsim.answer.target").value == 15.0
+    command = next(c.value for c in at.caption if "--target-rate" in c.value).split("`")[1]
+    assert "--set workload.arrival.rate=15.0" in command and "--target-rate 15 " in command
+    at.switch_page("views/capacity.py").run()
+    assert not asks_for_a_search(at) and not at.error and not at.get("progress")
+    assert "--set workload.arrival.rate=15.0" in next(c.value for c in at.caption if c.value.startswith("Same numbers"))
+    assert keyed(at, "number_input", "kvsim.capacity.target_rate").value == 15.0
 
 
 def test_a_traces_own_rate_is_the_default_target_and_an_uploaded_trace_scenario_asks_for_its_trace():

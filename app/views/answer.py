@@ -53,8 +53,9 @@ def target_answer(scenario, plan_result, here: tuple, r0: float) -> None:
     if closed:  # a closed loop's rate: what its safe clients get from the best policy
         r0 = best_answer.at_safe_rate.get("throughput_rps") or 1.0
     cols = st.columns([1, 1.4, 3], vertical_alignment="bottom")
-    rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, float(f"{r0:.4g}"), step=1.0, format="%g",
-                                key=f"kvsim.answer.target:{cur.base.digest}",
+    default = float(f"{r0:.4g}")  # keyed by it too: a new question's rate is the new default
+    rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, default, step=1.0, format="%g",
+                                key=f"kvsim.answer.target:{cur.base.digest}:{default:g}",
                                 help="The SLO must be met at this arrival rate (`kvsim plan --target-rate R`). "
                                      + ("A closed loop is planned as its requests arriving at this rate (Poisson, "
                                         "no client limit). Default: the requests/s the best policy's safe clients get."

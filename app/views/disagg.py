@@ -28,8 +28,9 @@ def question(scenario, r0: float):
         p.gpu or scenario.hardware.gpu for p in (section.prefill, section.decode)))
     cols = st.columns([1, 2, 1.3, 1.5, 1.3], vertical_alignment="bottom")
     key = cur.base.digest
-    rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, float(f"{r0:.4g}"), step=1.0, format="%g",
-                                key=f"kvsim.pd.target:{key}", help="The SLO must be met at this arrival rate.")
+    default = float(f"{r0:.4g}")  # keyed by it too: a new question's rate is the new default
+    rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, default, step=1.0, format="%g",
+                                key=f"kvsim.pd.target:{key}:{default:g}", help="The SLO must be met at this arrival rate.")
     gpus = cols[1].multiselect("GPUs, each pool", list(GPUS), default=[g for g in own if g in GPUS],
                                key=f"kvsim.pd.gpus:{key}", help="Candidates for the prefill pool and for the decode "
                                "pool (H100 prefill with H200 decode is one layout); the aggregated search takes them too.")

@@ -208,6 +208,20 @@ output_len = { dist = "fixed", value = 10 }
 """
 
 
+def assert_waits_for_an_upload(at: AppTest) -> None:
+    """Nothing uploaded yet is nothing wrong: a prompt for the file, not a red error line."""
+    assert not at.exception and not at.error
+    assert [i.value for i in at.info] == [("Upload a scenario TOML file (Advanced, in the sidebar), or start from a "
+                                           "shipped scenario.")]
+
+
+def test_every_page_waits_for_an_upload_without_an_error():
+    at = open_app()
+    at.sidebar.radio(key="kvsim.source").set_value("uploaded TOML").run()
+    for page in ("views/whatif.py", "views/answer.py", "views/capacity.py", "views/memory.py", "views/disagg.py"):
+        assert_waits_for_an_upload(at.switch_page(page).run())
+
+
 @pytest.mark.parametrize("name, data, message", [
     ("bad.toml", GOOD_TOML.replace(b"max_model_len", b"max_model_lenn"),
      "bad.toml: engine.max_model_lenn: unknown key"),
@@ -220,7 +234,7 @@ output_len = { dist = "fixed", value = 10 }
 def test_bad_scenario_upload_is_one_error_line(name, data, message):
     at = open_app()
     at.sidebar.radio(key="kvsim.source").set_value("uploaded TOML").run()
-    assert one_error(at).startswith("upload a scenario TOML file")
+    assert_waits_for_an_upload(at)
     upload(at, "kvsim.upload_toml", name, data)
     assert one_error(at).startswith(message)
     assert not at.get("plotly_chart")

@@ -56,7 +56,8 @@ class MoeTable:
     ms: np.ndarray
 
 
-MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "mxfp4")
+MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "mxfp4", "nvfp4", "int4")
+GEMM_DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4")
 MLA_FAMILIES = {"mla_context": ("heads", "isl", "batch"), "mla_generation": ("heads", "batch", "step")}
 
 
@@ -75,7 +76,7 @@ class KernelTables:
         self.path = Path(path)
         arrays = _read_npz(self.path)
         self.meta = self._meta(arrays)
-        self.gemm = {d: self._grid(arrays, f"gemm/{d}", _GEMM_AXES) for d in ("bfloat16", "fp8")
+        self.gemm = {d: self._grid(arrays, f"gemm/{d}", _GEMM_AXES) for d in GEMM_DTYPES
                      if f"gemm/{d}/ms" in arrays or d == "bfloat16"}
         self.context = {d: self._grid(arrays, f"context/{d}", _CONTEXT_AXES) for d in ("bfloat16", "fp8")
                         if f"context/{d}/ms" in arrays or d == "bfloat16"}
@@ -85,6 +86,14 @@ class KernelTables:
                           for mode in ("graph", "eager")}
         # optional tables (a release may lack them; models that need them are priced by the roofline)
         self.moe = {d: self._moe(arrays, d) for d in MOE_DTYPES if f"moe/{d}/ms" in arrays}
+        # attention timed with a sliding window: (family, kv dtype, window) -> grid over the same axes
+        self.windowed = {}
+        for name in arrays:
+            parts = name.split("/")
+            if len(parts) == 5 and parts[0] == "window" and parts[4] == "ms" and parts[1].isdigit():
+                family, kvd, window = parts[2], parts[3], int(parts[1])
+                axes = _CONTEXT_AXES if family == "context" else _GENERATION_AXES
+                self.windowed[(family, kvd, window)] = self._grid(arrays, "/".join(parts[:4]), axes)
         self.mla = {(family, kvd, gemm): self._grid(arrays, f"{family}/{kvd}/{gemm}", axes)
                     for family, axes in MLA_FAMILIES.items() for kvd in ("bfloat16", "fp8")
                     for gemm in ("bfloat16", "fp8_block") if f"{family}/{kvd}/{gemm}/ms" in arrays}

@@ -45,7 +45,8 @@ _MODULES = {  # a role's modules as the families name them ({i}: the layer)
 _PREFIXES = ("model.layers.{i}.", "language_model.model.layers.{i}.", "model.language_model.layers.{i}.")
 _IGNORE_KEYS = ("ignore", "exclude_modules", "modules_to_not_convert", "ignored_layers")
 _MODELOPT = {"FP8": "fp8_tensor", "FP8_PER_CHANNEL_PER_TOKEN": "fp8_tensor", "NVFP4": "nvfp4"}
-_READ = "fp8, fbgemm_fp8, mxfp4, modelopt (FP8, NVFP4), compressed-tensors (fp8, int4 w4a16, nvfp4, mxfp4), gptq and awq (4-bit)"
+_READ = ("fp8, fbgemm_fp8, mxfp4, modelopt (FP8, NVFP4), compressed-tensors (fp8, int4 w4a16, nvfp4, mxfp4), "
+         "gptq and awq (4-bit)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +83,8 @@ def with_modelopt_file(cfg: dict, folder) -> dict:
     given = any(d.get(k) is not None for d in (cfg, text) for k in ("quantization_config", "compression_config"))
     if given or not path.is_file():
         return cfg
-    return {**cfg, "quantization_config": {"quant_method": "modelopt", **read_json_object(path, "hf_quant_config.json")}}
+    section = read_json_object(path, "hf_quant_config.json")
+    return {**cfg, "quantization_config": {"quant_method": "modelopt", **section}}
 
 
 def checkpoint_quant(top: dict, text: dict, src: str, role_layers: dict) -> CheckpointQuant | None:

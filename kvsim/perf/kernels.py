@@ -33,6 +33,28 @@ def version_key(version: str) -> tuple:
     return tuple(int(x) if x.isdigit() else 0 for x in version.split("."))
 
 
+def release_of(version: str) -> str:
+    """The release X.Y.Z a version string names ("0.16" -> "0.16.0"; "v0.16.1rc2", "0.16.1.post1" -> "0.16.1")."""
+    parts = version.strip().lstrip("v").split(".")
+    digits = []
+    for p in parts[:3]:
+        lead = len(p) - len(p.lstrip("0123456789"))
+        digits.append(p[:lead] or "0")
+        if lead < len(p):
+            break
+    return ".".join(str(int(d)) for d in (digits + ["0", "0"])[:3])
+
+
+def nearest_release(versions: list[str], wanted: str) -> str:
+    """The shipped release that prices `wanted` (kvsim.perf.basis says so in its label): the same release,
+    else the newest shipped before it (its kernels are the ones that release inherited: vLLM keeps a kernel
+    until a release changes it, so a table never describes a release older than it was timed on), else,
+    for a release older than every table, the oldest shipped."""
+    want = version_key(release_of(wanted))
+    older = [v for v in versions if version_key(v) <= want]
+    return max(older, key=version_key) if older else min(versions, key=version_key)
+
+
 def shipped_versions(gpu_name: str) -> list[str]:
     """vLLM releases whose kernel tables ship for this GPU preset, oldest first ([] for none)."""
     stem = GPU_STEMS.get(gpu_name)

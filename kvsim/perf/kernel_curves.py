@@ -306,6 +306,7 @@ class ModelKernels:
         weight = "fp8" if model.dtype == "fp8" and "fp8" in tables.gemm else "bfloat16"
         self.roof = Roofline(gpu, calibration, 1.0 if weight == "fp8" else 2.0)
         self.notes: list[str] = []
+        self.tables_used: set[str] = set()  # rows of the deployed formats and windows this model reads
         if model.dtype != weight and not (model.dtype == "float16" and weight == "bfloat16"):
             self.notes.append(f"{model.dtype} weights priced as {weight} GEMMs")
         kv_table = KV_TABLE_DTYPE.get(kv_cache_dtype, "fp8")
@@ -357,6 +358,7 @@ class ModelKernels:
         peak = 2 * gpu.fp8_tflops if plan.table == "nvfp4" else 0.0  # Blackwell's dense FP4 rate: twice fp8's
         roof = Roofline(gpu, calibration, {"bfloat16": 2.0, "nvfp4": 0.5}.get(plan.table, 1.0), peak)
         curve = gemm_curve(tables.gemm[plan.table], n, k, roof)
+        self.tables_used.add(f"gemm/{plan.table}")
         if plan.weight_bytes:  # weight-only: the 16-bit rows scaled to the weights' bytes
             target = Roofline(gpu, calibration, plan.weight_bytes)
             curve.ms = curve.ms * target.gemm(curve.x, n, k) / roof.gemm(curve.x, n, k)
@@ -369,6 +371,7 @@ class ModelKernels:
     def window_grids(self, tables, plan) -> tuple:
         """(prefill grid, its context table, decode grid) of the rows timed with the plan's window."""
         args = (self.heads, self.kv, self.head_dim, self.kv_bytes, self.roof)
+        self.tables_used |= {f"window/{plan.window}/{fam}/{self.kv_table}" for fam in ("context", "generation")}
         ctx = AttentionGrid.build(tables.windowed[("context", self.kv_table, plan.window)], "context", *args)
         gen = AttentionGrid.build(tables.windowed[("generation", self.kv_table, plan.window)], "generation", *args)
         return ctx, context_table(ctx), gen

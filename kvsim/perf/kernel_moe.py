@@ -229,6 +229,7 @@ class MoeMlaKernels(ModelKernels):
             peak = {"fp8": gpu.fp8_tflops, "fp8_block": gpu.fp8_tflops, "nvfp4": 2 * gpu.fp8_tflops}
             roof = Roofline(gpu, calibration, 2.0, peak.get(plan.table, gpu.bf16_tflops))
             self.moe_curve = moe_curve(tables.moe[plan.table], *self.moe_cfg, routing_code(expert_skew), roof, wb)
+            self.tables_used.add(f"moe/{plan.table}")
             if plan.weight_bytes != wb:  # another format's rows stand in: scaled by the roofline's weight bytes
                 x = self.moe_curve.x
                 self.moe_curve.ms = self.moe_curve.ms * moe_roof(roof, x, *self.moe_cfg, plan.weight_bytes) / \

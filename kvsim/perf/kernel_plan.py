@@ -32,8 +32,11 @@ GEMM_ROWS = {"fp8": ("fp8_block", "fp8"), "fp8_tensor": ("fp8",), "nvfp4": ("nvf
 MOE_ROWS = {"fp8": ("fp8_block", "fp8"), "fp8_tensor": ("fp8", "fp8_block"), "mxfp4": ("mxfp4", "int4"),
             "nvfp4": ("nvfp4", "int4"), "int4": ("int4",)}
 TABLE_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "mxfp4": 0.5, "nvfp4": 0.5, "int4": 0.5}
+# names of the checkpoint formats (kvsim.scenario.models.QUANT_FORMATS) and of the tables' rows, in messages
 _NAMES = {"fp8": "128x128-block fp8", "fp8_tensor": "per-tensor fp8", "mxfp4": "MXFP4", "nvfp4": "NVFP4",
-          "int4": "int4 weight-only (w4a16)", "fp8_block": "block-fp8", "bfloat16": "bfloat16"}
+          "int4": "int4 weight-only (w4a16)", "bfloat16": "bfloat16"}
+_ROWS = {"fp8": "per-tensor fp8", "fp8_block": "block-fp8", "mxfp4": "MXFP4", "nvfp4": "NVFP4",
+         "int4": "Marlin int4 weight-only (w4a16)", "bfloat16": "bfloat16"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +68,10 @@ def gemm_plan(tables, model, role: str, gpu_name: str) -> GemmPlan:
     what = f"{_NAMES[fmt]} {role_name(role)} GEMMs"
     rows = [d for d in GEMM_ROWS.get(fmt, ()) if d in tables.gemm]
     if rows and rows[0] == GEMM_ROWS[fmt][0]:
-        return GemmPlan(rows[0], 0.0, Part(what, MEASURED, f"vLLM's {_NAMES[rows[0]]} GEMM rows"))
+        return GemmPlan(rows[0], 0.0, Part(what, MEASURED, f"vLLM's {_ROWS[rows[0]]} GEMM rows"))
     if rows:
-        return GemmPlan(rows[0], 0.0, Part(what, ESTIMATED, f"{_NAMES[rows[0]]} GEMM rows stand in: the tables "
-                                           f"time no {_NAMES[GEMM_ROWS[fmt][0]]} GEMM on {gpu_name}"))
+        return GemmPlan(rows[0], 0.0, Part(what, ESTIMATED, f"{_ROWS[rows[0]]} GEMM rows stand in: the tables "
+                                           f"time no {_ROWS[GEMM_ROWS[fmt][0]]} GEMM on {gpu_name}"))
     kernel = "Marlin " if fmt in ("nvfp4", "mxfp4", "int4", "fp8_tensor", "fp8") else ""
     why = (f"vLLM runs them as {kernel}weight-only kernels on {gpu_name} ({_why_weight_only(fmt, gpu_name)}): "
            f"bfloat16 GEMM rows scaled by the roofline's ratio of weight bytes")
@@ -110,10 +113,10 @@ def moe_plan(tables, model, gpu_name: str) -> MoePlan | None:
     if found is None:
         return None
     if found == wanted[0]:
-        part = Part(f"{_NAMES[fmt]} experts", MEASURED, f"vLLM's {_NAMES[found]} fused-MoE rows") if fmt else None
+        part = Part(f"{_NAMES[fmt]} experts", MEASURED, f"vLLM's {_ROWS[found]} fused-MoE rows") if fmt else None
         return MoePlan(found, TABLE_BYTES[found], TABLE_BYTES[found], part)
-    what = f"{_NAMES[fmt or own]} experts"
-    why = (f"the tables time no {_NAMES[wanted[0]]} fused MoE on {gpu_name}: vLLM's {_NAMES[found]} rows "
+    what = f"{_NAMES[fmt] if fmt else _ROWS[own]} experts"
+    why = (f"the tables time no {_ROWS[wanted[0]]} fused MoE on {gpu_name}: vLLM's {_ROWS[found]} rows "
            f"(the nearest kernel timed) scaled by the roofline's ratio of weight bytes")
     return MoePlan(found, TABLE_BYTES[found], target, Part(what, ESTIMATED, why))
 
@@ -166,7 +169,7 @@ def mla_gemm(tables, model) -> tuple[str, Part | None]:
         return ("fp8_block" if fmt else "bfloat16"), None
     use = "fp8_block" if "fp8_block" in timed else "bfloat16"
     return use, Part(f"{_NAMES[fmt]} attention (MLA module)", ESTIMATED,
-                     f"the tables time the MLA module with {_NAMES[use]} GEMMs only")
+                     f"the tables time the MLA module with {_ROWS[use]} GEMMs only")
 
 
 def pricing_parts(tables, model, gpu_name: str, kv_cache_dtype: str = "auto") -> list[Part]:

@@ -38,6 +38,8 @@ from kvsim.perf.roofline import activation_bytes_per_token
 from kvsim.perf.server import ServerTerms, shipped_terms, vllm_capture_sizes
 
 _new = tuple.__new__  # builds a named tuple without its Python-level __new__ (once per fused decode run)
+# rows the tables keep for deployed formats and windows: describe() names them where the model reads them
+DEPLOYED_ROWS = ("window/", "gemm/fp8_block", "gemm/nvfp4", "moe/nvfp4", "moe/int4")
 
 
 class _Line:
@@ -383,7 +385,8 @@ class MeasuredStepModel:
                                                for j in line.used)
         out = {"source": "measured", "vllm_version": self.tables.vllm_version,
                 "tables": {"file": self.tables.path.name, "from": meta.get("source", {}),
-                           "kernels": {k: v.get("kernel_source") for k, v in meta.get("tables", {}).items()}},
+                           "kernels": {k: v.get("kernel_source") for k, v in meta.get("tables", {}).items()
+                                       if not k.startswith(DEPLOYED_ROWS) or k in self.kernels.tables_used}},
                 "extrapolated": {k: f"{extrapolated[k]} of {n} shapes" for k, n in priced.items() if n},
                 "any_extrapolated": any(extrapolated.values()), "estimates": list(self.kernels.notes),
                 "server_terms": self.terms.to_dict()}

@@ -148,7 +148,8 @@ def test_experts_take_their_formats_fused_moe_rows_or_the_nearest_scaled():
     (NVFP4_70B, "B200", "0.24.0", "measured", "NVFP4 attention GEMMs"),
     (NVFP4_70B, "H100-SXM", "0.24.0", "estimated", "NVFP4 dense MLP GEMMs"),
     (MODELS["Kimi-K2.5"], "H200", "0.24.0", "measured", "int4 weight-only (w4a16) experts"),
-    (MODELS["MiniMax-M2.5"], "H200", "0.24.0", "measured", "128x128-block fp8 experts"),
+    (MODELS["MiniMax-M2.5"], "H200", "0.19.0", "measured", "128x128-block fp8 experts"),
+    (MODELS["MiniMax-M2.5"], "H200", "0.24.0", "estimated", "128x128-block fp8 attention GEMMs"),
     (OSS, "H200", "0.24.0", "measured", "sliding-window attention (18 layers, 128 tokens)"),
     (OSS, "H100-SXM", "0.19.0", "estimated", "MXFP4 experts"),
     (replace(MODELS["Qwen3-235B-A22B"], quantization="nvfp4"), "H200", "0.24.0", "estimated", "NVFP4 experts"),
@@ -165,3 +166,16 @@ def test_plain_models_list_no_parts_and_price_as_before():
         assert pricing_parts(tables("H100-SXM", "0.24.0"), MODELS[name], "H100-SXM") == []
     k = kernels(MODELS["Llama-3.1-8B"], "H100-SXM", "0.24.0")
     assert k.windows == [] and all(r is k.roof for r in k.gemm_roofs) and k.notes == []
+
+
+def test_block_fp8_rows_timed_with_the_hosts_time_give_way_to_per_tensor_fp8_rows():
+    """vLLM 0.24's block-fp8 GEMM rows cost 55-155 us for the smallest call (per-tensor fp8: 4-5 us; 0.19's
+    block-fp8: 6 us): host time outside a CUDA graph. Those releases price block-fp8 GEMMs with per-tensor fp8
+    rows, labelled estimated; 0.19's own block-fp8 rows price them, measured."""
+    qwen = MODELS["MiniMax-M2.5"]
+    new = gemm_plan(tables("H200", "0.24.0"), qwen, "attn", "H200")
+    assert new.table == "fp8" and new.part.label == "estimated" and "host time outside a CUDA graph" in new.part.why
+    old = gemm_plan(tables("H200", "0.19.0"), qwen, "attn", "H200")
+    assert (old.table, old.part.label) == ("fp8_block", "measured")
+    t = tables("H200", "0.24.0")
+    assert np.nanmin(t.gemm["fp8_block"].ms) > 10 * np.nanmin(t.gemm["fp8"].ms)

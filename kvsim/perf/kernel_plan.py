@@ -61,12 +61,42 @@ class GemmPlan:
     part: Part | None = None
 
 
+# Block-fp8 GEMM rows whose cheapest call costs more than this many times the same release's per-tensor fp8
+# rows' are not the GPU's time: vLLM 0.24's (every kernel timed, DeepGEMM, FlashInfer, CUTLASS) cost 55-155 us
+# for the smallest GEMM on Hopper and Blackwell where its per-tensor fp8 rows cost 4-5 us and 0.19's
+# block-fp8 rows 6 us: the host's time in vLLM's block-fp8 wrapper, timed outside a CUDA graph, which a
+# graph-captured decode step does not pay. Those releases price block-fp8 GEMMs with per-tensor fp8 rows.
+BLOCK_FP8_FLOOR_RATIO = 4.0
+
+
+def _floor_s(grid) -> float:
+    import numpy as np
+
+    return float(np.nanmin(grid.ms))
+
+
+def block_fp8_rows_usable(tables) -> bool:
+    """Whether the tables' block-fp8 GEMM rows time the GPU (see BLOCK_FP8_FLOOR_RATIO)."""
+    if "fp8_block" not in tables.gemm:
+        return False
+    if "fp8" not in tables.gemm:
+        return True
+    return _floor_s(tables.gemm["fp8_block"]) <= BLOCK_FP8_FLOOR_RATIO * _floor_s(tables.gemm["fp8"])
+
+
 def gemm_plan(tables, model, role: str, gpu_name: str) -> GemmPlan:
     fmt = model.weight_format(role)
     if not fmt:  # the weights dtype: fp8 rows for vLLM's online fp8, else bfloat16
         return GemmPlan("fp8" if model.dtype == "fp8" and "fp8" in tables.gemm else "bfloat16")
     what = f"{_NAMES[fmt]} {role_name(role)} GEMMs"
     rows = [d for d in GEMM_ROWS.get(fmt, ()) if d in tables.gemm]
+    if fmt == "fp8" and rows[:1] == ["fp8_block"] and not block_fp8_rows_usable(tables):
+        rows = rows[1:]
+        if rows:
+            floor = _floor_s(tables.gemm["fp8_block"]) * 1e3
+            return GemmPlan(rows[0], 0.0, Part(what, ESTIMATED, f"per-tensor fp8 GEMM rows stand in: this release's "
+                                               f"block-fp8 rows cost at least {floor:.0f} us a call, host time "
+                                               f"outside a CUDA graph rather than the GPU's"))
     if rows and rows[0] == GEMM_ROWS[fmt][0]:
         return GemmPlan(rows[0], 0.0, Part(what, MEASURED, f"vLLM's {_ROWS[rows[0]]} GEMM rows"))
     if rows:

@@ -5,7 +5,8 @@ kvsim.perf.kernel_moe) and the answer's label (kvsim.perf.basis), so that what i
 
 - GEMMs, per role (attention, dense MLP, shared experts; kvsim.scenario.models.QUANT_ROLES): the rows of
   the role's weight format. Block fp8 (DeepSeek-style checkpoints): `fp8_block` rows, else per-tensor
-  `fp8` rows (estimated). NVFP4 on a GPU whose tables time it (B200): `nvfp4` rows. A format the tables
+  `fp8` rows (estimated), also where a release's block-fp8 rows time the host rather than the GPU
+  (`BLOCK_FP8_FLOOR_RATIO`: vLLM 0.24's, H200 0.18's). NVFP4 on a GPU whose tables time it (B200): `nvfp4` rows. A format the tables
   do not time runs, in vLLM, as a weight-only kernel that multiplies in 16 bits (Marlin: NVFP4 and MXFP4
   on Hopper and Ampere, which have no FP4 tensor cores, int4 w4a16 everywhere, fp8 on Ampere): the
   bfloat16 rows scaled by the roofline's ratio of the weights' bytes (estimated; at small batches the

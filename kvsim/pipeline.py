@@ -24,7 +24,8 @@ from kvsim.backends import load_backend
 from kvsim.errors import KvsimError, check_int
 from kvsim.engine.arrivals import ClosedLoop, RequestStream
 from kvsim.engine.disaggregated import DisaggregatedSimulation
-from kvsim.engine.kv_transfer import HeldBlocks, KvLink
+from kvsim.engine.connector import make_connected_replica
+from kvsim.engine.kv_transfer import KvLink, NixlConsumer, NixlProducer
 from kvsim.engine.replica import ALLOCATORS, make_replica
 from kvsim.engine.router import make_router
 from kvsim.engine.settings import EngineSettings, engine_settings
@@ -210,15 +211,17 @@ def _clients_figures(summary: dict, source: ClosedLoop) -> None:
 
 
 def _pool_replicas(pool, role_index: int, first: int, interval: float) -> tuple[list, EngineSettings]:
-    """A pool's replicas (time-series ids from `first`) and its engine settings; a prefill pool's
-    allocators hold a finished request's blocks until its KV has left (kv_transfer.HeldBlocks)."""
+    """A pool's replicas (time-series ids from `first`) and its engine settings; a prefill instance's KV
+    connector holds a finished request's blocks until its KV has left (kv_transfer.NixlProducer), a decode
+    instance's reads it (NixlConsumer)."""
     settings = engine_settings(pool.scenario, pool.policy, pool.limits, pool.capacity.bytes_per_block)  # synchronous
     backend_cls = load_backend(pool.scenario.backend.name, pool.scenario.source)
     replicas = []
     for i in range(pool.num_replicas):
         backend = backend_cls(pool.scenario, pool.policy, pool.model, pool.gpu, pool.capacity, settings)
         allocator = ALLOCATORS[settings.allocator](settings, backend.num_blocks)
-        rep = make_replica(i, settings, backend, interval, HeldBlocks(allocator) if role_index == 0 else allocator)
+        connector = (lambda sched: NixlProducer(sched.allocator)) if role_index == 0 else NixlConsumer
+        rep = make_connected_replica(i, settings, backend, interval, connector, allocator)
         rep.record.replica = first + i
         replicas.append(rep)
     return replicas, settings

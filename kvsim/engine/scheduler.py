@@ -70,6 +70,8 @@ class Scheduler:
         self.admission_limit = ""
         self.admit_before = math.inf  # async scheduling: only requests that arrived by then may be admitted
         self.holds_next = False  # the last schedule() left an admissible request for the next step
+        # Frees a finished sequence's blocks (kvsim.engine.connector: a KV connector may free them later).
+        self.free = allocator.deallocate
 
     # ---- admission -----------------------------------------------------------------------
     def reject_reason(self, seq: Sequence) -> str:
@@ -309,8 +311,9 @@ class Scheduler:
                 finished.sort(key=_run_order)
             self.num_running -= len(finished)
             self.num_unfinished -= len(finished)
+            free = self.free
             for seq in finished:
-                self.allocator.deallocate(seq)
+                free(seq)
         return emitted, finished
 
     # ---- runs of identical decode steps ----------------------------------------------------

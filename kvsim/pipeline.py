@@ -28,6 +28,7 @@ from kvsim.engine.connector import make_connected_replica
 from kvsim.engine.kv_transfer import KvLink, NixlConsumer, NixlProducer
 from kvsim.engine.replica import ALLOCATORS, make_replica
 from kvsim.engine.router import make_router
+from kvsim.engine.tiers import offload_tiers
 from kvsim.engine.settings import EngineSettings, engine_settings
 from kvsim.engine.simulator import Simulation
 from kvsim.perf.basis import PricingBasis, pricing_basis
@@ -36,6 +37,7 @@ from kvsim.perf.measured import request_overhead_s
 from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
 from kvsim.results.disaggregation import DisaggregationObserver
 from kvsim.results.metrics import Metrics
+from kvsim.results.offload import offload_summary
 from kvsim.results.verdict import judge
 from kvsim.results.writer import ResultsWriter
 from kvsim.scenario.catalog import gpu_spec, model_spec
@@ -181,8 +183,10 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
         return simulate_disaggregated(scenario, policy, metrics, on_progress)
     capacity, settings = resolve_policy(scenario, policy, model, gpu, basis)
     backend_cls = load_backend(scenario.backend.name, scenario.source)
-    replicas = [make_replica(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings),
-                             metrics.interval) for i in range(settings.num_replicas)]
+    tiers = offload_tiers(scenario, policy, model, gpu, capacity, metrics.interval)
+    make = make_replica if tiers is None else tiers.make_replica
+    replicas = [make(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings), metrics.interval)
+                for i in range(settings.num_replicas)]
     sim = Simulation(replicas, metrics, make_router(settings, replicas, replicas[0].backend.num_blocks), on_progress)
     source = arrival_source(scenario, settings.max_model_len, metrics.request_overhead_s)
     try:
@@ -196,6 +200,8 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
                               extra=_run_figures(sim, settings, policy, described), num_replicas=len(replicas))
     if source.closed_loop:
         _clients_figures(summary, source)
+    if tiers is not None:
+        summary["kv_offload"] = offload_summary(tiers, end, summary)
     summary["verdict"] = judge(summary).as_dict()
     return summary, sim
 

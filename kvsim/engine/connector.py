@@ -38,9 +38,8 @@ class ConnectedScheduling:
 
     def connect(self, connector) -> None:
         self.connector = connector
-        self.free = self._request_finished
 
-    def _request_finished(self, seq: Sequence) -> None:
+    def free(self, seq: Sequence) -> None:
         if not self.connector.request_finished(seq):
             self.allocator.deallocate(seq)
 
@@ -175,8 +174,9 @@ class ConnectedReplica(Replica):
         return step
 
     def wait_for(self, batch, now: float, next_arrival: float) -> StepRecord:
-        """Nothing can run: wait for the connector's next event (or the next arrival), as one engine
-        event of no steps."""
+        """Nothing can run: the transfers admitted start, and the engine waits for the connector's next
+        event (or the next arrival), as one engine event of no steps."""
+        self.connector.build_connector_meta(batch, now, now)
         until = min(next_arrival, self.connector.next_event)
         if not until > now:
             raise RuntimeError("scheduler made no progress with work queued")

@@ -70,8 +70,6 @@ class Scheduler:
         self.admission_limit = ""
         self.admit_before = math.inf  # async scheduling: only requests that arrived by then may be admitted
         self.holds_next = False  # the last schedule() left an admissible request for the next step
-        # Frees a finished sequence's blocks (kvsim.engine.connector: a KV connector may free them later).
-        self.free = allocator.deallocate
 
     # ---- admission -----------------------------------------------------------------------
     def reject_reason(self, seq: Sequence) -> str:
@@ -110,6 +108,10 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return self.num_unfinished > 0
+
+    def free(self, seq: Sequence) -> None:
+        """A finished sequence's blocks (kvsim.engine.connector: a KV connector may free them later)."""
+        self.allocator.deallocate(seq)
 
     def _enter_running(self, seq: Sequence) -> None:
         seq.status = RUNNING

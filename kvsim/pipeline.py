@@ -187,7 +187,8 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     make = make_replica if tiers is None else tiers.make_replica
     replicas = [make(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings), metrics.interval)
                 for i in range(settings.num_replicas)]
-    sim = Simulation(replicas, metrics, make_router(settings, replicas, replicas[0].backend.num_blocks), on_progress)
+    sim = Simulation(replicas, metrics, make_router(settings, replicas, replicas[0].backend.num_blocks,
+                                                    tiers.settings.tokens if tiers else 0), on_progress)
     source = arrival_source(scenario, settings.max_model_len, metrics.request_overhead_s)
     try:
         end = sim.run(source)

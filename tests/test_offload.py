@@ -147,3 +147,31 @@ def test_the_gpu_only_policy_of_an_offload_scenario_is_unchanged():
     a = run_scenario(plain, write=False).summaries["paged"]
     b = run_scenario(off, write=False).summaries["paged"]
     assert a == b and "kv_offload" not in b
+
+
+@settings(max_examples=200, deadline=None)
+@given(refs=st.lists(st.tuples(st.integers(0, 4), st.booleans()), max_size=9), capacity=st.integers(0, 3))
+def test_belady_is_the_best_any_policy_gets(refs, capacity):
+    """Belady's MIN with bypass, where only counted references hit, against trying every choice."""
+    import numpy as np
+
+    from kvsim.engine.belady import belady_hits, brute_force
+
+    ids, counted = [r[0] for r in refs], [int(r[1]) for r in refs]
+    assert belady_hits(np.array(ids, dtype=np.int64), np.array(counted, dtype=bool), capacity) == \
+        brute_force(ids, counted, capacity)
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_the_optimal_bound_is_never_below_the_simulated_hit_rate(policy):
+    sc = _offload_scenario(kv_offload={"kv_offloading_size": 1.0, "eviction_policy": policy},
+                           hardware={"gpu_memory_utilization": 0.25},
+                           engine={"enable_prefix_caching": True, "max_model_len": 8192},
+                           workload={"num_requests": 200, "arrival": {"process": "poisson", "rate": 15.0},
+                                     "prompt_len": {"dist": "uniform", "min": 64, "max": 3000},
+                                     "output_len": {"dist": "uniform", "min": 1, "max": 100},
+                                     "prefix": {"num_groups": 12, "prefix_len": 1536, "fraction": 0.9}})
+    off = _run(sc)[0]["kv_offload"]
+    opt = off["optimal"]
+    assert opt["simulated_cpu_hit_rate"] == off["hit_rate"]["cpu"]
+    assert opt["cpu_hit_rate"] >= opt["simulated_cpu_hit_rate"] > 0

@@ -30,8 +30,8 @@ from kvsim.sequence import Sequence
 
 
 class LMCacheConnector:
-    def __init__(self, settings, scheduler, stats):
-        self.settings, self.stats = settings, stats
+    def __init__(self, settings, scheduler, stats, replica: int = 0):
+        self.settings, self.stats, self.replica = settings, stats, replica
         self.chunk = settings.block_size
         self.factor = settings.factor
         self.chunk_bytes = settings.bytes_per_block
@@ -79,7 +79,8 @@ class LMCacheConnector:
             return
         r.looked_up = False
         local = seq.num_computed_tokens - num_external_tokens  # the scheduler counted the external tokens in
-        self.stats.admitted(seq, local, 0, r, self.clock, None)
+        self.stats.admitted(seq, local, 0, r, self.clock,
+                            (self.replica, r.keys, local // self.chunk) if self.stats.record else None)
         if not num_external_tokens:
             r.next_store = max(r.next_store, local // self.chunk)
             return

@@ -71,8 +71,8 @@ class OffloadingConnector:
     """One replica's native offload connector: settings (kvsim.perf.offload.OffloadSettings), the
     replica's scheduler, and the policy's OffloadStats."""
 
-    def __init__(self, settings, scheduler, stats):
-        self.settings, self.allocator, self.stats = settings, scheduler.allocator, stats
+    def __init__(self, settings, scheduler, stats, replica: int = 0):
+        self.settings, self.allocator, self.stats, self.replica = settings, scheduler.allocator, stats, replica
         self.block_size = settings.block_size
         self.factor = settings.factor
         self.block_bytes = settings.bytes_per_block
@@ -166,7 +166,7 @@ class OffloadingConnector:
         r.looked_up = False
         local = seq.num_computed_tokens
         self.stats.admitted(seq, local, num_external_tokens, r, self.clock,
-                            r.keys[local // obs:] if self.stats.record else None)
+                            (self.replica, r.keys, local // obs) if self.stats.record else None)
         if not num_external_tokens:
             return
         first, last = local // obs, (local + num_external_tokens) // obs

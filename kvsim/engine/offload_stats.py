@@ -6,7 +6,9 @@ spent, evictions, and the same per time-series interval. With `record` on, each 
 
 from __future__ import annotations
 
-from array import array
+import numpy as np
+
+MASK, FOLD = (1 << 64) - 1, 0xD1B54A32D192ED03  # keys of unique content folded into 64 bits for the bound
 
 # per interval: cpu hit tokens, disk hit tokens, loaded bytes, stored bytes, load seconds, store seconds
 BUCKET_FIELDS = ("cpu_hit_tokens", "disk_hit_tokens", "loaded_bytes", "stored_bytes", "load_s", "store_s")
@@ -29,10 +31,7 @@ class OffloadStats:
         self.sync_s = 0.0  # seconds synchronous connectors added to steps (LMCache)
         self.buckets: dict[int, list] = {}
         self.record = record
-        self.ref_ids = array("i")  # the lookups' key ids, admission after admission
-        self.ref_ends = array("q")  # where each admission's ids end
-        self.ref_times = array("d")
-        self.key_ids: dict = {}
+        self.refs: list = []  # per admission: (replica, its prompt's offloaded block keys (uint64), GPU-hit blocks)
 
     def _bucket(self, t: float, field: int, value: float) -> None:
         slot = self.buckets.get(b := int(t // self.interval))
@@ -41,6 +40,7 @@ class OffloadStats:
         slot[field] += value
 
     def admitted(self, seq, local: int, external: int, r, now: float = 0.0, lookup=None) -> None:
+        """`lookup`: (replica, keys, blocks the GPU held) when recording."""
         """An admission: its prompt, GPU hits and external tokens (the disk's share: `r.disk_tokens`)."""
         self.admissions += 1
         self.prompt_tokens += seq.num_tokens
@@ -53,11 +53,10 @@ class OffloadStats:
             self._bucket(now, 0, external - disk)
             if disk:
                 self._bucket(now, 1, disk)
-        if self.record and lookup is not None:
-            ids = self.key_ids
-            self.ref_ids.extend(ids.setdefault(k, len(ids)) for k in lookup)
-            self.ref_ends.append(len(self.ref_ids))
-            self.ref_times.append(now)
+        if lookup is not None:
+            replica, keys, held = lookup
+            folded = np.array([k if k <= MASK else (k & MASK) ^ FOLD for k in keys], dtype=np.uint64)
+            self.refs.append((replica, folded, held))
 
     def loaded(self, blocks: int, nbytes: int, seconds: float, t: float) -> None:
         self.loads += 1

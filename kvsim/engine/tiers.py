@@ -25,12 +25,12 @@ class OffloadTiers:
         cls = CONNECTORS[self.settings.backend]
 
         def factory(scheduler):
-            connector = cls(self.settings, scheduler, self.stats)
+            connector = cls(self.settings, scheduler, self.stats, index)
             self.connectors.append(connector)
             return connector
         return make_connected_replica(index, settings, backend, interval, factory)
 
 
-def offload_tiers(scenario, policy, model, gpu, capacity, interval: float, record: bool = False) -> Optional[OffloadTiers]:
+def offload_tiers(scenario, policy, model, gpu, capacity, interval: float) -> Optional[OffloadTiers]:
     settings = offload_settings(scenario, policy, model, gpu, capacity)
-    return None if settings is None else OffloadTiers(settings, interval, record)
+    return None if settings is None else OffloadTiers(settings, interval, scenario.kv_offload.optimal_bound)

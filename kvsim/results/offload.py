@@ -8,6 +8,9 @@ them. `links` gives each direction's busy share of the replicas' time (per GPU: 
 
 from __future__ import annotations
 
+import numpy as np
+
+from kvsim.engine.belady import belady_hits
 from kvsim.engine.offload_stats import BUCKET_FIELDS
 
 RELEASE = {"native": "vLLM v0.26.0 OffloadingConnector (CPUOffloadingSpec; TieringOffloadingSpec with a disk tier)",
@@ -41,6 +44,34 @@ def offload_summary(tiers, duration_s: float, summary: dict) -> dict:
     out["links"] = {"h2d_busy_fraction": _share(sum(c.h2d.busy_s for c in tiers.connectors), span),
                     "d2h_busy_fraction": _share(sum(c.d2h.busy_s for c in tiers.connectors), span)}
     out["timeseries"] = _timeseries(s)
+    if s.record:
+        out["optimal"] = optimal(s, settings)
+    return out
+
+
+def optimal(stats, settings) -> dict:
+    """Belady's hits (kvsim.engine.belady) on each replica's admissions, with the CPU tier's capacity (and
+    the CPU and disk tiers' together), as shares of the prompt tokens; beside the run's."""
+    out = {"cpu_hit_rate": None, "simulated_cpu_hit_rate": _share(stats.cpu_hit_tokens, stats.prompt_tokens)}
+    if not stats.refs:
+        return out
+    keys = np.concatenate([k for _, k, _ in stats.refs])
+    ids = np.unique(keys, return_inverse=True)[1]
+    counted = np.ones(len(ids), dtype=bool)
+    replica = np.empty(len(ids), dtype=np.int64)
+    at = 0
+    for rep, k, held in stats.refs:
+        counted[at:at + held] = False
+        replica[at:at + len(k)] = rep
+        at += len(k)
+    tiers = {"cpu": settings.num_blocks}
+    if settings.disk:
+        tiers["cpu_and_disk"] = settings.num_blocks + settings.disk.num_blocks
+        out["simulated_cpu_and_disk_hit_rate"] = _share(stats.cpu_hit_tokens + stats.disk_hit_tokens,
+                                                        stats.prompt_tokens)
+    for name, capacity in tiers.items():
+        hits = sum(belady_hits(ids[replica == r], counted[replica == r], capacity) for r in np.unique(replica))
+        out[f"{name}_hit_rate"] = _share(hits * settings.block_size, stats.prompt_tokens)
     return out
 
 

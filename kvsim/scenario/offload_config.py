@@ -77,3 +77,6 @@ class KvOffloadConfig(_Section):
         f"Host DRAM per replica that the tiers may not exceed. Default: {HOST_GIB_PER_GPU:g} GiB per GPU "
         "(a DGX H100's 2 TiB over 8 GPUs)."))
     disk: Optional[DiskTierConfig] = Field(None, description="A disk tier behind the CPU tier ([kv_offload.disk]).")
+    optimal_bound: bool = Field(True, description=(
+        "Report beside the run's hit rates the hit rate an offline-optimal eviction (Belady's) would reach on "
+        "the same lookups and capacities (summary.json kv_offload.optimal)."))

@@ -35,6 +35,7 @@ from kvsim.perf.basis import PricingBasis, pricing_basis
 from kvsim.perf.disaggregation import disaggregation, pool_basis
 from kvsim.perf.measured import request_overhead_s
 from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
+from kvsim.perf.offload import offload_settings
 from kvsim.results.disaggregation import DisaggregationObserver
 from kvsim.results.metrics import Metrics
 from kvsim.results.offload import offload_summary
@@ -294,6 +295,9 @@ def check_deployments(scenario, model, gpu, policies) -> None:
     aggregated = [p for p in policies if not scenario.disaggregated(p)]
     if aggregated:
         check_fits(scenario, model, gpu, aggregated)
+    for p in aggregated:
+        if scenario.offloaded(p):  # the offload tiers' keys, checked before any output
+            offload_settings(scenario, p, model, gpu, resolve_policy(scenario, p, model, gpu)[0])
     if len(aggregated) < len(policies):
         if scenario.backend.name != "analytic":
             raise KvsimError(f"{scenario.source}: backend.name: disaggregated serving is simulated on the analytic "

@@ -175,3 +175,39 @@ def test_the_optimal_bound_is_never_below_the_simulated_hit_rate(policy):
     opt = off["optimal"]
     assert opt["simulated_cpu_hit_rate"] == off["hit_rate"]["cpu"]
     assert opt["cpu_hit_rate"] >= opt["simulated_cpu_hit_rate"] > 0
+
+
+OFFLOAD_BAD = {
+    "tier larger than the host": ("kv_offloading_size = 5000", ("kv_offload.kv_offloading_size", "host memory")),
+    "zero bandwidth": ("kv_offloading_size = 8\nh2d_gbps = 0", ("kv_offload.h2d_gbps", "at least")),
+    "block not a multiple": ("kv_offloading_size = 8\nblock_size = 24", ("kv_offload.block_size", "multiple")),
+    "contiguous allocator": ("kv_offloading_size = 8\n[[policies]]\nname = \"slab\"\nallocator = \"contiguous\"\n"
+                             "enable_chunked_prefill = false\nkv_offload = true", ("policies[2].kv_offload", "paged")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OFFLOAD_BAD))
+def test_bad_offload_input_is_one_line_naming_the_key(tmp_path, capsys, case):
+    from test_cli import GOOD, assert_one_line_error, run_cli
+
+    section, names = OFFLOAD_BAD[case]
+    text = GOOD.format(engine="", rate="20.0", workload="") + "[kv_offload]\n" + section + "\n"
+    path = tmp_path / "in" / "s.toml"
+    path.parent.mkdir()
+    path.write_text(text)
+    code, _, err = run_cli(capsys, path, "--out", tmp_path / "out" / "res", "--quiet")
+    assert_one_line_error(code, err, "s.toml", *names)
+    assert not (tmp_path / "out").exists()
+
+
+def test_offload_of_a_hybrid_kv_cache_is_refused(tmp_path, capsys):
+    """gemma-2-9b keeps a 4,096-token window in half its layers (vLLM's hybrid KV cache)."""
+    from test_cli import assert_one_line_error, run_cli
+
+    path = tmp_path / "s.toml"
+    path.write_text('[model]\nname = "gemma-2-9b"\n[engine]\nmax_model_len = 8192\n[[policies]]\nname = "p"\n'
+                    '[workload]\nnum_requests = 5\narrival = { process = "poisson", rate = 1.0 }\n'
+                    'prompt_len = { dist = "fixed", value = 100 }\noutput_len = { dist = "fixed", value = 5 }\n'
+                    '[kv_offload]\nkv_offloading_size = 8\n')
+    code, _, err = run_cli(capsys, path, "--out", tmp_path / "out", "--quiet")
+    assert_one_line_error(code, err, "s.toml", "kv_offload", "sliding window")

@@ -128,3 +128,15 @@ def check_model(scenario, model, capacity) -> None:
     if scenario.backend.name != "analytic":
         raise KvsimError(f"{scenario.source}: backend.name: KV offload is simulated on the analytic backend only, "
                          f"not {scenario.backend.name!r}")
+
+
+def tier_record(settings: OffloadSettings, lens) -> dict:
+    """`kvsim memory`'s figures of the tiers of one replica: blocks, tokens, GiB and the sequences of each
+    length in `lens` they hold (whole offloaded blocks of the prompt)."""
+    tiers = {"cpu": settings.num_blocks}
+    if settings.disk is not None:
+        tiers["disk"] = settings.disk.num_blocks
+    per = settings.bytes_per_block * settings.tensor_parallel_size
+    return {name: {"blocks": blocks, "tokens": blocks * settings.block_size, "gib": blocks * per / GIB,
+                   "sequences": {str(n): blocks // max(1, n // settings.block_size) for n in lens}}
+            for name, blocks in tiers.items()}

@@ -102,7 +102,8 @@ def offload_settings(scenario, policy, model, gpu, capacity) -> Optional[Offload
     h2d = cfg.h2d_gbps if cfg.h2d_gbps is not None else H100_DMA_GBPS * scale
     return OffloadSettings(
         backend=cfg.backend, gpu_block_size=gpu_block, block_size=block, num_blocks=num_blocks,
-        bytes_per_block=block_bytes, tensor_parallel_size=tp, eviction_policy=cfg.eviction_policy,
+        bytes_per_block=block_bytes, tensor_parallel_size=tp,
+        eviction_policy=policy.offload_eviction_policy or cfg.eviction_policy,
         store_threshold=cfg.store_threshold, max_tracker_size=cfg.max_tracker_size, h2d_gbps=h2d,
         d2h_gbps=cfg.d2h_gbps if cfg.d2h_gbps is not None else h2d,
         duplex_gbps=cfg.duplex_gbps if cfg.duplex_gbps is not None else H100_DMA_DUPLEX_GBPS * scale,

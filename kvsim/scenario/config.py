@@ -282,6 +282,8 @@ class PolicyConfig(_Section):
     kv_offload: Optional[bool] = Field(None, description=(
         "Serve this policy with the [kv_offload] tiers. Default: when the scenario has a [kv_offload] section, "
         "the policy's allocator is paged and it is served aggregated."))
+    offload_eviction_policy: Optional[Literal["lru", "arc"]] = Field(None, description=(
+        "This policy's CPU-tier eviction policy. Default: kv_offload.eviction_policy."))
 
     @model_validator(mode="after")
     def _contiguous_has_no_prefix_cache(self):

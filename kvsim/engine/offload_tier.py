@@ -23,7 +23,8 @@ the tests drive against these (Hypothesis).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from itertools import islice
 from typing import Optional
 
 NOT_READY = -1
@@ -50,14 +51,16 @@ class LRUPolicy:
         del self.blocks[key]
 
     def touch(self, keys) -> None:
-        blocks = self.blocks
-        move = blocks.move_to_end
-        for key in reversed(keys):
-            if key in blocks:
-                move(key)
+        blocks = self.blocks  # C-level loops: a prompt's hundreds of keys at every lookup
+        deque(map(blocks.move_to_end, filter(blocks.__contains__, reversed(keys))), maxlen=0)
 
     def evict(self, n: int, protected) -> Optional[list]:
         """The n least recent evictable blocks, removed (None, nothing removed: fewer than n)."""
+        blocks = self.blocks
+        head = list(islice(blocks, n))  # usually the n least recent are all evictable: C-level checks
+        if len(head) == n and list(map(blocks.get, head)).count(0) == n and protected.isdisjoint(head):
+            deque(map(blocks.pop, head), maxlen=0)
+            return head
         out = []
         for key, ref in self.blocks.items():
             if ref == 0 and key not in protected:
@@ -169,7 +172,7 @@ class OffloadTier:
     """One tier's blocks (see the module docstring); `evictions` counts the blocks it evicted."""
 
     __slots__ = ("num_blocks", "policy", "store_threshold", "max_tracker_size", "counts", "num_evictable",
-                 "num_pending", "evictions", "name")
+                 "num_pending", "evictions", "name", "lru")
 
     def __init__(self, num_blocks: int, eviction_policy: str = "lru", store_threshold: int = 0,
                  max_tracker_size: int = 64_000, name: str = "cpu"):
@@ -180,6 +183,7 @@ class OffloadTier:
         self.num_evictable = 0  # ready blocks no load reads
         self.num_pending = 0  # blocks whose store is in flight
         self.evictions = 0
+        self.lru = self.policy.blocks if eviction_policy == "lru" else None  # LRU's dict: C-level bulk updates
 
     def __len__(self) -> int:
         return len(self.policy)
@@ -220,8 +224,12 @@ class OffloadTier:
         if gate and self.counts is not None:
             counts, threshold = self.counts, self.store_threshold
             keys = [k for k in keys if counts.get(k, 0) >= threshold]
-        get = self.policy.get
-        new = [k for k in keys if get(k) is None]
+        if self.lru is not None:
+            new = list(filter(self.lru.__contains__, keys))
+            new = [k for k in keys if k not in self.lru] if new else list(keys)
+        else:
+            get = self.policy.get
+            new = [k for k in keys if get(k) is None]
         if not new:
             return new
         evict = len(new) - (self.num_blocks - len(self.policy))
@@ -233,13 +241,22 @@ class OffloadTier:
                 return None
             self.num_evictable -= len(evicted)
             self.evictions += len(evicted)
-        insert = self.policy.insert
-        for key in new:
-            insert(key, NOT_READY)
+        if self.lru is not None:
+            self.lru.update(dict.fromkeys(new, NOT_READY))
+        else:
+            insert = self.policy.insert
+            for key in new:
+                insert(key, NOT_READY)
         self.num_pending += len(new)
         return new
 
     def complete_store(self, keys) -> None:
+        lru = self.lru
+        if lru is not None and list(map(lru.get, keys)).count(NOT_READY) == len(keys):  # the usual case: one store's keys
+            lru.update(dict.fromkeys(keys, 0))
+            self.num_pending -= len(keys)
+            self.num_evictable += len(keys)
+            return
         get, set_ref = self.policy.get, self.policy.set_ref
         for key in keys:
             if get(key) == NOT_READY:

@@ -130,7 +130,7 @@ def test_loads_and_stores_are_conserved(policy, threshold, disk):
     assert off["tokens"]["cpu_hits"] > 0
     for rep in sim.replicas:
         c = rep.connector
-        assert not c.loads and not c.loading and not c.to_load and c.num_held == 0
+        assert not c.loads and not c.loading and c.num_held == 0
         assert rep.allocator.num_used_blocks == 0
         assert c.cpu.num_evictable + c.cpu.num_pending + sum(
             1 for k in list(c.cpu.policy.blocks if policy == "lru" else {}) if c.cpu.policy.get(k) > 0) == len(c.cpu)
@@ -211,3 +211,19 @@ def test_offload_of_a_hybrid_kv_cache_is_refused(tmp_path, capsys):
                     '[kv_offload]\nkv_offloading_size = 8\n')
     code, _, err = run_cli(capsys, path, "--out", tmp_path / "out", "--quiet")
     assert_one_line_error(code, err, "s.toml", "kv_offload", "sliding window")
+
+
+def test_a_load_delays_its_request_not_the_engine(monkeypatch):
+    """The first request decodes 3,000 tokens; the second, 2 s later, loads its 8,192 shared tokens from the
+    CPU tier (512 blocks, ~21 ms) while the first keeps decoding: the second's first token comes after its
+    load has ended, within two steps of it; no gap of the first's tokens grows by the load."""
+    from conftest import per_request
+
+    sc = _offload_scenario(workload={"output_len": {"dist": "fixed", "value": 3000}})
+    rows, summaries = per_request(monkeypatch, sc)
+    off = summaries["paged"]["kv_offload"]
+    load_s = off["loads"]["transfer_s"]
+    ttft_second = rows[("paged", 1)][0]
+    assert off["loads"]["count"] == 1 and load_s > 0.015
+    assert load_s < ttft_second < load_s + 0.1
+    assert summaries["paged"]["itl_s"]["max"] < load_s  # the decoding request never waited for the load

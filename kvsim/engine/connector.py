@@ -173,6 +173,10 @@ class ConnectedReplica(Replica):
                 step.end += extra
         return step
 
+    def _decode_run(self, batch, now: float, budget_s: float) -> tuple[int, float, float]:
+        """A fused run also ends before the connector's next event (a load admitted this step)."""
+        return super()._decode_run(batch, now, min(budget_s, self.connector.next_event - now))
+
     def wait_for(self, batch, now: float, next_arrival: float) -> StepRecord:
         """Nothing can run: the transfers admitted start, and the engine waits for the connector's next
         event (or the next arrival), as one engine event of no steps."""

@@ -85,7 +85,6 @@ class OffloadingConnector:
         self.disk_read, self.disk_write = host_links(disk.read_gbps, disk.write_gbps, 2 * (disk.read_gbps + disk.write_gbps),
                                                      disk.latency_s) if disk else (None, None)
         self.reqs: dict[Sequence, Request] = {}
-        self.to_load: list = []  # (request, keys, bytes) admitted this step, issued at its start
         self.loads: list = []  # heap of (end, order, request, keys)
         self.stores: list = []  # heap of (end, order, request, keys)
         self.promotions: list = []  # heap of (end, order, keys)
@@ -178,17 +177,17 @@ class OffloadingConnector:
         r.ready_tokens = min(local + num_external_tokens, seq.num_tokens - 1)
         r.next_store = max(r.next_store, last)
         gpu_blocks = num_external_tokens // self.settings.gpu_block_size
-        self.to_load.append((r, keys, gpu_blocks * (self.block_bytes // self.factor)))
+        nbytes = gpu_blocks * (self.block_bytes // self.factor)
+        start = self.clock  # the step being scheduled starts now (get_finished set the clock)
+        _, t = self.h2d.transfer(start, nbytes)
+        heapq.heappush(self.loads, (t, r.order, r, keys))
+        self.stats.loaded(len(keys), nbytes, t - start, start)
+        self._next()
 
     # ---- steps ------------------------------------------------------------------------------------
     def build_connector_meta(self, batch, start: float, end: float) -> float:
-        """Issue the loads admitted for this step at its start and the stores of the blocks it completes at its end."""
+        """Issue the stores of the blocks the step completes, from its end (its loads were issued at admission)."""
         self.clock = start
-        for r, keys, nbytes in self.to_load:
-            _, t = self.h2d.transfer(start, nbytes)
-            heapq.heappush(self.loads, (t, r.order, r, keys))
-            self.stats.loaded(len(keys), nbytes, t - start, start)
-        self.to_load.clear()
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             self._store(seq, n, end)
         self._next()

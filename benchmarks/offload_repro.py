@@ -43,7 +43,7 @@ from kvsim.sequence import Request  # noqa: E402
 BLOG_TTFT_MS = {  # Figure 1, read off the plot: prompt K tokens -> (GPU compute, load from CPU)
     1: (25, 10), 10: (260, 40), 20: (640, 70), 30: (1095, 100), 40: (1650, 130), 50: (2290, 160),
     60: (3010, 190), 70: (3850, 215), 80: (4790, 250), 90: (5740, 280), 100: (6850, 310)}
-POINTS = (0, 50, 80, 90, 100)  # of the figure's 0, 10, ..., 100 (each a 10,000-request run)
+POINTS = tuple(range(0, 101, 10))  # the figure's hit rates (each a 10,000-request run)
 BLOG_THROUGHPUT = {0: 42000, 10: 46000, 20: 51500, 30: 56000, 40: 64000, 50: 73000, 60: 89000, 70: 116000,
                    80: 158000, 90: 217500, 100: 389000}  # Figure 2, tokens/s; without offload ~43,500
 LLMD = {  # the guide's table: QPS -> (baseline, offload) of (mean TTFT s, P90 TTFT s, mean E2E s, tok/s)

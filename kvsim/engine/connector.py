@@ -22,6 +22,8 @@ engine event of no steps: the engine polls (vLLM runs empty steps), a request wa
 
 from __future__ import annotations
 
+import math
+
 from kvsim.engine.records import StepRecord
 from kvsim.engine.replica import Replica, make_replica
 from kvsim.engine.scheduler import KV_CACHE, MAX_NUM_SEQS, TOKEN_BUDGET, Scheduler
@@ -38,6 +40,8 @@ class ConnectedScheduling:
 
     def connect(self, connector) -> None:
         self.connector = connector
+        self.owed: dict = {}  # asynchronously loading requests -> blocks their prompt still needs after the load
+        self.owed_blocks = 0
 
     def free(self, seq: Sequence) -> None:
         if not self.connector.request_finished(seq):
@@ -117,6 +121,16 @@ class ConnectedScheduling:
             num_new = budget
         if not alloc.can_allocate(seq, num_new + ext, hits):
             return KV_CACHE
+        owed = self.owed.pop(seq, 0) if not fresh else 0
+        if load_async and getattr(self.connector, "reserve_prompt", False):
+            # The rest of its prompt must fit after the load, beside what earlier loads still owe: requests
+            # holding loaded blocks must not fill the cache so that none can finish (nothing to preempt).
+            owed = alloc.blocks_for(seq.num_tokens) - alloc.blocks_for(local + ext)
+            if alloc.num_free_blocks - self.owed_blocks < alloc.blocks_for(seq.num_tokens) - len(hits):
+                return KV_CACHE
+            self.owed[seq] = owed
+            owed = -owed
+        self.owed_blocks -= owed
         alloc.allocate(seq, num_new + ext, hits)
         if not load_async:
             seq.num_computed_tokens += ext  # loaded within the step
@@ -182,7 +196,7 @@ class ConnectedReplica(Replica):
         event (or the next arrival), as one engine event of no steps."""
         self.connector.build_connector_meta(batch, now, now)
         until = min(next_arrival, self.connector.next_event)
-        if not until > now:
+        if not now < until < math.inf:
             raise RuntimeError("scheduler made no progress with work queued")
         step = self.record
         step.batch, step.num_steps, step.start, step.duration, step.first_s = batch, 0, now, until - now, until - now

@@ -90,11 +90,14 @@ class OffloadingConnector:
         self.promotions: list = []  # heap of (end, order, keys)
         self.cascades: list = []  # heap of (end, order, keys): disk writes
         self.loading: dict = {}  # key -> loads in flight reading it
+        # vLLM tracks blocks being loaded only with GPU prefix caching on (they become GPU hits after the load)
+        self.defer_loading = getattr(scheduler.allocator, "enable_prefix_caching", True)
         self.num_held = 0  # finished requests whose blocks wait for their stores
         self.order = 0
         self.clock = 0.0
         self.waiting: deque = deque()
         self.next_event = math.inf
+        self.reserve_prompt = True  # loads admitted only with room for their whole prompt (kvsim.engine.connector)
 
     # ---- admission ------------------------------------------------------------------------------
     def _req(self, seq: Sequence) -> Request:
@@ -113,7 +116,7 @@ class OffloadingConnector:
         if len(keys) * obs - num_computed_tokens < obs:
             return 0, False
         start = num_computed_tokens // obs
-        if self.loading and self._being_loaded(keys[:-(-num_computed_tokens // obs)]):
+        if self.loading and self.defer_loading and self._being_loaded(keys[:-(-num_computed_tokens // obs)]):
             self.stats.deferred += 1
             return None, False
         tail = keys[start:]
@@ -124,7 +127,7 @@ class OffloadingConnector:
         tokens = (start + hits) * obs - num_computed_tokens
         if not hits or tokens < obs:
             return 0, False
-        if self.loading and self._being_loaded(tail[:hits]):
+        if self.loading and self.defer_loading and self._being_loaded(tail[:hits]):
             self.stats.deferred += 1
             return None, False
         return tokens, True

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 from kvsim.errors import KvsimError
 from kvsim.perf.kv_groups import CHUNKED_SPEC, SLIDING_SPEC, KvCacheLayout
+from kvsim.perf.offload import offload_settings, tier_record
 from kvsim.perf.memory import (KV_ELEM_BYTES, GiB, KvCapacity, check_capacity, compute_capacity, engine_limits,
                                kv_bytes_per_token, max_model_len, mha_bytes_per_token, policy_layout,
                                prefill_flops, prefill_flops_saved)
@@ -208,7 +209,15 @@ def _policy_record(scenario, pol, model: ModelSpec, gpu: GpuSpec, rows: list[Mem
         "bytes_per_seq_naive": {key[r.seq_len]: naive.blocks_held(r.seq_len, r.seq_len) * naive.block_bytes
                                 for r in rows},
         "max_sequences_naive": {key[r.seq_len]: r.num_seqs_naive for r in rows},
+        "kv_offload": _offload_record(scenario, pol, model, gpu, cap, [r.seq_len for r in rows]),
     }
+
+
+def _offload_record(scenario, pol, model: ModelSpec, gpu: GpuSpec, cap, lens) -> dict | None:
+    """The policy's offload tiers per replica (kvsim.perf.offload), or None."""
+    if not scenario.offloaded(pol) or cap.num_blocks < 1:
+        return None
+    return tier_record(offload_settings(scenario, pol, model, gpu, cap), lens)
 
 
 def group_record(group, lens, max_num_batched_tokens: int) -> dict:
@@ -292,6 +301,17 @@ def render_memory(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> l
                      *(f"{_bytes(x.bytes_per_seq)} ({x.num_seqs:,})" for x in r))
         if naive_differs:
             seqs.add_row("", "decoding / naive", "", *(f"{x.num_seqs_decoding:,} / {x.num_seqs_naive:,}" for x in r))
+    tiers = [(p, _offload_record(scenario, p, model, gpu, compute_capacity(scenario, p, model, gpu), lens))
+             for p in scenario.policies]
+    if any(t for _, t in tiers):
+        off = Table(title="KV offload tiers per replica (tokens, GiB; sequences of each length they hold)")
+        for col in ("policy", "tier", "tokens", "GiB", *(f"{n:,} tok" for n in lens)):
+            off.add_column(col, justify="left" if col in ("policy", "tier") else "right")
+        for pol, t in tiers:
+            for name, rec in (t or {}).items():
+                off.add_row(escape(pol.name), name, f"{rec['tokens']:,}", f"{rec['gib']:,.1f}",
+                            *(f"{rec['sequences'][str(n)]:,}" for n in lens))
+        out.append(off)
     saved = prefix_savings(scenario, model)
     if saved:
         p_len, total, flops, full = saved

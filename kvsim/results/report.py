@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.results.offload_report import offload_figures, offload_table_html
 from kvsim.results.disagg_report import deployment_line, disaggregation_figures, disaggregation_table_html
 from kvsim.results.figures import PHASES, _Plot, _read_latencies, report_plots, why_missed
 from kvsim.results.headline import table_figures
@@ -196,11 +197,12 @@ def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requ
         first = next(iter(summaries.values()), {}).get("slo") or {}
         latencies = _read_latencies(Path(requests_csv_path), (meta or {}).get("slo") or first.get("bounds"))
     figures = report_plots(summaries, requests_csv_path, timeseries_csv_path, latencies, meta, series)
-    figures += disaggregation_figures(summaries, meta)
+    figures += disaggregation_figures(summaries, meta) + offload_figures(summaries, meta)
     rows = why_missed(latencies)
     why = _why_table_html(rows) if any(r["group"] == "missed" for r in rows) else ""
     page = figures_page(f"kvsim report: {scenario_name}", verdict_lines(summaries, meta), figures,
-                        _summary_table_html(summaries) + disaggregation_table_html(summaries) + why)
+                        _summary_table_html(summaries) + disaggregation_table_html(summaries)
+                        + offload_table_html(summaries) + why)
     Path(path).write_text(page, encoding="utf-8")
 
 

@@ -55,6 +55,7 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
     _preset("Llama-3.1-70B", 80, 8192, 64, 8, 128, 28672, 128256, 131072, 500000.0, 1e-5),
     _preset("Qwen3-0.6B", 28, 1024, 16, 8, 128, 3072, 151936, 40960, 1000000.0, 1e-6, tie=True, qk=True),
     _preset("Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936, 40960, 1000000.0, 1e-6, qk=True),
+    _preset("Qwen3-32B", 64, 5120, 64, 8, 128, 25600, 151936, 40960, 1000000.0, 1e-6, qk=True),
     _preset("Mistral-7B", 32, 4096, 32, 8, 128, 14336, 32768, 32768, 1000000.0, 1e-5),  # v0.3
     _preset("Mistral-7B-v0.1", 32, 4096, 32, 8, 128, 14336, 32000, 32768, 10000.0, 1e-5,
             layer_types=(SLIDING,) * 32, sliding_window=4096),
@@ -207,6 +208,12 @@ GPU_PRICES: dict[str, GpuPrice] = {
     "B200": GpuPrice(5.99, _LISTED, "2025-06"),
     "MI300X": GpuPrice(2.49, _LISTED, "2025-06"),
 }
+
+
+# Host DRAM for KV offload tiers, US$ per GiB-hour: Google Cloud's on-demand price of memory in an N2 custom
+# machine type (us-central1), the price of adding DRAM to a host apart from its cores.
+HOST_DRAM_PRICE = GpuPrice(0.004237, "Google Cloud Compute Engine pricing: N2 custom machine memory, on-demand, "
+                                     "us-central1, per GiB-hour", "2025-06")
 
 
 def gpu_price(scenario, gpu: str) -> GpuPrice | None:

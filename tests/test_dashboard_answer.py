@@ -77,7 +77,7 @@ def test_a_model_that_does_not_fit_shows_its_memory_and_a_layout_that_fits():
     at = small(open_app())
     widget(at, "selectbox", "model.name").set_value("Llama-3.1-70B")
     answer(at)
-    assert one_error(at).startswith("scenarios/chat.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at tp=1) "
+    assert one_error(at).startswith("scenarios/chat.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at TP 1) "
                                     "does not fit on H100-SXM")
     [chart] = at.get("plotly_chart")
     weights = json.loads(chart.proto.spec)["data"][0]

@@ -99,7 +99,7 @@ def deploy(scenario, target_rate, *, gpus=None, tensor_parallel=(1, 2, 4, 8), po
     `disaggregated=True` (`kvsim plan --target-rate` on a scenario with [disaggregation]) searches
     prefill and decode instance counts per pool layout instead: `gpus` and `tensor_parallel` (default:
     the scenario's pools' own) for each pool, `policy` a name or a list (default: every policy served
-    disaggregated; the aggregated side takes the scenario's aggregated policies), `max_replicas` per pool; `top` and `headroom` do not apply. Returns a
+    disaggregated; the aggregated side takes every policy, served aggregated), `max_replicas` per pool; `top` and `headroom` do not apply. Returns a
     `kvsim.planning.disagg.PDPlan`: `.deployments` (each pool layout's cheapest passing counts,
     cheapest first: `PDDeployment` with `num_prefill`, `num_decode`, both pools' GPU and TP, cost,
     `prefill_binding`/`decode_binding` at the target and whether one instance fewer of each fails),

@@ -127,21 +127,25 @@ def test_the_pd_table_shows_itl_names_each_rows_policy_and_searches_every_pd_pol
 
     sc = pd_scenario()
     result = pd_deploy(sc, 10.0, seeds=1, num_requests=60, max_replicas=2, executor=InlineExecutor())
-    assert result.meta["policies"] == ["pd", "pd-fp8"] and result.meta["aggregated_policies"] == ["agg"]
+    # like for like: every policy is a candidate served aggregated too (fp8 KV on one side only would decide)
+    assert result.meta["policies"] == ["pd", "pd-fp8"] and result.meta["aggregated_policies"] == ["agg", "pd", "pd-fp8"]
     assert {d.policy for d in result.deployments} == {"pd", "pd-fp8"}  # both searched, not the first alone
     rows = result.table()
     assert list(rows[0])[:4] == ["serving", "policy", "prefill", "decode"]
     assert {"TTFT p99 ms", "TPOT p99 ms", "ITL p99 ms"} <= set(rows[0])
     assert all(r["ITL p99 ms"] is not None for r in rows)
     agg = [r for r in rows if r["serving"] == "aggregated"]
-    assert [r["policy"] for r in agg] == ["agg"]  # its own policy, not a disaggregated one's name
+    # the row names the policy it ran, and says so when the scenario serves that one disaggregated
+    assert [r["policy"] for r in agg] == [result.aggregated_label(result.aggregated.deployments[0].policy)]
+    assert (result.aggregated_label("agg"), result.aggregated_label("pd")) == ("agg", "pd, served aggregated")
     from rich.console import Console
 
     console = Console(width=400, record=True)
     console.print(pd_table(result))
     out = console.export_text()
     assert "ITL p99 ms" in out and "TTFT p ms" not in out
-    assert any(line.startswith("policies searched: disaggregated pd, pd-fp8; aggregated agg") for line in pd_lines(result))
+    assert any(line.startswith("policies searched: disaggregated pd, pd-fp8; aggregated agg, pd, pd-fp8")
+               for line in pd_lines(result))
 
 
 def test_the_ttft_split_sums_to_ttft_with_the_api_servers_time():

@@ -132,10 +132,11 @@ class Deployment:
         """The replica's layout, e.g. 'TP 4', 'TP 1 × DP 2 + EP'."""
         return layout_text(self.tensor_parallel_size, self.data_parallel_size, self.enable_expert_parallel)
 
-    def answer(self) -> str:
-        """e.g. '12 × H100-SXM as TP 4 × 3 replicas, $35.88/h (policy paged-fp8)'."""
-        return (deployment_text(self.gpu, self.tensor_parallel_size, self.num_replicas, self.data_parallel_size,
-                                self.enable_expert_parallel) + f", ${self.usd_per_hour:,.2f}/h (policy {self.policy})")
+    def answer(self, policy: Optional[str] = None) -> str:
+        """e.g. '12 × H100-SXM as TP 4 × 3 replicas, $35.88/h (policy paged-fp8)' (`policy`: its label, if not the name)."""
+        where = deployment_text(self.gpu, self.tensor_parallel_size, self.num_replicas, self.data_parallel_size,
+                                self.enable_expert_parallel)
+        return f"{where}, ${self.usd_per_hour:,.2f}/h (policy {policy or self.policy})"
 
     def row(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "at_target"}

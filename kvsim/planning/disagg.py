@@ -21,8 +21,9 @@ cheapest aggregated deployment of the same GPUs (kvsim/planning/deploy.py).
    and output tokens at R, each charging the whole hour), with each pool's binding constraint at R
    (what held its admission back, else its step time) and whether one instance fewer of it fails.
    Beside them, the aggregated search (kvsim/planning/deploy.py) over the same GPUs and TP degrees
-   with the scenario's own aggregated policies (those it serves on [hardware]; without any, the
-   candidates above served aggregated), each row named by the policy it ran. `PDPlan.table()` is the
+   with every candidate policy served aggregated, so the comparison is of serving, not of KV settings
+   (fp8 KV on one side only would make either look cheaper); an aggregated row names the policy it
+   ran, "served aggregated" when the scenario serves that one disaggregated. `PDPlan.table()` is the
    comparison as records (the terminal's table and the dashboard's), with TTFT, TPOT and ITL at the
    SLO's percentile.
 
@@ -218,7 +219,7 @@ class PDPlan(Frames):
                         "decode binds": (d.decode_binding or "–") + (" (one fewer fails)" if d.decode_tight else ""),
                         "priced": d.pricing or "–"})
         for a in self.aggregated.deployments[:1]:
-            out.append({"serving": "aggregated", "policy": a.policy,
+            out.append({"serving": "aggregated", "policy": self.aggregated_label(a.policy),
                         "prefill": f"{a.num_replicas} × {a.gpu} {a.layout_name} (both phases)", "decode": "",
                         **_common(a, shown, q), "prefill binds": a.binding or "–", "decode binds": "",
                         "priced": a.pricing or "–"})
@@ -233,18 +234,22 @@ class PDPlan(Frames):
             return ""
         return f"ESTIMATED: the answer rests on {chosen.pricing_why}; treat it as a lead to measure, not an answer"
 
+    def aggregated_label(self, policy: str) -> str:
+        """An aggregated row's policy: its name, and "served aggregated" when the scenario serves it disaggregated."""
+        return policy + (", served aggregated" if policy in self.meta.get("served_disaggregated", ()) else "")
+
     def verdict(self) -> str:
         """Aggregated or disaggregated at the target, and by how much."""
         best, agg = self.best, self.aggregated.deployments[0] if self.aggregated.deployments else None
         if best is None and agg is None:
             return "neither a disaggregated nor an aggregated layout meets the SLO at the target rate"
         if best is not None and agg is not None and math.isclose(agg.usd_per_hour, best.usd_per_hour):
-            return (f"a tie at ${agg.usd_per_hour:,.2f}/h: aggregated {agg.answer()}, or disaggregated "
+            return (f"a tie at ${agg.usd_per_hour:,.2f}/h: aggregated {agg.answer(self.aggregated_label(agg.policy))}, or disaggregated "
                     f"{best.num_prefill}:{best.num_decode}: {best.answer()} (compare their latencies)")
         if best is None or (agg is not None and agg.usd_per_hour <= best.usd_per_hour):
             cheaper = "" if best is None else f", {1 - agg.usd_per_hour / best.usd_per_hour:.0%} cheaper than {best.answer()}"
-            return f"aggregated: {agg.answer()}{cheaper}"
-        other = "" if agg is None else f", {1 - best.usd_per_hour / agg.usd_per_hour:.0%} cheaper than aggregated {agg.answer()}"
+            return f"aggregated: {agg.answer(self.aggregated_label(agg.policy))}{cheaper}"
+        other = "" if agg is None else f", {1 - best.usd_per_hour / agg.usd_per_hour:.0%} cheaper than aggregated {agg.answer(self.aggregated_label(agg.policy))}"
         return f"disaggregated, {best.num_prefill}:{best.num_decode}: {best.answer()}{other}"
 
     def to_dict(self) -> dict:
@@ -340,6 +345,7 @@ def pd_deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None,
         d.usd_per_m_output = d.usd_per_hour / (target_rate * 3600 * output) * 1e6 if output else math.inf
     found.sort(key=lambda d: (d.usd_per_hour, d.num_gpus, d.label, names.index(d.policy)))
     meta = {"model": model_spec(scenario).name, "policies": names, "aggregated_policies": agg_names,
+            "served_disaggregated": [p.name for p in scenario.policies if scenario.disaggregated(p)],
             "safe_check_step_time_scale": check_scale(scenario), "slo": scenario.slo.model_dump(), "seeds": seed_list,
             "num_requests": n_req * REQUEST_SCALE_CAP,
             "long_run_requests": run_length(scenario, LONG_RUN * REQUEST_SCALE_CAP * n_req),
@@ -363,14 +369,15 @@ def _pools_basis(scenario, d: PDDeployment) -> tuple[str, str]:
 
 def _policies(scenario, names, chosen) -> tuple[list[str], list[str], list[dict]]:
     """(the policies searched disaggregated, those searched aggregated, the ones left out): the named
-    ones for both, else every policy the scenario serves disaggregated (else its paged ones) and its
-    aggregated ones (else the same); only what `vllm serve` can run, the rest left out with the reason."""
+    ones for both, else every policy the scenario serves disaggregated (else its paged ones) and every
+    policy served aggregated (the scenario's aggregated ones and those, like for like); only what
+    `vllm serve` can run, the rest left out with the reason."""
     if names is not None:
         pd = agg = chosen(scenario, names)
     else:
         pd = [p for p in scenario.policies if scenario.disaggregated(p)] or \
             [p for p in scenario.policies if p.allocator == "paged"]
-        agg = [p for p in scenario.policies if not scenario.disaggregated(p) and not serve_problem(p)] or pd
+        agg = list(scenario.policies)
     skipped = [{"gpu": "*", "tensor_parallel_size": "*", "policy": p.name, "reason": serve_problem(p), "kind": "not_vllm"}
                for p in dict.fromkeys(pd + agg) if serve_problem(p)]
     pd = [p.name for p in pd if not serve_problem(p)]

@@ -277,7 +277,7 @@ def test_a_closed_loops_three_rates_are_named_as_what_they_are():
     assert sent.endswith("sent 22.94 req/s (first to last request sent)")
     assert HEAD_FIGURES[0].label == "completed req/s"
     there = _there(capacity("p", 123, 20.0, 1, 2), "clients", {"safe_check_step_time_scale": 1.05})
-    assert there == ", completing 20 req/s there (over the safe check's whole runs, every step 5% dearer)"
+    assert there == ", completing 20 req/s there over the safe check's whole runs (every step 5% dearer)"
 
 
 # ---- kvsim memory

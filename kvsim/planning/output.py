@@ -103,8 +103,8 @@ def _there(p, unit: str, meta: dict) -> str:
     if rps is None:
         return ""
     scale = meta.get("safe_check_step_time_scale", 1.0)
-    return (f", completing {rps:.3g} req/s there (over the safe check's whole runs"
-            + (f", every step {scale - 1:.0%} dearer" if scale != 1.0 else "") + ")")
+    return (f", completing {rps:.3g} req/s there over the safe check's whole runs"
+            + (f" (every step {scale - 1:.0%} dearer)" if scale != 1.0 else ""))
 
 
 def plan_lines(result) -> list[str]:
@@ -138,9 +138,9 @@ def plan_lines(result) -> list[str]:
         best = groups[0][0]
         interval = (f"95% CI {best.ci_low:.3g}–{best.ci_high:.3g}" if best.replications != 1 else
                     f"no 95% CI from one replication; resolution and step-cost band {best.ci_low:.3g}–{best.ci_high:.3g}")
-        lines.append(f"best: {best.policy}, safe at {best.safe_rate:.3g} {unit}{_there(best, unit, m)} "
-                     f"({best.headroom:+.0%} against the scenario's {'clients' if closed else 'rate'}; knee "
-                     f"{best.mean_rate:.3g}, {interval}); binds at the knee: {best.binding_detail}")
+        lines.append(f"best: {best.policy}, safe at {best.safe_rate:.3g} {unit} ({best.headroom:+.0%} against the "
+                     f"scenario's {'clients' if closed else 'rate'}){_there(best, unit, m)}; knee "
+                     f"{best.mean_rate:.3g}, {interval}; binds at the knee: {best.binding_detail}")
         if len(groups[0]) > 1:
             lines.append("tied with it (" + ("95% intervals overlap, the seeds cannot tell them apart"
                                             if best.replications != 1 else "within the search's resolution and "

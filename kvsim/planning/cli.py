@@ -17,7 +17,7 @@ def _positive(kind):
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
         if not 0 < value < math.inf:  # nan and inf are no rate, resolution or count
-            raise argparse.ArgumentTypeError(f"must be a finite positive number, got {text}")
+            raise argparse.ArgumentTypeError(f"must be positive{' and finite' if kind is float else ''}, got {text}")
         return value
     return parse
 

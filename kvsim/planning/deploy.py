@@ -315,8 +315,10 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
 
 def check_target_rate(target_rate) -> None:
     """One line for a target rate no search can meet: not a finite positive number."""
-    if isinstance(target_rate, bool) or not isinstance(target_rate, (int, float)) or not 0 < target_rate < math.inf:
-        raise KvsimError(f"--target-rate: must be a finite positive number of requests/s, got {target_rate!r}")
+    if isinstance(target_rate, bool) or not isinstance(target_rate, (int, float)) or not target_rate > 0:
+        raise KvsimError(f"--target-rate must be positive, got {target_rate!r}")
+    if target_rate == math.inf:
+        raise KvsimError(f"--target-rate must be finite (requests/s), got {target_rate!r}")
 
 
 def rate_based(scenario):

@@ -226,17 +226,6 @@ def gpu_price(scenario, gpu: str) -> GpuPrice | None:
     return {k.lower(): v for k, v in GPU_PRICES.items()}.get(gpu.lower())
 
 
-def num_gpus(hardware) -> int:
-    """Every GPU a [hardware] section takes: tensor_parallel_size x data_parallel_size a replica."""
-    return hardware.tensor_parallel_size * hardware.data_parallel_size * hardware.num_replicas
-
-
-def hourly_price(scenario) -> tuple[float, GpuPrice] | None:
-    """($/hour of every GPU the scenario's [hardware] takes, the price of one), None without a price."""
-    price = gpu_price(scenario, scenario.hardware.gpu)
-    return None if price is None else (price.usd_per_hour * num_gpus(scenario.hardware), price)
-
-
 def gpu_spec(scenario) -> GpuSpec:
     """The scenario's GPU preset (case-insensitive) with any [hardware] overrides applied."""
     hw = scenario.hardware

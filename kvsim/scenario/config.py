@@ -458,6 +458,10 @@ class TraceConfig(_Section):
     path: PathText = Field(description="The trace file, relative to the scenario file.")
     max_requests: Optional[Annotated[int, Field(ge=1, le=L.MAX_REQUESTS)]] = Field(None, description=(
         "Replay only the first this many rows (in arrival order). Default: all."))
+    skip_rows: Annotated[int, Field(ge=0, le=L.MAX_REQUESTS)] = Field(0, description=(
+        "Of those rows, skip this many first: the replay starts at the next one, its arrival at t = 0. "
+        "kvsim plan replays a trace's disjoint windows this way, one per seed (a replayed trace has nothing "
+        "else a seed could change)."))
     columns: Optional[TraceColumns] = Field(None, description=(
         "format csv: which columns hold the arrival time, prompt and output tokens. Default: the header "
         "arrival_s, prompt_tokens, output_tokens, times in seconds."))

@@ -115,6 +115,9 @@ def cmd_plan(args, console) -> int:
                   ray=args.ray, progress=bar)
     try:
         pd = args.disaggregated if args.disaggregated is not None else scenario.disaggregation is not None
+        if pd and scenario.disaggregation is None:
+            raise KvsimError(f"--disaggregated: {scenario.source} has no [disaggregation] section (its pools and "
+                             "link; see scenarios/disaggregated.toml, or --set disaggregation.link.preset=NAME)")
         if args.target_rate is not None and pd:
             from kvsim.planning.disagg import pd_deploy
 

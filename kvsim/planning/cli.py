@@ -81,9 +81,7 @@ class Bar:
         if not self.enabled:
             return
         if self.bar is None:
-            from rich.progress import Progress
-            self.bar = Progress(console=self.console, transient=True)
-            self.bar.start()
+            self.bar = self.console.progress_bar()
             self.task = self.bar.add_task(self.label, total=total)
         self.bar.update(self.task, completed=done, total=total)
 

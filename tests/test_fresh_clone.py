@@ -19,11 +19,15 @@ from pathlib import Path
 
 import pytest
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[1]
 TRACE_SCENARIOS = ("azure_conv.toml", "mooncake.toml", "mooncake_disagg.toml")
-GPU_ONLY = {"gpu_smoke.toml"}  # the triton backend's smoke run: loaded and sized here, run on a GPU
 SHORT = 40  # requests of each scenario's run (a closed loop's too)
-TRACE_REQUESTS = 300
+TRACE_REQUESTS = 150
 
 
 def project_files() -> list[str]:
@@ -56,6 +60,11 @@ def shipped_scenarios() -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for p in [*ROOT.glob("scenarios/*.toml"), *ROOT.glob("scenarios/*/*.toml")])
 
 
+def on_the_gpu(name: str) -> bool:
+    """A scenario for the `triton` backend (a GPU run, or one `kvsim validate` compares against)."""
+    return tomllib.loads((ROOT / name).read_text()).get("backend", {}).get("name") == "triton"
+
+
 def test_the_copy_imports_its_own_package(clone):
     env = {**os.environ, "PYTHONPATH": str(clone)}
     where = subprocess.run([sys.executable, "-c", "import kvsim.perf; print(kvsim.perf.__file__)"], cwd=clone,
@@ -83,8 +92,9 @@ def test_no_shipped_input_or_readme_command_reads_shared():
         assert not bad, f"{path.name}: {bad[0]}"
 
 
-@pytest.mark.parametrize("name", [s for s in shipped_scenarios()])
-def test_every_shipped_scenario_validates_in_the_copy(clone, name):
+@pytest.mark.parametrize("name", [s for s in shipped_scenarios() if on_the_gpu(s)])
+def test_the_gpu_scenarios_validate_in_the_copy(clone, name):
+    """As they are (the runs below price them on the analytic backend, as `kvsim validate` does)."""
     done = kvsim_in(clone, "memory", name, "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["capacity"]
@@ -92,21 +102,22 @@ def test_every_shipped_scenario_validates_in_the_copy(clone, name):
 
 @pytest.fixture(scope="module")
 def runs(clone, tmp_path_factory):
-    """Every CPU scenario run in the copy, briefly, two at a time: name -> (folder, process)."""
+    """Every scenario run in the copy, briefly (the GPU ones on the analytic backend), two at a time:
+    name -> (folder, process)."""
     out = tmp_path_factory.mktemp("runs")
 
     def one(name):
         requests = TRACE_REQUESTS if Path(name).name in TRACE_SCENARIOS else SHORT
         folder = out / re.sub(r"\W+", "_", name)
+        analytic = ["--set", "backend.name=analytic"] if on_the_gpu(name) else []
         return name, (folder, kvsim_in(clone, "run", name, "--quiet", "--set", f"workload.num_requests={requests}",
-                                       "--out", str(folder)))
+                                       *analytic, "--out", str(folder)))
 
-    names = [n for n in shipped_scenarios() if Path(n).name not in GPU_ONLY]
     with ThreadPoolExecutor(2) as pool:
-        return dict(pool.map(one, names))
+        return dict(pool.map(one, shipped_scenarios()))
 
 
-@pytest.mark.parametrize("name", [s for s in shipped_scenarios() if Path(s).name not in GPU_ONLY])
+@pytest.mark.parametrize("name", shipped_scenarios())
 def test_every_shipped_scenario_runs_in_the_copy(runs, name):
     folder, done = runs[name]
     assert done.returncode == 0, done.stderr
@@ -134,3 +145,17 @@ def test_the_trace_scenarios_replay_the_shipped_traces(runs):
     first = sorted((r for r in replayed if r["policy"] == replayed[0]["policy"]), key=lambda r: float(r["arrival_s"]))
     assert [float(r["arrival_s"]) for r in first[:5]] == pytest.approx(expected, abs=1e-6)
     assert [int(r["prompt_tokens"]) for r in first[:5]] == [int(r["ContextTokens"]) for r in rows]
+
+
+def test_kernel_tables_without_their_data_say_where_it_is(clone):
+    """The README's AIConfigurator command run before cloning AIConfigurator (and the command as it read
+    before, through ../shared): one line naming the repository and the folder, exit 2."""
+    readme = (ROOT / "README.md").read_text()
+    command = next(line for line in readme.splitlines() if line.startswith("python -m kvsim calibrate aiconfigurator/"))
+    folder = command.split()[4]
+    for table in (folder, "../shared/profiles/aiconfigurator/h100_sxm"):
+        done = kvsim_in(clone, "calibrate", table, "-o", "h100.npz")
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "git clone https://github.com/ai-dynamo/aiconfigurator" in done.stderr
+        assert f"aiconfigurator/{folder.split('aiconfigurator/', 1)[1]}" in done.stderr
+        assert not (clone / "h100.npz").exists()

@@ -12,6 +12,8 @@ from kvsim.scenario.args import add_scenario_arguments, scenario_from_args
 
 MAX_FOLDS = 100  # k-fold hold-out: each fold is a fit; more folds than observations are empty
 MAX_ERROR_BOUND = 10.0  # --max-error: 1000% accepts any fit worth writing; inf would be written as Infinity
+AIC_REPO = "https://github.com/ai-dynamo/aiconfigurator"  # NVIDIA AIConfigurator: vLLM kernel timings (Apache-2.0)
+AIC_DATA = "aic-core/src/aiconfigurator_core/systems/data"  # its GPU folders (h100_sxm, ...), as of 095f58a
 
 
 def add_commands(sub) -> None:
@@ -90,6 +92,15 @@ def _written_by_calibrate(path: Path) -> bool:
         return False
 
 
+def _where_aic_data_is(table: Path) -> None:
+    """A TABLE that does not exist and is named as an AIConfigurator GPU folder: where that data comes from."""
+    from kvsim.calibrate.aiconfigurator import AIC_GPUS
+
+    if table.name in AIC_GPUS.values() and not os.path.lexists(table):
+        raise KvsimError(f"{table}: no such folder (NVIDIA AIConfigurator's kernel timings: git clone {AIC_REPO}, "
+                         f"then give aiconfigurator/{AIC_DATA}/{table.name})")
+
+
 def _names(text, option: str) -> list[str]:
     from kvsim.perf.calibration import COEFFICIENTS
 
@@ -142,6 +153,8 @@ def cmd_calibrate(args, console) -> int:
 
     if not args.tables and not args.serving:
         raise KvsimError("calibrate: give at least one TABLE or --serving SCENARIO RESULT")
+    for table in args.tables:
+        _where_aic_data_is(table)
     if any(t.is_dir() for t in args.tables):
         return cmd_kernel_tables(args, console)
     _refuse_overwrite(args.out, "a file kvsim calibrate did not write", _written_by_calibrate)

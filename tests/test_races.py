@@ -164,6 +164,24 @@ def test_calibrate_replaces_its_earlier_file_only_as_it_was(box, capsys, monkeyp
     assert "note" not in (box.work / "cal.json").read_text() and _hidden(box.work) == []
 
 
+def test_without_exchange_a_file_appearing_after_the_earlier_one_moved_aside_stays(box, capsys, monkeypatch):
+    """Without RENAME_EXCHANGE calibrate moves its earlier file aside, then publishes with no-replace: a file
+    made at -o between the two stays, and the earlier calibration is kept under the name the line gives."""
+    monkeypatch.setattr("kvsim.scenario.publish.rename_exchange", lambda a, b: False)
+    assert main(_calibrate(box)) == 0
+    first = (box.work / "cal.json").read_text()
+    with monkeypatch.context() as mp:
+        _wrap("kvsim.scenario.publish.rename_noreplace", lambda b, *a: (b.work / "cal.json").write_text("mine"))(mp, box)
+        code = main(_calibrate(box))
+    err = capsys.readouterr().err
+    assert_one_line_error(code, err, ("cal.json: a file appeared there while kvsim replaced its earlier one",))
+    kept = Path(err.rsplit("the earlier file is now ", 1)[1].rstrip(")\n"))
+    assert (box.work / "cal.json").read_text() == "mine" and kept.read_text() == first
+    assert _hidden(box.work) == [kept.name] and kept.name.startswith(".cal.json.kept-")
+    assert main(_calibrate(box)) == 2 and kept.read_text() == first  # refused (cal.json is the user's); kept stays
+    assert "cal.json: already exists" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("renameat2", [True, False], ids=["renameat2", "hard link"])
 def test_validate_never_overwrites_a_file_appearing_before_it_publishes(box, capsys, monkeypatch, renameat2):
     with monkeypatch.context() as mp:

@@ -235,7 +235,7 @@ def _replace(tmp: Path, path: Path, vetted: tuple) -> None:
         rename_noreplace(tmp, path)
     except FileExistsError:
         raise KvsimError(f"{path}: a file appeared there while kvsim replaced its earlier one; not overwritten, "
-                         f"nothing written (the earlier file is now {aside})") from None
+                         f"nothing written (the earlier file is now {_kept(aside, path)})") from None
     os.unlink(aside)
 
 
@@ -244,7 +244,18 @@ def _put_back(aside: Path, path: Path) -> None:
         rename_noreplace(aside, path)
     except FileExistsError:
         raise KvsimError(f"{path}: changed twice while kvsim ran; not overwritten (what was there is now "
-                         f"{aside})") from None
+                         f"{_kept(aside, path)})") from None
+
+
+def _kept(aside: Path, path: Path) -> Path:
+    """`aside` renamed to a hidden `.NAME.kept-*` name that `recover_strays` never removes (it is named in
+    the error line); `aside` itself if that fails."""
+    kept = hidden_name(path, "kept")
+    try:
+        rename_noreplace(aside, kept)
+        return kept
+    except OSError:
+        return aside
 
 
 @contextmanager

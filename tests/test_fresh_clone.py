@@ -25,7 +25,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACE_SCENARIOS = ("azure_conv.toml", "mooncake.toml", "mooncake_disagg.toml")
+TRACE_SCENARIOS = ("azure_conv.toml", "mooncake.toml", "mooncake_disagg.toml", "mooncake_offload.toml")
 SHORT = 40  # requests of each scenario's run (a closed loop's too)
 TRACE_REQUESTS = 150
 

@@ -263,6 +263,8 @@ def check_autoscaled(scenario) -> None:
     auto, wl = scenario.autoscaling, scenario.workload
     if scenario.disaggregation is not None:
         raise ValueError("autoscaling: a disaggregated deployment's pools are not autoscaled (drop one section)")
+    if scenario.kv_offload is not None:
+        raise ValueError("autoscaling: KV offload tiers on an autoscaled pool are not simulated (drop one section)")
     if wl.max_concurrency is not None or wl.sessions is not None or wl.arrival.process == "immediate":
         raise ValueError("autoscaling: replicas are autoscaled under open-loop arrivals (no max_concurrency, "
                          "sessions or immediate arrivals)")

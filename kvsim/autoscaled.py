@@ -46,6 +46,15 @@ def fixed_size(scenario, settings) -> int:
     return fixed.replicas * scenario.hardware.data_parallel_size
 
 
+def autoscaling_meta(scenario) -> dict:
+    """summary.json's meta of an autoscaled pool: the autoscaler and its bounds (a fixed pool: its size)."""
+    auto, hw = scenario.autoscaling, scenario.hardware
+    if auto.policy == "fixed":
+        replicas = hw.num_replicas if auto.fixed is None or auto.fixed.replicas is None else auto.fixed.replicas
+        return {"policy": "fixed", "replicas": replicas}
+    return {"policy": auto.policy, "min_replicas": auto.min_replicas, "max_replicas": auto.max_replicas}
+
+
 def pool_simulation(scenario, model, settings, factory: Callable, metrics, on_progress: Optional[Callable]):
     """(simulation or None, observer, settings) of an autoscaled scenario's policy: None asks the
     caller for today's `Simulation` over `settings.num_replicas` replicas (a fixed pool)."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from kvsim.autoscaled import autoscaling_summary, pool_simulation, pool_size
+from kvsim.autoscaled import autoscaling_meta, autoscaling_summary, pool_simulation, pool_size
 from kvsim.backends import load_backend
 from kvsim.errors import KvsimError, check_int
 from kvsim.engine.arrivals import ClosedLoop, RequestStream
@@ -116,6 +116,10 @@ def run_meta(scenario, model, gpu, basis: Optional[PricingBasis] = None) -> dict
             "slo": scenario.slo.model_dump(), "policy_order": [p.name for p in scenario.policies]}
     if pools:
         meta["disaggregation"] = pools
+    if scenario.autoscaling is not None:
+        meta["autoscaling"] = autoscaling_meta(scenario)
+        if meta["autoscaling"]["policy"] == "fixed":
+            meta["num_replicas"] = meta["autoscaling"]["replicas"]
     return meta
 
 
@@ -208,7 +212,9 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
         for rep in sim.replicas:  # a GPU backend holds most of the device: let the next policy have it
             rep.backend.close()
     peak = len(sim.replicas) if auto is None else pool_size(sim)
-    summary = metrics.summary(duration_s=end, num_blocks=sim.replicas[0].backend.num_blocks * peak,
+    # a window of a longer day (workload.start_s) is measured from its start, not from the day's
+    summary = metrics.summary(duration_s=end - (scenario.workload.start_s or 0.0),
+                              num_blocks=sim.replicas[0].backend.num_blocks * peak,
                               block_size=settings.block_size, bytes_per_block=capacity.bytes_per_block,
                               extra=_run_figures(sim, settings, policy, described), num_replicas=peak)
     if auto is not None:

@@ -1,5 +1,10 @@
-"""The day's figures of an autoscaled pool (summary.json's `autoscaling` section), for the report,
-`plan --autoscale`'s page and the dashboard: one column of panels sharing the time axis (hours):
+"""The day of an autoscaled pool (summary.json's `autoscaling` section) in words and figures.
+
+`autoscaling_lines`: per policy, a few lines for the terminal and the report's opening (`kvsim run`):
+the autoscaler, the replicas it ran, SLO attainment overall and per window, replica-hours and $.
+
+`day_figure`, for the report, `plan --autoscale`'s page and the dashboard: one column of panels sharing
+the time axis (hours):
 
 - load: requests per second offered in each window;
 - replicas: the pool's spec (starting and ready) and ready replicas as steps, and beside them, when
@@ -16,6 +21,55 @@ from typing import Optional
 from kvsim.results.figures import SLO_RED, _Plot, _subplots
 
 HOUR = 3600.0
+AUTOSCALERS = {"hpa": "a Kubernetes HPA", "keda": "KEDA", "wva": "llm-d's Workload Variant Autoscaler",
+               "slo_aware": "llm-d's SLO-aware loop", "fixed": "a fixed pool"}
+
+
+def autoscaler_text(described: dict) -> str:
+    """e.g. 'a Kubernetes HPA on num_requests_running (target 30)', 'a fixed pool of 3'."""
+    policy = described.get("policy")
+    name = AUTOSCALERS.get(policy, str(policy))
+    if policy == "fixed":
+        return f"{name} of {described.get('replicas')}"
+    metric = described.get("metric")
+    target = described.get("target", described.get("threshold"))
+    if metric is None:
+        return name
+    return f"{name} on {metric}" + ("" if target is None else f" (target {target:g})")
+
+
+def _hours(windows: list[dict]) -> str:
+    """e.g. 'hours 0.00-24.00' of the windows' span."""
+    if not windows:
+        return "none"
+    return f"hours {windows[0]['start_s'] / HOUR:.2f}-{windows[-1]['end_s'] / HOUR:.2f}"
+
+
+def _money(x) -> str:
+    return "–" if x is None else f"${x:,.2f}"
+
+
+def autoscaling_lines(summaries: dict[str, dict]) -> list[str]:
+    """Per policy that ran on an autoscaled pool: the autoscaler and its replicas, SLO attainment
+    overall and per window against the target, and the bill."""
+    lines = []
+    for name, s in summaries.items():
+        a = s.get("autoscaling")
+        if not a:
+            continue
+        reps, startup = a["replicas"], a.get("startup")
+        lines.append(f"{name}: {autoscaler_text(a['autoscaler'])}: {reps['min']}-{reps['peak']} replicas"
+                     + ("" if reps["mean"] is None else f", {reps['mean']:.1f} on average")
+                     + (f", {reps['created']} started, {reps['scale_decisions']} scale decisions" if startup else "")
+                     + ("" if startup is None else f"; a replica serves {startup['total_s']:.0f} s after it is asked for"))
+        attained = "–" if a["attainment"] is None else f"{a['attainment']:.2%}"
+        lines.append(f"{name}: SLO attainment {attained} of requests (target {a['attainment_target']:.2%}); "
+                     f"{a['windows_meeting_target']} of {a['num_windows']} windows of {a['window_s']:g} s "
+                     f"({_hours(a['windows'])}) meet it")
+        price = "" if a["usd_per_gpu_hour"] is None else f" at ${a['usd_per_gpu_hour']:g} a GPU-hour"
+        lines.append(f"{name}: {a['replica_hours']:,.1f} replica-hours = {a['gpu_hours']:,.1f} GPU-hours, "
+                     f"{_money(a['usd'])}{price}, {_money(a['usd_per_m_tokens'])} per million tokens")
+    return lines
 SPEC, READY, LOWER, STATIC = "#636EFA", "#00CC96", "#AB63FA", "#7F7F7F"
 
 

@@ -59,7 +59,7 @@ def test_kvsim_run_on_an_autoscaled_day_says_what_the_autoscaler_did(tmp_path):
     assert first.startswith("Llama-3.1-8B on H100-SXM TP 1 replicas (1 GPU each), 1 to 3 under a Kubernetes HPA; ")
     reps = a["replicas"]
     lines = [f"paged: a Kubernetes HPA on num_requests_running (target 4): {reps['min']}-{reps['peak']} replicas, "
-             f"{reps['mean']:.1f} on average, {reps['created']} started, {reps['scale_decisions']} scale decisions; "
+             f"{reps['mean']:.1f} on average, {reps['created'] - 1} added, {reps['scale_decisions']} scale decisions; "
              f"a replica serves {a['startup']['total_s']:.0f} s after it is asked for",
              f"paged: SLO attainment {a['attainment']:.2%} of requests (target 95.00%); "
              f"{a['windows_meeting_target']} of 3 windows of 120 s (hours 0.03-0.13) meet it",

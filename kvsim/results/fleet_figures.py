@@ -60,7 +60,7 @@ def autoscaling_lines(summaries: dict[str, dict]) -> list[str]:
         reps, startup = a["replicas"], a.get("startup")
         lines.append(f"{name}: {autoscaler_text(a['autoscaler'])}: {reps['min']}-{reps['peak']} replicas"
                      + ("" if reps["mean"] is None else f", {reps['mean']:.1f} on average")
-                     + (f", {reps['created']} started, {reps['scale_decisions']} scale decisions" if startup else "")
+                     + (f", {reps['created'] - reps['spec'][0]} added, {reps['scale_decisions']} scale decisions" if startup else "")
                      + ("" if startup is None else f"; a replica serves {startup['total_s']:.0f} s after it is asked for"))
         attained = "–" if a["attainment"] is None else f"{a['attainment']:.2%}"
         lines.append(f"{name}: SLO attainment {attained} of requests (target {a['attainment_target']:.2%}); "

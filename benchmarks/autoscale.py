@@ -132,12 +132,21 @@ def plan(start: float, end: float) -> list[str]:
         doc = json.loads((Path(tmp) / "plan" / "plan.json").read_text())
     cpu = usage.children_user + usage.children_system
     best = doc["candidates"][doc["best"]] if doc["best"] is not None else None
-    return [f"`python -m kvsim {' '.join(args[:-3])}`: {len(doc['candidates'])} settings, {doc['requests']:,} requests "
+    table = ["| setting | meets the target | attainment | $ | replica-hours | replicas | stopped early |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for c in doc["candidates"]:
+        reps = c.get("replicas") or {}
+        table.append(f"| {', '.join(f'{k}={v}' for k, v in c['settings'].items())} | {c['meets_target']} | "
+                     + ("–" if c.get("attainment") is None else f"{c['attainment']:.2%}") + " | "
+                     + ("–" if c.get("usd") is None else f"${c['usd']:,.0f}") + " | "
+                     + ("–" if c.get("replica_hours") is None else f"{c['replica_hours']:.1f}") + " | "
+                     + (f"{reps['min']}-{reps['peak']}" if reps else "–") + f" | {c['stopped_early']} |")
+    return table + ["", f"`python -m kvsim {' '.join(args[:-3])}`: {len(doc['candidates'])} settings, {doc['requests']:,} requests "
             f"each; wall {wall:.0f} s, CPU of the command and its workers {cpu:.0f} s (this process {cpu_self:.1f} s); "
             f"cheapest meeting the target: "
             + (f"{best['settings']} at ${best['usd']:,.0f} ({best['replica_hours']:.1f} replica-hours)" if best else "none")
             + f"; static pool {doc['static']['replicas']} replicas ${doc['static']['usd']:,.0f}; lower bound "
-              f"${doc['lower']['usd']:,.0f}."]
+              f"${doc['lower']['usd']:,.0f}; load average {os.getloadavg()[0]:.1f} at the end."]
 
 
 def startup() -> list[str]:

@@ -98,6 +98,29 @@ target = 16
     doc = json.loads((out / "plan.json").read_text())
     assert len(doc["candidates"]) == 2 and doc["static"]["replicas"] >= 1 and doc["lower"]["replica_hours"] > 0
     assert {"plan.csv", "windows.csv", "autoscale.html"} <= {p.name for p in out.iterdir()}
+    n, usd = doc["static"]["replicas"], doc["static"]["usd"]
+    assert f"static pool at the peak: {n} replica{'s' if n != 1 else ''} all day: ${usd:,.2f} " in proc.stdout
+    assert f"fewest replicas per 120 s window): ${doc['lower']['usd']:,.2f} " in proc.stdout
     bad = subprocess.run([sys.executable, "-m", "kvsim", "plan", str(toml), "--autoscale", "--grid",
                           "autoscaling.hpa.target=-1"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "autoscaling.hpa.target" in bad.stderr
+
+
+def test_plan_autoscale_is_the_same_bytes_inline_on_a_pool_and_on_ray():
+    """Every task is a pure function of its arguments and results are keyed by task: one worker, two
+    worker processes and a local Ray give the same plan.json."""
+    from kvsim.planning.autoscale import plan_autoscale
+    from kvsim.planning.output import json_text
+
+    sc = small_day()
+    grid = ["autoscaling.hpa.target=10,40"]
+    inline = json_text(plan_autoscale(sc, grid=grid, workers=1).to_dict())
+    assert json.loads(inline)["static"]["replicas"] >= 1 and len(json.loads(inline)["candidates"]) == 2
+    assert json_text(plan_autoscale(sc, grid=grid, workers=2).to_dict()) == inline
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, object_store_memory=200 << 20, include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False)
+    try:
+        assert json_text(plan_autoscale(sc, grid=grid, ray="local").to_dict()) == inline
+    finally:
+        ray.shutdown()

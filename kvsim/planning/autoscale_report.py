@@ -50,7 +50,8 @@ def autoscale_lines(result: AutoscalePlan) -> list[str]:
                      f"({c['replica_hours']:.1f} replica-hours, {_money(c['usd_per_m_tokens'])}/M tokens), "
                      f"attainment {_pct(c['attainment'])}, replicas {c['replicas']['min']}-{c['replicas']['peak']}")
     s = r.static
-    lines.append(f"static pool at the peak: {s['replicas']} replicas all day: {_money(s['usd'])} "
+    plural = "s" if s["replicas"] != 1 else ""
+    lines.append(f"static pool at the peak: {s['replicas']} replica{plural} all day: {_money(s['usd'])} "
                  f"({s['replica_hours'] or 0:.1f} replica-hours), attainment {_pct(s['attainment'])}")
     lo = r.lower
     lines.append(f"lower bound (instant, perfect scaling, fewest replicas per {r.window_s:g} s window): "

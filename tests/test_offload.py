@@ -130,7 +130,8 @@ def test_loads_and_stores_are_conserved(policy, threshold, disk):
     assert off["tokens"]["cpu_hits"] > 0
     for rep in sim.replicas:
         c = rep.connector
-        assert not c.loads and not c.loading and c.num_held == 0
+        held = list(c.cpu.policy.blocks) if policy == "lru" else [*c.cpu.policy.t1, *c.cpu.policy.t2]
+        assert not c.loads and not c.cpu.in_use(held) and c.num_held == 0  # no load reads a block
         assert rep.allocator.num_used_blocks == 0
         assert c.cpu.num_evictable + c.cpu.num_pending + sum(
             1 for k in list(c.cpu.policy.blocks if policy == "lru" else {}) if c.cpu.policy.get(k) > 0) == len(c.cpu)

@@ -89,7 +89,6 @@ class OffloadingConnector:
         self.stores: list = []  # heap of (end, order, request, keys)
         self.promotions: list = []  # heap of (end, order, keys)
         self.cascades: list = []  # heap of (end, order, keys): disk writes
-        self.loading: dict = {}  # key -> loads in flight reading it
         # vLLM tracks blocks being loaded only with GPU prefix caching on (they become GPU hits after the load)
         self.defer_loading = getattr(scheduler.allocator, "enable_prefix_caching", True)
         self.num_held = 0  # finished requests whose blocks wait for their stores
@@ -116,7 +115,7 @@ class OffloadingConnector:
         if len(keys) * obs - num_computed_tokens < obs:
             return 0, False
         start = num_computed_tokens // obs
-        if self.loading and self.defer_loading and self._being_loaded(keys[:-(-num_computed_tokens // obs)]):
+        if self.loads and self.defer_loading and self.cpu.in_use(keys[:-(-num_computed_tokens // obs)]):
             self.stats.deferred += 1
             return None, False
         tail = keys[start:]
@@ -127,14 +126,10 @@ class OffloadingConnector:
         tokens = (start + hits) * obs - num_computed_tokens
         if not hits or tokens < obs:
             return 0, False
-        if self.loading and self.defer_loading and self._being_loaded(tail[:hits]):
+        if self.loads and self.defer_loading and self.cpu.in_use(tail[:hits]):
             self.stats.deferred += 1
             return None, False
         return tokens, True
-
-    def _being_loaded(self, keys) -> bool:
-        loading = self.loading
-        return any(k in loading for k in keys)
 
     def _promote(self, r: Request, keys: list) -> bool:
         """Blocks after the CPU hits that are on disk: read into the CPU tier; True while any is on its way."""
@@ -173,10 +168,7 @@ class OffloadingConnector:
             return
         first, last = local // obs, (local + num_external_tokens) // obs
         keys = r.keys[first:last]
-        self.cpu.prepare_load(keys)
-        loading = self.loading
-        for key in keys:
-            loading[key] = loading.get(key, 0) + 1
+        self.cpu.prepare_load(keys)  # a block being loaded is one a load reads (vLLM's _blocks_being_loaded)
         r.ready_tokens = min(local + num_external_tokens, seq.num_tokens - 1)
         r.next_store = max(r.next_store, last)
         gpu_blocks = num_external_tokens // self.settings.gpu_block_size
@@ -224,13 +216,6 @@ class OffloadingConnector:
         while loads and loads[0][0] <= now:
             _, _, r, keys = heapq.heappop(loads)
             self.cpu.complete_load(keys)
-            loading = self.loading
-            for key in keys:
-                left = loading[key] - 1
-                if left:
-                    loading[key] = left
-                else:
-                    del loading[key]
             r.seq.num_computed_tokens = r.ready_tokens
             ready.append(r)
         if self.stores and self.stores[0][0] <= now:

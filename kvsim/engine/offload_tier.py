@@ -24,7 +24,8 @@ the tests drive against these (Hypothesis).
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from itertools import islice
+from itertools import islice, repeat
+from operator import add
 from typing import Optional
 
 NOT_READY = -1
@@ -50,9 +51,18 @@ class LRUPolicy:
     def remove(self, key) -> None:
         del self.blocks[key]
 
+    def refs(self, keys, missing: int) -> list:
+        return list(map(self.blocks.get, keys, repeat(missing)))
+
+    def set_refs(self, keys, refs) -> None:
+        self.blocks.update(zip(keys, refs))  # existing keys keep their places
+
     def touch(self, keys) -> None:
         blocks = self.blocks  # C-level loops: a prompt's hundreds of keys at every lookup
-        deque(map(blocks.move_to_end, filter(blocks.__contains__, reversed(keys))), maxlen=0)
+        try:  # usually all are here; a key that is not ends it, and the rest is redone as the same order
+            deque(map(blocks.move_to_end, reversed(keys)), maxlen=0)
+        except KeyError:
+            deque(map(blocks.move_to_end, filter(blocks.__contains__, reversed(keys))), maxlen=0)
 
     def evict(self, n: int, protected) -> Optional[list]:
         """The n least recent evictable blocks, removed (None, nothing removed: fewer than n)."""
@@ -96,6 +106,14 @@ class ARCPolicy:
 
     def set_ref(self, key, ref: int) -> None:
         (self.t1 if key in self.t1 else self.t2)[key] = ref
+
+    def refs(self, keys, missing: int) -> list:
+        get = self.get
+        return [missing if (ref := get(key)) is None else ref for key in keys]
+
+    def set_refs(self, keys, refs) -> None:
+        for key, ref in zip(keys, refs):
+            self.set_ref(key, ref)
 
     def insert(self, key, ref: int) -> None:
         self.t1[key] = ref
@@ -207,13 +225,12 @@ class OffloadTier:
                     if len(counts) >= self.max_tracker_size:
                         counts.popitem(last=False)
                     counts[key] = 1
-        get, n = self.policy.get, 0
-        for key in keys:
-            ref = get(key)
-            if ref is None or ref < 0:
-                break
-            n += 1
-        return n
+        refs = self.policy.refs(keys, NOT_READY)  # missing or not ready: -1, the first ends the hits
+        return refs.index(NOT_READY) if NOT_READY in refs else len(refs)
+
+    def in_use(self, keys) -> bool:
+        """Whether a load reads any of `keys`."""
+        return max(self.policy.refs(keys, 0), default=0) > 0
 
     def touch(self, keys) -> None:
         self.policy.touch(keys)
@@ -265,17 +282,11 @@ class OffloadTier:
                 self.num_evictable += 1
 
     def prepare_load(self, keys) -> None:
-        get, set_ref = self.policy.get, self.policy.set_ref
-        for key in keys:
-            ref = get(key)
-            if ref == 0:
-                self.num_evictable -= 1
-            set_ref(key, ref + 1)
+        refs = self.policy.refs(keys, None)
+        self.num_evictable -= refs.count(0)
+        self.policy.set_refs(keys, map(add, refs, repeat(1)))
 
     def complete_load(self, keys) -> None:
-        get, set_ref = self.policy.get, self.policy.set_ref
-        for key in keys:
-            ref = get(key) - 1
-            set_ref(key, ref)
-            if ref == 0:
-                self.num_evictable += 1
+        refs = list(map(add, self.policy.refs(keys, None), repeat(-1)))
+        self.policy.set_refs(keys, refs)
+        self.num_evictable += refs.count(0)

@@ -32,7 +32,7 @@ from collections import deque
 
 from kvsim.engine.block_manager import identities
 from kvsim.engine.host_link import host_links
-from kvsim.engine.offload_tier import OffloadTier
+from kvsim.engine.offload_tier import make_tier
 from kvsim.engine.prefix_cache import ChainMemo, sequence_chain
 from kvsim.sequence import Sequence
 
@@ -43,7 +43,7 @@ class Request:
     """One sequence's offload state."""
 
     __slots__ = ("seq", "keys", "next_store", "stores", "finished", "order", "ready_tokens", "disk_tokens",
-                 "looked_up")
+                 "looked_up", "slots")
 
     def __init__(self, seq: Sequence, keys: list, order: int):
         self.seq, self.keys, self.order = seq, keys, order
@@ -53,6 +53,7 @@ class Request:
         self.ready_tokens = 0  # computed tokens once its load ends
         self.disk_tokens = 0  # tokens its pending hits owe to the disk tier
         self.looked_up = False  # asked at an admission (not yet allocated)
+        self.slots = None  # its keys' slots in the CPU tier as the admission found them (kvsim.engine.lru_tier)
 
 
 def offload_keys(seq: Sequence, memo: ChainMemo, factor: int, num_blocks: int) -> list:
@@ -67,6 +68,11 @@ def offload_keys(seq: Sequence, memo: ChainMemo, factor: int, num_blocks: int) -
     return keys
 
 
+def _part(slots, start: int, end: int):
+    """slots[start:end] (None: a tier without slots)."""
+    return None if slots is None else slots[start:end]
+
+
 class OffloadingConnector:
     """One replica's native offload connector: settings (kvsim.perf.offload.OffloadSettings), the
     replica's scheduler, and the policy's OffloadStats."""
@@ -77,11 +83,11 @@ class OffloadingConnector:
         self.factor = settings.factor
         self.block_bytes = settings.bytes_per_block
         self.memo = ChainMemo(settings.gpu_block_size, identities)
-        self.cpu = OffloadTier(settings.num_blocks, settings.eviction_policy, settings.store_threshold,
+        self.cpu = make_tier(settings.num_blocks, settings.eviction_policy, settings.store_threshold,
                                settings.max_tracker_size)
         self.h2d, self.d2h = host_links(settings.h2d_gbps, settings.d2h_gbps, settings.duplex_gbps, settings.latency_s)
         disk = settings.disk
-        self.disk = OffloadTier(disk.num_blocks, "lru", name="disk") if disk else None
+        self.disk = make_tier(disk.num_blocks, "lru", name="disk") if disk else None
         self.disk_read, self.disk_write = host_links(disk.read_gbps, disk.write_gbps, 2 * (disk.read_gbps + disk.write_gbps),
                                                      disk.latency_s) if disk else (None, None)
         self.reqs: dict[Sequence, Request] = {}
@@ -109,24 +115,26 @@ class OffloadingConnector:
 
     def get_num_new_matched_tokens(self, seq: Sequence, num_computed_tokens: int):
         r, obs = self._req(seq), self.block_size
-        keys = r.keys
+        keys, cpu = r.keys, self.cpu
         r.looked_up = True
-        self.cpu.touch(keys)
+        slots = r.slots = cpu.resolve(keys)  # valid until it is allocated: nothing else moves the tier meanwhile
+        cpu.touch(keys, slots)
         if len(keys) * obs - num_computed_tokens < obs:
             return 0, False
         start = num_computed_tokens // obs
-        if self.loads and self.defer_loading and self.cpu.in_use(keys[:-(-num_computed_tokens // obs)]):
+        held = -(-num_computed_tokens // obs)
+        if self.loads and self.defer_loading and cpu.in_use(keys[:held], _part(slots, 0, held)):
             self.stats.deferred += 1
             return None, False
         tail = keys[start:]
-        hits = self.cpu.lookup(tail)
+        hits = cpu.lookup(tail, _part(slots, start, len(keys)))
         if self.disk is not None and self._promote(r, tail[hits:]):
             self.stats.deferred += 1
             return None, False
         tokens = (start + hits) * obs - num_computed_tokens
         if not hits or tokens < obs:
             return 0, False
-        if self.loads and self.defer_loading and self.cpu.in_use(tail[:hits]):
+        if self.loads and self.defer_loading and cpu.in_use(tail[:hits], _part(slots, start, start + hits)):
             self.stats.deferred += 1
             return None, False
         return tokens, True
@@ -167,15 +175,15 @@ class OffloadingConnector:
         if not num_external_tokens:
             return
         first, last = local // obs, (local + num_external_tokens) // obs
-        keys = r.keys[first:last]
-        self.cpu.prepare_load(keys)  # a block being loaded is one a load reads (vLLM's _blocks_being_loaded)
+        keys, slots = r.keys[first:last], _part(r.slots, first, last)
+        self.cpu.prepare_load(keys, slots)  # a block being loaded is one a load reads (vLLM's _blocks_being_loaded)
         r.ready_tokens = min(local + num_external_tokens, seq.num_tokens - 1)
         r.next_store = max(r.next_store, last)
         gpu_blocks = num_external_tokens // self.settings.gpu_block_size
         nbytes = gpu_blocks * (self.block_bytes // self.factor)
         start = self.clock  # the step being scheduled starts now (get_finished set the clock)
         _, t = self.h2d.transfer(start, nbytes)
-        heapq.heappush(self.loads, (t, r.order, r, keys))
+        heapq.heappush(self.loads, (t, r.order, r, keys, slots))
         self.stats.loaded(len(keys), nbytes, t - start, start)
         self._next()
 
@@ -193,18 +201,24 @@ class OffloadingConnector:
         upto = min(seq.num_computed_tokens + num_new, seq.request.prompt_len) // self.block_size
         if upto <= r.next_store:
             return
-        keys = self.cpu.prepare_store(r.keys[r.next_store:upto])
+        cpu, nxt = self.cpu, r.next_store
+        if cpu.counts is None:  # no gating: the slots of the prompt so far serve the store and the touch
+            prefix = cpu.resolve(r.keys[:upto])
+            keys, slots = cpu.prepare_store_at(r.keys[nxt:upto], _part(prefix, nxt, upto), _part(prefix, 0, nxt))
+        else:
+            prefix, keys = None, cpu.prepare_store(r.keys[nxt:upto])
+            slots = None if keys is None else cpu.resolve(keys)
         if keys is None:  # no room: retried after the next step
             self.stats.store_failures += 1
             return
         r.next_store = upto
         if not keys:
             return
-        self.cpu.touch(r.keys[:upto])
+        cpu.touch(r.keys[:upto], prefix)
         nbytes = len(keys) * self.block_bytes
         _, t = self.d2h.transfer(end, nbytes)
         self.order += 1
-        heapq.heappush(self.stores, (t, self.order, r, keys))
+        heapq.heappush(self.stores, (t, self.order, r, keys, slots))
         r.stores += 1
         self.stats.stored(len(keys), nbytes, t - end, end)
 
@@ -214,8 +228,8 @@ class OffloadingConnector:
         ready = []
         loads = self.loads
         while loads and loads[0][0] <= now:
-            _, _, r, keys = heapq.heappop(loads)
-            self.cpu.complete_load(keys)
+            _, _, r, keys, slots = heapq.heappop(loads)
+            self.cpu.complete_load(keys, slots)
             r.seq.num_computed_tokens = r.ready_tokens
             ready.append(r)
         if self.stores and self.stores[0][0] <= now:
@@ -233,8 +247,8 @@ class OffloadingConnector:
     def _stores_done(self, now: float) -> None:
         stores, cpu = self.stores, self.cpu
         while stores and stores[0][0] <= now:
-            t, _, r, keys = heapq.heappop(stores)
-            cpu.complete_store(keys)
+            t, _, r, keys, slots = heapq.heappop(stores)
+            cpu.complete_store(keys, slots)
             r.stores -= 1
             if r.finished and not r.stores:
                 self.allocator.deallocate(r.seq)

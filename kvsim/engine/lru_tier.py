@@ -21,7 +21,24 @@ from typing import Optional
 import numpy as np
 
 NOT_READY, ABSENT = -1, -2  # ref of a block whose store is in flight; of a free slot (and the sentinel)
+MASK, FOLD = (1 << 64) - 1, 0xD1B54A32D192ED03  # keys of unique content (above 64 bits) folded into 64 bits
+
+
+def fold_keys(keys) -> np.ndarray:
+    """Keys as uint64: 64-bit identities as they are, keys of unique content (kvsim.engine.offload's,
+    which come last) folded (a collision with another key: ~2^-64, as vLLM trusts its hashes)."""
+    j = len(keys)
+    while j and keys[j - 1] > MASK:
+        j -= 1
+    try:
+        head = np.array(keys[:j], dtype=np.uint64)
+    except OverflowError:  # unique keys before shared ones: not kvsim's order, folded one by one
+        return np.array([k if k <= MASK else (k & MASK) ^ FOLD for k in keys], dtype=np.uint64)
+    if j == len(keys):
+        return head
+    return np.concatenate([head, np.array([(k & MASK) ^ FOLD for k in keys[j:]], dtype=np.uint64)])
 WINDOW = 256  # snapshot entries checked at once
+REINDEX = 4096  # blocks inserted after which the sorted index is rebuilt (or a quarter of those held)
 
 
 def count_lookups(counts: OrderedDict, keys, max_tracker_size: int) -> None:
@@ -40,8 +57,8 @@ class LRUTier:
     """One tier's blocks with LRU eviction; the interface of kvsim.engine.offload_tier.OffloadTier."""
 
     __slots__ = ("num_blocks", "name", "store_threshold", "max_tracker_size", "counts", "num_evictable",
-                 "num_pending", "evictions", "slot", "key_of", "ref", "stamp", "mark", "free", "top", "clock",
-                 "queue", "queued", "head")
+                 "num_pending", "evictions", "slot", "key_of", "ref", "stamp", "mark", "folded", "free", "top",
+                 "clock", "queue", "queued", "head", "index", "index_slots", "since_index")
 
     def __init__(self, num_blocks: int, store_threshold: int = 0, max_tracker_size: int = 64_000, name: str = "cpu"):
         self.num_blocks, self.name = num_blocks, name
@@ -57,12 +74,16 @@ class LRUTier:
         self.ref = np.full(size + 1, ABSENT, dtype=np.int64)
         self.stamp = np.full(size + 1, -1, dtype=np.int64)
         self.mark = np.zeros(size + 1, dtype=bool)  # scratch: slots an eviction must not take
+        self.folded = np.zeros(size + 1, dtype=np.uint64)  # slot -> its key folded (fold_keys); 0 when free
         self.free: list = []  # slots released by evictions
         self.top = 0  # slots used so far
         self.clock = 0  # the next stamp
         self.queue = np.zeros(0, dtype=np.int64)  # the eviction snapshot: slots, least recent first ...
         self.queued = np.zeros(0, dtype=np.int64)  # ... and their stamps when it was taken
         self.head = 0  # the snapshot's first entry that may still be unchanged
+        self.index = np.zeros(0, dtype=np.uint64)  # folded keys held at the last _reindex, sorted ...
+        self.index_slots = np.zeros(0, dtype=np.int64)  # ... and their slots then
+        self.since_index = 0  # blocks inserted since
 
     def __len__(self) -> int:
         return len(self.slot)
@@ -70,11 +91,40 @@ class LRUTier:
     def __contains__(self, key) -> bool:
         return key in self.slot
 
-    def resolve(self, keys) -> np.ndarray:
+    def resolve(self, keys, folded: Optional[np.ndarray] = None, known: Optional[np.ndarray] = None) -> np.ndarray:
         """The slots of `keys` (-1: not here). Every operation takes them as `slots` too: a caller that
         operates on the same keys again passes them instead of having them resolved again, while they
-        cannot have moved (a block being loaded or stored is never evicted)."""
-        return np.fromiter(map(self.slot.get, keys, repeat(-1)), np.int64, len(keys))
+        cannot have moved (a block being loaded or stored is never evicted). With `folded` (the keys
+        by fold_keys) they are found in the sorted index first, by numpy, and only the rest in the
+        dict; `known`: slots found for the same keys before, updated in place and returned: those
+        still holding their key are kept."""
+        get = self.slot.get
+        if folded is None:
+            return np.fromiter(map(get, keys, repeat(-1)), np.int64, len(keys))
+        if known is None:
+            known = np.full(len(keys), -1, dtype=np.int64)
+        stale = np.flatnonzero(self.folded[known] != folded)  # the sentinel (a missing key's -1) holds 0
+        if not len(stale):
+            return known
+        index = self.index
+        if len(index):  # a slot found there still holds the key if its folded key is the key's
+            want = folded[stale]
+            at = np.minimum(np.searchsorted(index, want), len(index) - 1)
+            found = self.index_slots[at]
+            hit = (index[at] == want) & (self.folded[found] == want)
+            known[stale[hit]] = found[hit]
+            stale = stale[~hit]
+        if len(stale):
+            known[stale] = np.fromiter(map(get, map(keys.__getitem__, stale.tolist()), repeat(-1)), np.int64,
+                                       len(stale))
+        return known
+
+    def _reindex(self) -> None:
+        """The sorted index of the folded keys held (blocks inserted since are found through the dict)."""
+        used = np.flatnonzero(self.ref[:self.top] != ABSENT)
+        keys = self.folded[used]
+        order = np.argsort(keys)
+        self.index, self.index_slots, self.since_index = keys[order], used[order], 0
 
     def ref_of(self, key) -> Optional[int]:
         s = self.slot.get(key)
@@ -118,10 +168,11 @@ class LRUTier:
             keys = [k for k in keys if counts.get(k, 0) >= threshold]
         return self.prepare_store_at(keys, self.resolve(keys))[0]
 
-    def prepare_store_at(self, keys, slots: np.ndarray, held: Optional[np.ndarray] = None) -> tuple:
-        """prepare_store without gating, of keys whose `slots` are known: (the new keys, their slots), or
-        (None, None). `slots` gets the new keys' slots; `held` (slots the caller keeps) gets -1 where
-        a block was evicted."""
+    def prepare_store_at(self, keys, slots: np.ndarray, held: Optional[np.ndarray] = None,
+                         folded: Optional[np.ndarray] = None) -> tuple:
+        """prepare_store without gating, of keys whose `slots` are known (`folded`: the keys by fold_keys):
+        (the new keys, their slots), or (None, None). `slots` gets the new keys' slots; `held` (slots
+        the caller keeps) gets -1 where a block was evicted."""
         absent = slots < 0
         if not absent.any():
             return [], slots[:0]
@@ -135,11 +186,11 @@ class LRUTier:
                 held[np.isin(held, gone)] = -1
             self.num_evictable -= evict
             self.evictions += evict
-        added = slots[absent] = self._insert(new)
+        added = slots[absent] = self._insert(new, fold_keys(new) if folded is None else folded[absent])
         self.num_pending += len(new)
         return new, added
 
-    def _insert(self, new: list) -> np.ndarray:
+    def _insert(self, new: list, folded: np.ndarray) -> np.ndarray:
         n, free = len(new), self.free
         reused = min(n, len(free))
         take = free[len(free) - reused:]
@@ -156,13 +207,17 @@ class LRUTier:
         self.slot.update(zip(new, take))
         slots = np.array(take, dtype=np.int64)
         self.ref[slots] = NOT_READY
+        self.folded[slots] = folded
+        self.since_index += n
+        if self.since_index > max(REINDEX, len(self.slot) // 4):
+            self._reindex()
         self.stamp[slots] = np.arange(self.clock, self.clock + n)
         self.clock += n
         return slots
 
     def _grow(self, needed: int) -> None:
         size = min(self.num_blocks, max(needed, 2 * (len(self.ref) - 1)))
-        for name, fill in (("ref", ABSENT), ("stamp", -1), ("mark", False)):
+        for name, fill in (("ref", ABSENT), ("stamp", -1), ("mark", False), ("folded", 0)):
             old = getattr(self, name)
             arr = np.full(size + 1, fill, dtype=old.dtype)
             arr[:len(old) - 1] = old[:-1]
@@ -197,6 +252,7 @@ class LRUTier:
         slots = np.concatenate(chosen)
         ref[slots] = ABSENT
         stamp[slots] = -1
+        self.folded[slots] = 0
         gone = slots.tolist()
         deque(map(self.slot.__delitem__, map(self.key_of.__getitem__, gone)), maxlen=0)
         self.free.extend(gone)

@@ -32,6 +32,7 @@ from collections import deque
 
 from kvsim.engine.block_manager import identities
 from kvsim.engine.host_link import host_links
+from kvsim.engine.lru_tier import fold_keys
 from kvsim.engine.offload_tier import make_tier
 from kvsim.engine.prefix_cache import ChainMemo, sequence_chain
 from kvsim.sequence import Sequence
@@ -43,7 +44,7 @@ class Request:
     """One sequence's offload state."""
 
     __slots__ = ("seq", "keys", "next_store", "stores", "finished", "order", "ready_tokens", "disk_tokens",
-                 "looked_up", "slots")
+                 "looked_up", "slots", "folded")
 
     def __init__(self, seq: Sequence, keys: list, order: int):
         self.seq, self.keys, self.order = seq, keys, order
@@ -53,7 +54,8 @@ class Request:
         self.ready_tokens = 0  # computed tokens once its load ends
         self.disk_tokens = 0  # tokens its pending hits owe to the disk tier
         self.looked_up = False  # asked at an admission (not yet allocated)
-        self.slots = None  # its keys' slots in the CPU tier as the admission found them (kvsim.engine.lru_tier)
+        self.slots = None  # its keys' slots in the CPU tier as last found (kvsim.engine.lru_tier)
+        self.folded = fold_keys(keys)  # its keys as uint64
 
 
 def offload_keys(seq: Sequence, memo: ChainMemo, factor: int, num_blocks: int) -> list:
@@ -117,7 +119,7 @@ class OffloadingConnector:
         r, obs = self._req(seq), self.block_size
         keys, cpu = r.keys, self.cpu
         r.looked_up = True
-        slots = r.slots = cpu.resolve(keys)  # valid until it is allocated: nothing else moves the tier meanwhile
+        slots = r.slots = cpu.resolve(keys, r.folded, r.slots)  # valid until it is allocated: nothing moves meanwhile
         cpu.touch(keys, slots)
         if len(keys) * obs - num_computed_tokens < obs:
             return 0, False
@@ -171,7 +173,7 @@ class OffloadingConnector:
         r.looked_up = False
         local = seq.num_computed_tokens
         self.stats.admitted(seq, local, num_external_tokens, r, self.clock,
-                            (self.replica, r.keys, local // obs) if self.stats.record else None)
+                            (self.replica, r.folded, local // obs) if self.stats.record else None)
         if not num_external_tokens:
             return
         first, last = local // obs, (local + num_external_tokens) // obs
@@ -203,8 +205,10 @@ class OffloadingConnector:
             return
         cpu, nxt = self.cpu, r.next_store
         if cpu.counts is None:  # no gating: the slots of the prompt so far serve the store and the touch
-            prefix = cpu.resolve(r.keys[:upto])
-            keys, slots = cpu.prepare_store_at(r.keys[nxt:upto], _part(prefix, nxt, upto), _part(prefix, 0, nxt))
+            folded = r.folded[:upto]
+            prefix = cpu.resolve(r.keys[:upto], folded, _part(r.slots, 0, upto))
+            keys, slots = cpu.prepare_store_at(r.keys[nxt:upto], _part(prefix, nxt, upto), _part(prefix, 0, nxt),
+                                               folded[nxt:upto])
         else:
             prefix, keys = None, cpu.prepare_store(r.keys[nxt:upto])
             slots = None if keys is None else cpu.resolve(keys)

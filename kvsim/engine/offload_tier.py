@@ -175,7 +175,7 @@ class OffloadTier:
         """The blocks held, in the policy's order (ARC: T1 then T2, least recent first)."""
         return self.policy.keys()
 
-    def resolve(self, keys) -> None:
+    def resolve(self, keys, folded=None, known=None) -> None:
         """No slots here (kvsim.engine.lru_tier's `resolve`): every operation's `slots` is ignored."""
         return None
 
@@ -193,7 +193,7 @@ class OffloadTier:
     def touch(self, keys, slots=None) -> None:
         self.policy.touch(keys)
 
-    def prepare_store_at(self, keys, slots=None, held=None) -> tuple:
+    def prepare_store_at(self, keys, slots=None, held=None, folded=None) -> tuple:
         """prepare_store without gating, as kvsim.engine.lru_tier's (no slots here)."""
         return self.prepare_store(keys, gate=False), None
 

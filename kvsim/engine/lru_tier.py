@@ -38,7 +38,7 @@ def fold_keys(keys) -> np.ndarray:
         return head
     return np.concatenate([head, np.array([(k & MASK) ^ FOLD for k in keys[j:]], dtype=np.uint64)])
 WINDOW = 256  # snapshot entries checked at once
-REINDEX = 4096  # blocks inserted after which the sorted index is rebuilt (or a quarter of those held)
+REINDEX = 4096  # blocks inserted after which the sorted index is rebuilt (or an eighth of those held)
 
 
 def count_lookups(counts: OrderedDict, keys, max_tracker_size: int) -> None:
@@ -58,7 +58,8 @@ class LRUTier:
 
     __slots__ = ("num_blocks", "name", "store_threshold", "max_tracker_size", "counts", "num_evictable",
                  "num_pending", "evictions", "slot", "key_of", "ref", "stamp", "mark", "folded", "free", "top",
-                 "clock", "queue", "queued", "head", "index", "index_slots", "since_index")
+                 "clock", "queue", "queued", "head", "index", "index_slots", "recent",
+                 "recent_slots")
 
     def __init__(self, num_blocks: int, store_threshold: int = 0, max_tracker_size: int = 64_000, name: str = "cpu"):
         self.num_blocks, self.name = num_blocks, name
@@ -83,7 +84,8 @@ class LRUTier:
         self.head = 0  # the snapshot's first entry that may still be unchanged
         self.index = np.zeros(0, dtype=np.uint64)  # folded keys held at the last _reindex, sorted ...
         self.index_slots = np.zeros(0, dtype=np.int64)  # ... and their slots then
-        self.since_index = 0  # blocks inserted since
+        self.recent = np.zeros(0, dtype=np.uint64)  # folded keys inserted since, sorted ...
+        self.recent_slots = np.zeros(0, dtype=np.int64)  # ... and their slots
 
     def __len__(self) -> int:
         return len(self.slot)
@@ -95,9 +97,9 @@ class LRUTier:
         """The slots of `keys` (-1: not here). Every operation takes them as `slots` too: a caller that
         operates on the same keys again passes them instead of having them resolved again, while they
         cannot have moved (a block being loaded or stored is never evicted). With `folded` (the keys
-        by fold_keys) they are found in the sorted index first, by numpy, and only the rest in the
-        dict; `known`: slots found for the same keys before, updated in place and returned: those
-        still holding their key are kept."""
+        by fold_keys) they are found by numpy in the sorted index of the blocks held and in a
+        small sorted array of those inserted since it was built; `known`: slots found for the same keys
+        before, updated in place and returned: those still holding their key are kept."""
         get = self.slot.get
         if folded is None:
             return np.fromiter(map(get, keys, repeat(-1)), np.int64, len(keys))
@@ -106,25 +108,30 @@ class LRUTier:
         stale = np.flatnonzero(self.folded[known] != folded)  # the sentinel (a missing key's -1) holds 0
         if not len(stale):
             return known
-        index = self.index
-        if len(index):  # a slot found there still holds the key if its folded key is the key's
-            want = folded[stale]
-            at = np.minimum(np.searchsorted(index, want), len(index) - 1)
-            found = self.index_slots[at]
-            hit = (index[at] == want) & (self.folded[found] == want)
-            known[stale[hit]] = found[hit]
-            stale = stale[~hit]
+        for index, slots in ((self.index, self.index_slots), (self.recent, self.recent_slots)):
+            if not len(stale):
+                break
+            if len(index):  # a slot found there still holds the key if its folded key is the key's
+                want = folded[stale]
+                order = np.argsort(want)  # sorted needles: a binary search mostly in cache
+                at = np.empty_like(order)
+                at[order] = np.searchsorted(index, want[order])
+                np.minimum(at, len(index) - 1, out=at)
+                found = slots[at]
+                hit = (index[at] == want) & (self.folded[found] == want)
+                known[stale[hit]] = found[hit]
+                stale = stale[~hit]
         if len(stale):
-            known[stale] = np.fromiter(map(get, map(keys.__getitem__, stale.tolist()), repeat(-1)), np.int64,
-                                       len(stale))
+            known[stale] = -1
         return known
 
     def _reindex(self) -> None:
-        """The sorted index of the folded keys held (blocks inserted since are found through the dict)."""
+        """The sorted index of the folded keys held (blocks inserted later go to `recent` until the next)."""
         used = np.flatnonzero(self.ref[:self.top] != ABSENT)
         keys = self.folded[used]
         order = np.argsort(keys)
-        self.index, self.index_slots, self.since_index = keys[order], used[order], 0
+        self.index, self.index_slots = keys[order], used[order]
+        self.recent, self.recent_slots = self.recent[:0], self.recent_slots[:0]
 
     def ref_of(self, key) -> Optional[int]:
         s = self.slot.get(key)
@@ -208,9 +215,13 @@ class LRUTier:
         slots = np.array(take, dtype=np.int64)
         self.ref[slots] = NOT_READY
         self.folded[slots] = folded
-        self.since_index += n
-        if self.since_index > max(REINDEX, len(self.slot) // 4):
+        if len(self.recent) + n > max(REINDEX, len(self.slot) // 8):
             self._reindex()
+        else:
+            order = np.argsort(folded)
+            at = np.searchsorted(self.recent, folded[order])
+            self.recent = np.insert(self.recent, at, folded[order])
+            self.recent_slots = np.insert(self.recent_slots, at, slots[order])
         self.stamp[slots] = np.arange(self.clock, self.clock + n)
         self.clock += n
         return slots

@@ -2,12 +2,14 @@
 host link's prices by hand, loads and stores conserved in whole simulations, and bad input."""
 
 import math
+from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import make_scenario
 from kvsim.engine.host_link import host_links
+from kvsim.engine import lru_tier
 from kvsim.engine.offload_tier import make_tier
 from kvsim.engine.tier_reference import ReferenceTier
 
@@ -50,6 +52,52 @@ def test_the_tier_is_its_specification(policy, capacity, threshold, ops):
         if policy == "arc":
             assert (list(tier.policy.b1), list(tier.policy.b2)) == (ref.b1, ref.b2)
             assert tier.policy.target_t1 == ref.target
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(capacity=st.integers(1, 12), threshold=st.sampled_from([0, 2]),
+       ops=st.lists(st.tuples(st.sampled_from(["lookup", "touch", "store", "complete", "load", "unload"]),
+                              st.lists(st.integers(0, 24), min_size=1, max_size=8, unique=True)), max_size=80))
+def test_the_lru_tier_in_arrays_is_its_specification(capacity, threshold, ops):
+    """The numpy LRU tier with its growth, eviction windows and index rebuilds made tiny: the same answers
+    and order as the plain specification, and its bulk resolution (sorted index, recent inserts, slots
+    remembered from before) always the dict's."""
+    keys_of = {k: (k * 0x9E3779B97F4A7C15) % (1 << 64) if k % 3 else (1 << 70) | k for k in range(25)}  # some > 64 bits
+    with patch.object(lru_tier, "REINDEX", 3), patch.object(lru_tier, "WINDOW", 2), \
+            patch.object(lru_tier, "INITIAL_SLOTS", 1):
+        tier = make_tier(capacity, "lru", threshold, max_tracker_size=8)
+        ref = ReferenceTier(capacity, "lru", threshold, max_tracker_size=8)
+        loading, remembered = [], {}
+        for op, small in ops:
+            keys = [keys_of[k] for k in small]
+            folded = lru_tier.fold_keys(keys)
+            fresh = tier.resolve(keys)
+            assert tier.resolve(keys, folded).tolist() == fresh.tolist()
+            if tuple(keys) in remembered:  # slots found earlier, revalidated
+                assert tier.resolve(keys, folded, remembered[tuple(keys)].copy()).tolist() == fresh.tolist()
+            remembered[tuple(keys)] = fresh
+            if op == "lookup":
+                assert tier.lookup(keys) == ref.lookup(keys)
+            elif op == "touch":
+                tier.touch(keys, fresh)
+                ref.touch(keys)
+            elif op == "store":
+                assert tier.prepare_store(keys) == ref.prepare_store(keys)
+            elif op == "complete":
+                tier.complete_store(keys)
+                ref.complete_store(keys)
+            elif op == "load":
+                ready = keys[:tier.lookup(keys)]
+                ref.lookup(keys)
+                tier.prepare_load(ready)
+                ref.prepare_load(ready)
+                loading.append(ready)
+            elif loading:
+                done = loading.pop(0)
+                tier.complete_load(done)
+                ref.complete_load(done)
+            assert tier.keys() == ref.keys()
+            assert tier.num_evictable == sum(tier.ref_of(k) == 0 for k in tier.keys())
 
 
 def test_a_transfer_costs_its_bytes_over_the_bandwidth_and_the_latency():

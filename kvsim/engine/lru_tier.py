@@ -39,6 +39,7 @@ def fold_keys(keys) -> np.ndarray:
     return np.concatenate([head, np.array([(k & MASK) ^ FOLD for k in keys[j:]], dtype=np.uint64)])
 WINDOW = 256  # snapshot entries checked at once
 REINDEX = 4096  # blocks inserted after which the sorted index is rebuilt (or an eighth of those held)
+INITIAL_SLOTS = 1024  # slots allocated at first; doubled as needed up to the tier's blocks
 
 
 def count_lookups(counts: OrderedDict, keys, max_tracker_size: int) -> None:
@@ -58,8 +59,7 @@ class LRUTier:
 
     __slots__ = ("num_blocks", "name", "store_threshold", "max_tracker_size", "counts", "num_evictable",
                  "num_pending", "evictions", "slot", "key_of", "ref", "stamp", "mark", "folded", "free", "top",
-                 "clock", "queue", "queued", "head", "index", "index_slots", "recent",
-                 "recent_slots")
+                 "clock", "queue", "queued", "head", "index", "index_slots", "recent")
 
     def __init__(self, num_blocks: int, store_threshold: int = 0, max_tracker_size: int = 64_000, name: str = "cpu"):
         self.num_blocks, self.name = num_blocks, name
@@ -70,7 +70,7 @@ class LRUTier:
         self.evictions = 0
         self.slot: dict = {}  # key -> slot
         self.key_of: list = []  # slot -> key
-        size = min(num_blocks, 1024)
+        size = min(num_blocks, INITIAL_SLOTS)
         # one more element than slots: index -1 is a sentinel, so a missing key's slot (-1) reads ABSENT
         self.ref = np.full(size + 1, ABSENT, dtype=np.int64)
         self.stamp = np.full(size + 1, -1, dtype=np.int64)
@@ -82,10 +82,9 @@ class LRUTier:
         self.queue = np.zeros(0, dtype=np.int64)  # the eviction snapshot: slots, least recent first ...
         self.queued = np.zeros(0, dtype=np.int64)  # ... and their stamps when it was taken
         self.head = 0  # the snapshot's first entry that may still be unchanged
-        self.index = np.zeros(0, dtype=np.uint64)  # folded keys held at the last _reindex, sorted ...
-        self.index_slots = np.zeros(0, dtype=np.int64)  # ... and their slots then
-        self.recent = np.zeros(0, dtype=np.uint64)  # folded keys inserted since, sorted ...
-        self.recent_slots = np.zeros(0, dtype=np.int64)  # ... and their slots
+        self.index = np.full(1, MASK, dtype=np.uint64)  # folded keys held at the last _reindex, sorted ...
+        self.index_slots = np.full(1, -1, dtype=np.int64)  # ... and their slots then
+        self.recent: dict = {}  # folded key -> slot, of the blocks inserted since
 
     def __len__(self) -> int:
         return len(self.slot)
@@ -97,41 +96,40 @@ class LRUTier:
         """The slots of `keys` (-1: not here). Every operation takes them as `slots` too: a caller that
         operates on the same keys again passes them instead of having them resolved again, while they
         cannot have moved (a block being loaded or stored is never evicted). With `folded` (the keys
-        by fold_keys) they are found by numpy in the sorted index of the blocks held and in a
-        small sorted array of those inserted since it was built; `known`: slots found for the same keys
-        before, updated in place and returned: those still holding their key are kept."""
+        by fold_keys) they are found by numpy in a sorted index of the blocks held, and those inserted
+        since it was built in a small dict; `known`: slots found for the same keys before, updated in
+        place and returned: those still holding their key are kept."""
         get = self.slot.get
         if folded is None:
             return np.fromiter(map(get, keys, repeat(-1)), np.int64, len(keys))
         if known is None:
             known = np.full(len(keys), -1, dtype=np.int64)
-        stale = np.flatnonzero(self.folded[known] != folded)  # the sentinel (a missing key's -1) holds 0
+        folded_of = self.folded
+        stale = np.flatnonzero(folded_of[known] != folded)  # the sentinel (a missing key's -1) holds 0
         if not len(stale):
             return known
-        for index, slots in ((self.index, self.index_slots), (self.recent, self.recent_slots)):
-            if not len(stale):
-                break
-            if len(index):  # a slot found there still holds the key if its folded key is the key's
-                want = folded[stale]
-                order = np.argsort(want)  # sorted needles: a binary search mostly in cache
-                at = np.empty_like(order)
-                at[order] = np.searchsorted(index, want[order])
-                np.minimum(at, len(index) - 1, out=at)
-                found = slots[at]
-                hit = (index[at] == want) & (self.folded[found] == want)
-                known[stale[hit]] = found[hit]
-                stale = stale[~hit]
-        if len(stale):
-            known[stale] = -1
+        want = folded[stale]
+        # whatever slot the index names, the key is there exactly when that slot's folded key is the key
+        found = self.index_slots[self.index.searchsorted(want)]  # (the index ends in a sentinel)
+        hit = folded_of[found] == want
+        known[stale] = np.where(hit, found, -1)
+        if self.recent:
+            miss = stale[~hit]
+            if len(miss):
+                want = folded[miss]
+                found = np.fromiter(map(self.recent.get, want.tolist(), repeat(-1)), np.int64, len(miss))
+                known[miss] = np.where(folded_of[found] == want, found, -1)
         return known
 
     def _reindex(self) -> None:
-        """The sorted index of the folded keys held (blocks inserted later go to `recent` until the next)."""
+        """The sorted index of the folded keys held, ending in a sentinel (blocks inserted later go to
+        `recent` until the next)."""
         used = np.flatnonzero(self.ref[:self.top] != ABSENT)
         keys = self.folded[used]
         order = np.argsort(keys)
-        self.index, self.index_slots = keys[order], used[order]
-        self.recent, self.recent_slots = self.recent[:0], self.recent_slots[:0]
+        self.index = np.append(keys[order], np.uint64(MASK))
+        self.index_slots = np.append(used[order], -1)
+        self.recent = {}
 
     def ref_of(self, key) -> Optional[int]:
         s = self.slot.get(key)
@@ -218,10 +216,7 @@ class LRUTier:
         if len(self.recent) + n > max(REINDEX, len(self.slot) // 8):
             self._reindex()
         else:
-            order = np.argsort(folded)
-            at = np.searchsorted(self.recent, folded[order])
-            self.recent = np.insert(self.recent, at, folded[order])
-            self.recent_slots = np.insert(self.recent_slots, at, slots[order])
+            self.recent.update(zip(folded.tolist(), take))
         self.stamp[slots] = np.arange(self.clock, self.clock + n)
         self.clock += n
         return slots

@@ -38,7 +38,7 @@ from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
 from kvsim.perf.offload import offload_settings
 from kvsim.results.disaggregation import DisaggregationObserver
 from kvsim.results.metrics import Metrics
-from kvsim.results.offload import offload_summary
+from kvsim.results.offload import offload_summary, oracle_ttft
 from kvsim.results.verdict import judge
 from kvsim.results.writer import ResultsWriter
 from kvsim.scenario.catalog import gpu_spec, model_spec
@@ -178,13 +178,14 @@ def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
 
 def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
                     on_progress: Optional[Callable[[int], None]] = None,
-                    basis: Optional[PricingBasis] = None) -> tuple[dict, Simulation]:
-    """Simulate one policy; returns its summary and the finished simulation."""
+                    basis: Optional[PricingBasis] = None, oracle: Optional[list] = None) -> tuple[dict, Simulation]:
+    """Simulate one policy; returns its summary and the finished simulation. `oracle`: the offload
+    tiers' recorded futures, for the optimal bound's re-run (kvsim.engine.tiers)."""
     if scenario.disaggregated(policy):
         return simulate_disaggregated(scenario, policy, metrics, on_progress)
     capacity, settings = resolve_policy(scenario, policy, model, gpu, basis)
     backend_cls = load_backend(scenario.backend.name, scenario.source)
-    tiers = offload_tiers(scenario, policy, model, gpu, capacity, metrics.interval)
+    tiers = offload_tiers(scenario, policy, model, gpu, capacity, metrics.interval, oracle)
     make = make_replica if tiers is None else tiers.make_replica
     replicas = [make(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings), metrics.interval)
                 for i in range(settings.num_replicas)]
@@ -204,6 +205,10 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
         _clients_figures(summary, source)
     if tiers is not None:
         summary["kv_offload"] = offload_summary(tiers, end, summary)
+        if tiers.oracle_ttft:  # the same policy again, its CPU tier evicting by the first run's future
+            again = Metrics(policy.name, scenario.slo, metrics.interval, request_overhead_s=metrics.request_overhead_s)
+            bound, _ = simulate_policy(scenario, policy, model, gpu, again, basis=basis, oracle=tiers.futures())
+            summary["kv_offload"]["optimal"].update(oracle_ttft(metrics, again, bound))
     summary["verdict"] = judge(summary).as_dict()
     return summary, sim
 

@@ -274,3 +274,44 @@ def test_a_load_delays_its_request_not_the_engine(monkeypatch):
     assert off["loads"]["count"] == 1 and load_s > 0.015
     assert load_s < ttft_second < load_s + 0.1
     assert summaries["paged"]["itl_s"]["max"] < load_s  # the decoding request never waited for the load
+
+
+def test_the_oracle_knows_each_blocks_next_use_by_hand():
+    """Admissions 0..3 on one replica: (keys, GPU-hit blocks); a key's next use is the first admission at or
+    after now that looked it up past its GPU hits."""
+    import numpy as np
+
+    from kvsim.engine.belady_tier import NEVER, BeladyTier, Future
+
+    k = np.array([10, 20, 30, 40], dtype=np.uint64)
+    future = Future([(k[[0, 1]], 0), (k[[0, 2]], 1), (k[[1]], 0), (k[[0, 3]], 0)])  # 10 at 0 and 3 (held at 1)
+    assert future.next_use(k, 0).tolist() == [0, 0, 1, 3]
+    assert future.next_use(k, 1).tolist() == [3, 2, 1, 3]
+    assert future.next_use(k, 4).tolist() == [NEVER] * 4
+    assert future.next_use(np.array([99], dtype=np.uint64), 0).tolist() == [NEVER]
+    now = [2]
+    tier = BeladyTier(3, future, lambda: now[0])
+    for key in (10, 20, 30):
+        tier.prepare_store([key])
+        tier.complete_store([key])
+    # at admission 2: 20 is used at 2, 10 at 3, 30 never again: 30 goes, then 10
+    assert tier.prepare_store([40]) == [40] and tier.keys() == [10, 20, 40]
+    tier.complete_store([40])
+    assert tier.prepare_store([50]) == [50] and sorted(tier.keys()) == [20, 40, 50]
+
+
+def test_the_oracle_rerun_gives_the_ttft_a_better_eviction_would():
+    """48 system prompts cycling through a CPU tier a third their size: LRU evicts each one just before
+    its reuse (no CPU hit), the oracle keeps a part of them: more hits, a lower TTFT."""
+    from kvsim.pipeline import run_scenario
+    from kvsim.scenario.config import load_scenario
+
+    sc = load_scenario("scenarios/offload_sizing.toml", ["kv_offload.kv_offloading_size=8", "kv_offload.optimal_ttft=true",
+                                                         "workload.num_requests=600"])
+    summary = run_scenario(sc, policies=["cpu-tier"], write=False).summaries["cpu-tier"]
+    opt = summary["kv_offload"]["optimal"]
+    assert opt["simulated_cpu_hit_rate"] == summary["kv_offload"]["hit_rate"]["cpu"]
+    assert opt["oracle_cpu_hit_rate"] > opt["simulated_cpu_hit_rate"]
+    assert opt["cpu_hit_rate"] >= opt["oracle_cpu_hit_rate"]
+    assert opt["ttft_ms"]["mean"] < opt["simulated_ttft_ms"]["mean"]
+    assert opt["simulated_ttft_ms"]["mean"] == pytest.approx(summary["ttft_s"]["mean"] * 1e3, rel=1e-9)

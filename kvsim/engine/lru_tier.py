@@ -256,14 +256,18 @@ class LRUTier:
         if got < n:
             return None
         slots = np.concatenate(chosen)
-        ref[slots] = ABSENT
-        stamp[slots] = -1
+        self._drop(slots)
+        self._advance()
+        return slots
+
+    def _drop(self, slots: np.ndarray) -> None:
+        """The blocks in `slots` leave the tier."""
+        self.ref[slots] = ABSENT
+        self.stamp[slots] = -1
         self.folded[slots] = 0
         gone = slots.tolist()
         deque(map(self.slot.__delitem__, map(self.key_of.__getitem__, gone)), maxlen=0)
         self.free.extend(gone)
-        self._advance()
-        return slots
 
     def _snapshot(self) -> None:
         used = np.flatnonzero(self.ref[:self.top] != ABSENT)

@@ -101,6 +101,7 @@ class OffloadingConnector:
         self.defer_loading = getattr(scheduler.allocator, "enable_prefix_caching", True)
         self.num_held = 0  # finished requests whose blocks wait for their stores
         self.order = 0
+        self.admissions = 0  # admitted requests (the oracle tier's clock: kvsim.engine.belady_tier)
         self.clock = 0.0
         self.waiting: deque = deque()
         self.next_event = math.inf
@@ -171,6 +172,7 @@ class OffloadingConnector:
         if not r.looked_up:  # back after its load: admitted already
             return
         r.looked_up = False
+        self.admissions += 1
         local = seq.num_computed_tokens
         self.stats.admitted(seq, local, num_external_tokens, r, self.clock,
                             (self.replica, r.folded, local // obs) if self.stats.record else None)

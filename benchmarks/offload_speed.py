@@ -4,7 +4,7 @@ policy, its CPU-tier policy without the optimal bound and with it, each in a fre
 (`python -m kvsim run --policy P`), and reports the CPU seconds (user + system, os.wait4) and the
 median of the per-repeat ratios.
 
-    python benchmarks/offload_speed.py [--repeat 3] [--cases multi_turn_offload,mooncake_offload,llmd]
+    python benchmarks/offload_speed.py [--repeat 3] [--cases multi_turn_offload,mooncake_offload,offload_sizing,llmd]
 
 `llmd`: the first `--llmd-seconds` (default 120) of llm-d's tiered-prefix-cache workload
 (benchmarks/offload_repro.py: Qwen3-32B, 8 x TP2, 16,256-token prompts, 1,016 offloaded blocks each),
@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = {"multi_turn_offload": ("gpu-only", "cpu-lru"), "mooncake_offload": ("gpu-prefix-cache", "cpu-offload")}
+CASES = {"multi_turn_offload": ("gpu-only", "cpu-lru"), "mooncake_offload": ("gpu-prefix-cache", "cpu-offload"),
+         "offload_sizing": ("gpu-only", "cpu-tier")}
 IN_PROCESS = ("llmd",)
 
 

@@ -40,6 +40,7 @@ def fold_keys(keys) -> np.ndarray:
 WINDOW = 256  # snapshot entries checked at once
 REINDEX = 4096  # blocks inserted after which the sorted index is rebuilt (or an eighth of those held)
 INITIAL_SLOTS = 1024  # slots allocated at first; doubled as needed up to the tier's blocks
+SORTED_NEEDLES = 64  # keys looked up at once beyond which they are sorted first
 
 
 def count_lookups(counts: OrderedDict, keys, max_tracker_size: int) -> None:
@@ -110,7 +111,13 @@ class LRUTier:
             return known
         want = folded[stale]
         # whatever slot the index names, the key is there exactly when that slot's folded key is the key
-        found = self.index_slots[self.index.searchsorted(want)]  # (the index ends in a sentinel)
+        if len(want) > SORTED_NEEDLES:  # binary searches in key order stay in cache: 2x on ~1,000 keys
+            order = np.argsort(want)
+            at = np.empty_like(order)
+            at[order] = self.index.searchsorted(want[order])
+        else:
+            at = self.index.searchsorted(want)
+        found = self.index_slots[at]  # (the index ends in a sentinel)
         hit = folded_of[found] == want
         known[stale] = np.where(hit, found, -1)
         if self.recent:

@@ -63,8 +63,8 @@ def test_the_lru_tier_in_arrays_is_its_specification(capacity, threshold, ops):
     and order as the plain specification, and its bulk resolution (sorted index, recent inserts, slots
     remembered from before) always the dict's."""
     keys_of = {k: (k * 0x9E3779B97F4A7C15) % (1 << 64) if k % 3 else (1 << 70) | k for k in range(25)}  # some > 64 bits
-    with patch.object(lru_tier, "REINDEX", 3), patch.object(lru_tier, "WINDOW", 2), patch.object(lru_tier, "SORTED_NEEDLES", 2), \
-            patch.object(lru_tier, "INITIAL_SLOTS", 1):
+    with patch.object(lru_tier, "REINDEX", 3), patch.object(lru_tier, "WINDOW", 2), \
+            patch.object(lru_tier, "SORTED_NEEDLES", 2), patch.object(lru_tier, "INITIAL_SLOTS", 1):
         tier = make_tier(capacity, "lru", threshold, max_tracker_size=8)
         ref = ReferenceTier(capacity, "lru", threshold, max_tracker_size=8)
         loading, remembered = [], {}
@@ -306,8 +306,8 @@ def test_the_oracle_rerun_gives_the_ttft_a_better_eviction_would():
     from kvsim.pipeline import run_scenario
     from kvsim.scenario.config import load_scenario
 
-    sc = load_scenario("scenarios/offload_sizing.toml", ["kv_offload.kv_offloading_size=8", "kv_offload.optimal_ttft=true",
-                                                         "workload.num_requests=600"])
+    sc = load_scenario("scenarios/offload_sizing.toml", ["kv_offload.kv_offloading_size=8",
+                                                         "kv_offload.optimal_ttft=true", "workload.num_requests=600"])
     summary = run_scenario(sc, policies=["cpu-tier"], write=False).summaries["cpu-tier"]
     opt = summary["kv_offload"]["optimal"]
     assert opt["simulated_cpu_hit_rate"] == summary["kv_offload"]["hit_rate"]["cpu"]

@@ -79,7 +79,8 @@ def test_plan_sizes_the_tier_and_prices_it(tmp_path, capsys):
     assert gpu == pytest.approx(2.99)
     for gib, r in rows.items():
         assert r["dram_usd_per_hour"] == pytest.approx(HOST_DRAM_PRICE.usd_per_hour * gib)
-        assert r["usd_per_million_requests"] == pytest.approx((gpu + r["dram_usd_per_hour"]) / (r["served_rps"] * 3600) * 1e6)
+        hourly = gpu + r["dram_usd_per_hour"]
+        assert r["usd_per_million_requests"] == pytest.approx(hourly / (r["served_rps"] * 3600) * 1e6)
     best = min(rows.values(), key=lambda r: r["usd_per_million_requests"])
     assert doc["best_gib"] == best["offload_gib"]
     assert doc["meta"]["dram_price_source"].startswith("Google Cloud")

@@ -64,7 +64,8 @@ def add_commands(sub) -> None:
                       help="size the policy's CPU offload tier: its safe rate and $ per million requests at each "
                            "GiB per replica (0: no tier; vLLM's --kv-offloading-size), and whether a tier pays")
     plan.add_argument("--dram-usd-gib-hour", type=_positive(float), metavar="USD",
-                      help="with --offload-gib: host DRAM's price per GiB-hour (default: the catalog's, with its source)")
+                      help="with --offload-gib: host DRAM's price per GiB-hour (default: the catalog's, with "
+                           "its source)")
     plan.add_argument("--out", type=Path, help="write plan.json, plan.csv and points.csv into this folder")
     _executor_arguments(plan)
     plan.set_defaults(handler=cmd_plan)
@@ -163,7 +164,8 @@ def _offload_plan(args, console, scenario, vetted, bar, common) -> int:
     from kvsim.planning import output
     from kvsim.planning.offload_sizing import offload_lines, offload_plan, offload_table, parse_sizes
 
-    for flag, given in (("--target-rate", args.target_rate), ("--tune", args.tune), ("--disaggregated", args.disaggregated)):
+    for flag, given in (("--target-rate", args.target_rate), ("--tune", args.tune),
+                        ("--disaggregated", args.disaggregated)):
         if given:
             raise KvsimError(f"--offload-gib sizes the CPU tier of one aggregated policy: drop {flag}")
     sizes = parse_sizes(args.offload_gib)

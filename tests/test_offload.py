@@ -65,7 +65,8 @@ def test_the_lru_tier_in_arrays_is_its_specification(capacity, threshold, ops):
     keys_of = {k: (k * 0x9E3779B97F4A7C15) % (1 << 64) if k % 3 else (1 << 70) | k for k in range(25)}  # some > 64 bits
     with patch.object(lru_tier, "REINDEX", 3), patch.object(lru_tier, "WINDOW", 2), \
             patch.object(lru_tier, "SORTED_NEEDLES", 2), patch.object(lru_tier, "INITIAL_SLOTS", 1):
-        tier = make_tier(capacity, "lru", threshold, max_tracker_size=8)
+        tier = make_tier(capacity, "lru", threshold, max_tracker_size=8, arrays=True)
+        assert isinstance(tier, lru_tier.LRUTier)
         ref = ReferenceTier(capacity, "lru", threshold, max_tracker_size=8)
         loading, remembered = [], {}
         for op, small in ops:

@@ -54,8 +54,13 @@ class Request:
         self.ready_tokens = 0  # computed tokens once its load ends
         self.disk_tokens = 0  # tokens its pending hits owe to the disk tier
         self.looked_up = False  # asked at an admission (not yet allocated)
-        self.slots = None  # its keys' slots in the CPU tier as last found (kvsim.engine.lru_tier)
-        self.folded = fold_keys(keys)  # its keys as uint64
+        self.slots = None  # its keys' slots in the CPU tier as last found (an array tier: kvsim.engine.lru_tier)
+        self.folded = None  # its keys as uint64 (fold_keys), when asked: `fold()`
+
+    def fold(self):
+        if self.folded is None:
+            self.folded = fold_keys(self.keys)
+        return self.folded
 
 
 def offload_keys(seq: Sequence, memo: ChainMemo, factor: int, num_blocks: int) -> list:
@@ -106,6 +111,7 @@ class OffloadingConnector:
         self.waiting: deque = deque()
         self.next_event = math.inf
         self.reserve_prompt = True  # loads admitted only with room for their whole prompt (kvsim.engine.connector)
+        self.arrays = False  # the CPU tier keeps slots (kvsim.engine.lru_tier: the oracle's, set by its maker)
 
     # ---- admission ------------------------------------------------------------------------------
     def _req(self, seq: Sequence) -> Request:
@@ -120,7 +126,7 @@ class OffloadingConnector:
         r, obs = self._req(seq), self.block_size
         keys, cpu = r.keys, self.cpu
         r.looked_up = True
-        slots = r.slots = cpu.resolve(keys, r.folded, r.slots)  # valid until it is allocated: nothing moves meanwhile
+        slots = r.slots = cpu.resolve(keys, r.fold(), r.slots) if self.arrays else None  # valid until allocated
         cpu.touch(keys, slots)
         if len(keys) * obs - num_computed_tokens < obs:
             return 0, False
@@ -175,7 +181,7 @@ class OffloadingConnector:
         self.admissions += 1
         local = seq.num_computed_tokens
         self.stats.admitted(seq, local, num_external_tokens, r, self.clock,
-                            (self.replica, r.folded, local // obs) if self.stats.record else None)
+                            (self.replica, r.fold(), local // obs) if self.stats.record else None)
         if not num_external_tokens:
             return
         first, last = local // obs, (local + num_external_tokens) // obs
@@ -195,8 +201,11 @@ class OffloadingConnector:
     def build_connector_meta(self, batch, start: float, end: float) -> float:
         """Issue the stores of the blocks the step completes, from its end (its loads were issued at admission)."""
         self.clock = start
+        reqs = self.reqs
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            self._store(seq, n, end)
+            r = reqs.get(seq)
+            if r is None or r.next_store < len(r.keys):  # (a decoding request has stored its prompt: skipped)
+                self._store(seq, n, end)
         self._next()
         return 0.0
 
@@ -206,8 +215,8 @@ class OffloadingConnector:
         if upto <= r.next_store:
             return
         cpu, nxt = self.cpu, r.next_store
-        if cpu.counts is None:  # no gating: the slots of the prompt so far serve the store and the touch
-            folded = r.folded[:upto]
+        if self.arrays and cpu.counts is None:  # no gating: the prompt's slots serve the store and the touch
+            folded = r.fold()[:upto]
             prefix = cpu.resolve(r.keys[:upto], folded, _part(r.slots, 0, upto))
             keys, slots = cpu.prepare_store_at(r.keys[nxt:upto], _part(prefix, nxt, upto), _part(prefix, 0, nxt),
                                                folded[nxt:upto])

@@ -14,7 +14,8 @@ reading it otherwise. The manager's operations:
   orders them; None when it cannot (nothing is changed), else they enter the tier not ready;
 - `complete_store(keys)`, `prepare_load(keys)`, `complete_load(keys)`.
 
-Policies: LRU (kvsim.engine.lru_tier.LRUTier: numpy arrays; `make_tier` picks it) and `ARCPolicy` (vLLM's ARC: T1 for
+Policies: `LRUPolicy` (one ordered dict, least recent first; kvsim.engine.lru_tier keeps the same in numpy
+arrays, the oracle tier's base) and `ARCPolicy` (vLLM's ARC: T1 for
 blocks touched once, T2 for those touched again, ghost lists B1/B2 that move the target size of T1;
 new blocks enter T1; eviction takes from T1 while it is at least its target, else from T2, skipping
 blocks in use). kvsim.engine.tier_reference holds plain executable specifications of both, which
@@ -23,12 +24,73 @@ the tests drive against these (Hypothesis).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from itertools import islice, repeat
+from operator import add
 from typing import Optional
 
 from kvsim.engine.lru_tier import LRUTier, count_lookups
 
 NOT_READY = -1
+
+
+class LRUPolicy:
+    """Least recently used: `blocks` key -> ref, least recent first."""
+
+    __slots__ = ("blocks",)
+
+    def __init__(self, capacity: int):
+        self.blocks: OrderedDict = OrderedDict()
+
+    def get(self, key) -> Optional[int]:
+        return self.blocks.get(key)
+
+    def set_ref(self, key, ref: int) -> None:
+        self.blocks[key] = ref  # an existing key keeps its place
+
+    def insert(self, key, ref: int) -> None:
+        self.blocks[key] = ref
+
+    def remove(self, key) -> None:
+        del self.blocks[key]
+
+    def refs(self, keys, missing: int) -> list:
+        return list(map(self.blocks.get, keys, repeat(missing)))
+
+    def set_refs(self, keys, refs) -> None:
+        self.blocks.update(zip(keys, refs))  # existing keys keep their places
+
+    def touch(self, keys) -> None:
+        blocks = self.blocks  # C-level loops: a prompt's hundreds of keys at every lookup
+        try:  # usually all are here; a key that is not ends it, and the rest is redone as the same order
+            deque(map(blocks.move_to_end, reversed(keys)), maxlen=0)
+        except KeyError:
+            deque(map(blocks.move_to_end, filter(blocks.__contains__, reversed(keys))), maxlen=0)
+
+    def evict(self, n: int, protected) -> Optional[list]:
+        """The n least recent evictable blocks, removed (None, nothing removed: fewer than n)."""
+        blocks = self.blocks
+        head = list(islice(blocks, n))  # usually the n least recent are all evictable: C-level checks
+        if len(head) == n and list(map(blocks.get, head)).count(0) == n and protected.isdisjoint(head):
+            deque(map(blocks.pop, head), maxlen=0)
+            return head
+        out = []
+        for key, ref in self.blocks.items():
+            if ref == 0 and key not in protected:
+                out.append(key)
+                if len(out) == n:
+                    break
+        if len(out) < n:
+            return None
+        for key in out:
+            del self.blocks[key]
+        return out
+
+    def keys(self) -> list:
+        return list(self.blocks)
+
+    def __len__(self) -> int:
+        return len(self.blocks)
 
 
 class ARCPolicy:
@@ -130,25 +192,26 @@ def _next_free(entries, protected):
     return None
 
 
-POLICIES = {"arc": ARCPolicy}
+POLICIES = {"lru": LRUPolicy, "arc": ARCPolicy}
 
 
 def make_tier(num_blocks: int, eviction_policy: str = "lru", store_threshold: int = 0, max_tracker_size: int = 64_000,
-              name: str = "cpu"):
-    """A tier of `num_blocks` blocks with `eviction_policy` ("lru": kvsim.engine.lru_tier, in numpy arrays)."""
-    if eviction_policy == "lru":
+              name: str = "cpu", arrays: bool = False):
+    """A tier of `num_blocks` blocks with `eviction_policy`; `arrays`: LRU in numpy arrays
+    (kvsim.engine.lru_tier: fewer operations per key, more per call; the oracle tier's base)."""
+    if arrays and eviction_policy == "lru":
         return LRUTier(num_blocks, store_threshold, max_tracker_size, name)
     return OffloadTier(num_blocks, eviction_policy, store_threshold, max_tracker_size, name)
 
 
 class OffloadTier:
-    """One tier's blocks under an ordered-dict policy (ARC; see the module docstring); `evictions` counts
-    the blocks it evicted."""
+    """One tier's blocks under an ordered-dict policy (LRU or ARC; see the module docstring); `evictions`
+    counts the blocks it evicted."""
 
     __slots__ = ("num_blocks", "policy", "store_threshold", "max_tracker_size", "counts", "num_evictable",
-                 "num_pending", "evictions", "name")
+                 "num_pending", "evictions", "name", "lru")
 
-    def __init__(self, num_blocks: int, eviction_policy: str = "arc", store_threshold: int = 0,
+    def __init__(self, num_blocks: int, eviction_policy: str = "lru", store_threshold: int = 0,
                  max_tracker_size: int = 64_000, name: str = "cpu"):
         self.num_blocks, self.name = num_blocks, name
         self.policy = POLICIES[eviction_policy](num_blocks)
@@ -157,6 +220,7 @@ class OffloadTier:
         self.num_evictable = 0  # ready blocks no load reads
         self.num_pending = 0  # blocks whose store is in flight
         self.evictions = 0
+        self.lru = self.policy.blocks if eviction_policy == "lru" else None  # LRU's dict: C-level bulk updates
 
     def __len__(self) -> int:
         return len(self.policy)
@@ -203,8 +267,12 @@ class OffloadTier:
         if gate and self.counts is not None:
             counts, threshold = self.counts, self.store_threshold
             keys = [k for k in keys if counts.get(k, 0) >= threshold]
-        get = self.policy.get
-        new = [k for k in keys if get(k) is None]
+        if self.lru is not None:
+            new = list(filter(self.lru.__contains__, keys))
+            new = [k for k in keys if k not in self.lru] if new else list(keys)
+        else:
+            get = self.policy.get
+            new = [k for k in keys if get(k) is None]
         if not new:
             return new
         evict = len(new) - (self.num_blocks - len(self.policy))
@@ -216,13 +284,22 @@ class OffloadTier:
                 return None
             self.num_evictable -= len(evicted)
             self.evictions += len(evicted)
-        insert = self.policy.insert
-        for key in new:
-            insert(key, NOT_READY)
+        if self.lru is not None:
+            self.lru.update(dict.fromkeys(new, NOT_READY))
+        else:
+            insert = self.policy.insert
+            for key in new:
+                insert(key, NOT_READY)
         self.num_pending += len(new)
         return new
 
     def complete_store(self, keys, slots=None) -> None:
+        lru = self.lru
+        if lru is not None and list(map(lru.get, keys)).count(NOT_READY) == len(keys):  # one store's keys, usually
+            lru.update(dict.fromkeys(keys, 0))
+            self.num_pending -= len(keys)
+            self.num_evictable += len(keys)
+            return
         get, set_ref = self.policy.get, self.policy.set_ref
         for key in keys:
             if get(key) == NOT_READY:
@@ -233,9 +310,9 @@ class OffloadTier:
     def prepare_load(self, keys, slots=None) -> None:
         refs = self.policy.refs(keys, None)
         self.num_evictable -= refs.count(0)
-        self.policy.set_refs(keys, [ref + 1 for ref in refs])
+        self.policy.set_refs(keys, map(add, refs, repeat(1)))
 
     def complete_load(self, keys, slots=None) -> None:
-        refs = [ref - 1 for ref in self.policy.refs(keys, None)]
+        refs = list(map(add, self.policy.refs(keys, None), repeat(-1)))
         self.policy.set_refs(keys, refs)
         self.num_evictable += refs.count(0)

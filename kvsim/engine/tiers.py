@@ -37,6 +37,7 @@ class OffloadTiers:
                 s = self.settings
                 connector.cpu = BeladyTier(s.num_blocks, self.oracle[index], lambda: connector.admissions,
                                            s.store_threshold, s.max_tracker_size)
+                connector.arrays = True
             self.connectors.append(connector)
             return connector
         return make_connected_replica(index, settings, backend, interval, factory)

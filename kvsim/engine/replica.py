@@ -23,6 +23,7 @@ from kvsim.engine.hybrid import HybridBlockManager
 from kvsim.engine.records import StepRecord
 from kvsim.engine.scheduler import Scheduler
 from kvsim.engine.settings import EngineSettings
+from kvsim.engine.speculative import SpecScheduler
 from kvsim.engine.windowed import WindowedScheduler
 from kvsim.sequence import Sequence
 
@@ -51,7 +52,8 @@ def make_replica(index: int, settings: EngineSettings, backend, interval: float,
     """Replica `index` of a policy: its allocator sized by the backend (or `allocator`), and its scheduler."""
     if allocator is None:
         allocator = ALLOCATORS[settings.allocator](settings, backend.num_blocks)
-    scheduler_class = WindowedScheduler if getattr(allocator, "window", 0) else Scheduler
+    scheduler_class = (SpecScheduler if settings.speculation is not None else
+                       WindowedScheduler if getattr(allocator, "window", 0) else Scheduler)
     scheduler = scheduler_class(allocator, settings, use_cohort=backend.fuses_decode_runs,
                                 track_longest=backend.prices_longest_decode)
     return Replica(index, scheduler, backend, interval, settings.async_scheduling)

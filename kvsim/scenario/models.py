@@ -110,6 +110,9 @@ class ModelSpec:
     moe: MoeSpec | None = None
     quantization: str = ""  # as shipped: "", "fp8" (128x128 blocks) or "mxfp4" (experts only)
     encoder_params: int = 0  # vision encoder + projector of a multimodal checkpoint
+    # multi-token-prediction layers shipped with the checkpoint (DeepSeek-V3, GLM-4.5, Qwen3-Next: one), which
+    # vLLM's MTP speculative decoding runs as its drafter; not counted in num_hidden_layers or the weights
+    num_nextn_predict_layers: int = 0
 
     def layer_type(self, layer: int) -> str:
         return self.layer_types[layer] if self.layer_types else FULL

@@ -146,6 +146,13 @@ class SpecScheduler(Scheduler):
         self.cohort_class = lambda alloc, _track: SpecCohort(alloc, self.speculator, self.counters,
                                                              settings.max_model_len)
         super().__init__(allocator, settings, use_cohort=use_cohort, track_longest=False)
+        self.admitted: set = set()  # sequences whose allocation this step was a first one (no lookahead)
+
+    def _enter_running(self, seq: Sequence) -> None:
+        """Admitted from the waiting (or swapped) queue: vLLM allocates a request whose num_computed_tokens
+        is 0 without lookahead slots."""
+        self.admitted.add(seq)
+        super()._enter_running(seq)
 
     def slots(self, seq: Sequence, num_new: int) -> int:
         """Slots the step allocates: the new tokens and the lookahead, within max_model_len."""
@@ -215,6 +222,7 @@ class SpecScheduler(Scheduler):
         emitted, finished = [], []
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
             self._advance(seq, num_new, emitted, finished)
+        self.admitted.clear()
         left_running = bool(finished)
         cohort = self.cohort
         if cohort is not None:
@@ -234,7 +242,8 @@ class SpecScheduler(Scheduler):
         return emitted, finished
 
     def _advance(self, seq: Sequence, num_new: int, emitted: list, finished: list) -> None:
-        ctx, slots = seq.num_computed_tokens, self.slots(seq, num_new)
+        ctx = seq.num_computed_tokens
+        slots = num_new if seq in self.admitted else self.slots(seq, num_new)
         drafts = ctx + num_new - seq.num_tokens  # > 0: a verify step's drafts
         if drafts < 0:  # a prompt chunk short of the last prompt token
             seq.num_computed_tokens = ctx + num_new

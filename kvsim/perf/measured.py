@@ -288,7 +288,8 @@ class MeasuredStepModel:
         knots, a, b, line = self._line_arrays(num_seqs)
         s = np.asarray(read_tokens, dtype=np.float64) / num_seqs
         j = np.maximum(np.searchsorted(knots, s, side="right") - 1, 0)
-        line.used.update(range(int(j.min()), int(j.max()) + 1))
+        if len(j):
+            line.used.update(range(int(j.min()), int(j.max()) + 1))
         gpu = fixed + self.layers * (a[j] + b[j] * s)
         if not host:
             return gpu

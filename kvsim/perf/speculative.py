@@ -84,7 +84,7 @@ def resolve_speculation(scenario, policy, model: ModelSpec) -> Optional[SpecPlan
     cfg, src = scenario.speculative, scenario.source
     _check_simulable(scenario, policy, model)
     method = cfg.base_method
-    k = cfg.num_speculative_tokens
+    k = policy.num_speculative_tokens or cfg.num_speculative_tokens
     acceptance = _acceptance(cfg, method, k, src)
     draft, weights = _drafter(cfg, method, model, scenario)
     hw = scenario.hardware
@@ -280,7 +280,8 @@ class SpeculativePricer:
         n = batch.num_prefill_seqs + batch.num_decode_seqs
         first = self.draft.step_time(batch)
         base = batch.decode_context_tokens - batch.num_spec_tokens + batch.prefill_context_tokens + batch.num_prefill_tokens
-        later = float(self.draft.decode_steps_time(n, n, base + n * np.arange(1, self.plan.k), n, host=False).sum())
+        later = float(self.draft.decode_steps_time(n, n, base + n * np.arange(1, self.plan.k), n, host=False).sum()
+                      ) if self.plan.k > 1 else 0.0
         return first + later
 
     # ---- runs of a speculative cohort's steps ---------------------------------------------------

@@ -278,6 +278,9 @@ class PolicyConfig(_Section):
     speculative: Optional[bool] = Field(None, description=(
         "Serve this policy with the scenario's [speculative] decoding. Default: on when the scenario has a "
         "[speculative] section (false: the same policy without it, to compare both in one run)."))
+    num_speculative_tokens: Optional[Annotated[int, Field(ge=1, le=L.MAX_SPEC_TOKENS)]] = Field(None, description=(
+        "This policy's draft tokens a step (kvsim plan --speculative-k compares several). Default: "
+        "speculative.num_speculative_tokens."))
     contiguous_reserve: Literal["max_model_len", "known_output"] = Field("max_model_len", description=(
         "Contiguous allocator: reserve max_model_len slots per request (what such engines must do) or only "
         "prompt + the request's known output length (an oracle bound)."))
@@ -774,8 +777,13 @@ class Scenario(_Section):
     @model_validator(mode="after")
     def _speculative_policies(self):
         for i, p in enumerate(self.policies):
-            if p.speculative and self.speculative is None:
-                raise ValueError(f"policies[{i}].speculative: the scenario has no [speculative] section")
+            if (p.speculative or p.num_speculative_tokens) and self.speculative is None:
+                key = "speculative" if p.speculative else "num_speculative_tokens"
+                raise ValueError(f"policies[{i}].{key}: the scenario has no [speculative] section")
+            if self.speculative is not None and self.speculative.acceptance is not None and \
+                    len(self.speculative.acceptance) < (p.num_speculative_tokens or 0):
+                raise ValueError(f"policies[{i}].num_speculative_tokens: speculative.acceptance gives "
+                                 f"{len(self.speculative.acceptance)} positions")
         return self
 
     def speculates(self, policy: PolicyConfig) -> bool:

@@ -147,3 +147,15 @@ class Observers:
 
     def __getattr__(self, name):  # the metrics' own methods (a closed loop's, the disaggregated observer's)
         return getattr(self.primary, name)
+
+
+def energy_line(policy: str, summary: dict) -> list[str]:
+    """The report's line on a policy's energy (none without an [energy] section)."""
+    e = summary.get("energy")
+    if not e or e.get("joules_per_output_token") is None:
+        return []
+    gpu_usd = e.get("gpu_hour_usd_per_million_output_tokens")
+    return [f"  {policy}: {e['joules_per_output_token']:.3g} J per output token ({e['gpu_joules_per_output_token']:.3g} "
+            f"at the GPUs, mean {e['mean_gpu_power_w']:.0f} W a GPU), {e['kwh_per_million_output_tokens']:.3g} kWh and "
+            f"${e['energy_usd_per_million_output_tokens']:.3g} of energy per million output tokens"
+            + (f" beside ${gpu_usd:.3g} of GPU-hours" if gpu_usd is not None else "") + " (estimated: kvsim.perf.energy)"]

@@ -25,3 +25,14 @@ def speculative_summary(plan, counters: list) -> dict:
             "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
             "draft_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
             "acceptance_rate_per_position": [n / drafts for n in total.accepted_per_pos] if drafts else None}
+
+
+def speculation_line(policy: str, summary: dict) -> list[str]:
+    """The report's line on a policy's speculative decoding (none without it)."""
+    s = summary.get("speculative")
+    if not s or not s.get("num_drafts"):
+        return []
+    per = ", ".join(f"{r:.2f}" for r in s["acceptance_rate_per_position"])
+    return [f"  {policy}: {s['method']} k={s['num_speculative_tokens']}: {s['mean_acceptance_length']:.2f} tokens a "
+            f"step (acceptance by position {per}; {s['acceptance_source']}); ITL counts a step's tokens as one chunk, "
+            f"TPOT per token, as vllm bench serve"]

@@ -277,7 +277,8 @@ class PolicyConfig(_Section):
         "disaggregated when the scenario has a [disaggregation] section and the policy's allocator is paged."))
     speculative: Optional[bool] = Field(None, description=(
         "Serve this policy with the scenario's [speculative] decoding. Default: on when the scenario has a "
-        "[speculative] section (false: the same policy without it, to compare both in one run)."))
+        "[speculative] section and the policy is aggregated with the paged allocator (false: the same policy "
+        "without it, to compare both in one run)."))
     num_speculative_tokens: Optional[Annotated[int, Field(ge=1, le=L.MAX_SPEC_TOKENS)]] = Field(None, description=(
         "This policy's draft tokens a step (kvsim plan --speculative-k compares several). Default: "
         "speculative.num_speculative_tokens."))
@@ -787,8 +788,11 @@ class Scenario(_Section):
         return self
 
     def speculates(self, policy: PolicyConfig) -> bool:
-        """Whether the policy runs the scenario's [speculative] decoding (by default: when there is one)."""
-        return self.speculative is not None and policy.speculative is not False
+        """Whether the policy runs the scenario's [speculative] decoding (by default: when there is one and
+        the policy is served on [hardware] with the paged allocator, which kvsim simulates it on)."""
+        if self.speculative is None or policy.speculative is False:
+            return False
+        return bool(policy.speculative) or (policy.allocator == "paged" and not self.disaggregated(policy))
 
     def disaggregated(self, policy: PolicyConfig) -> bool:
         """Whether the policy is served by the [disaggregation] pools (by default: when the scenario has

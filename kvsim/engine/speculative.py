@@ -52,6 +52,7 @@ class Speculator:
         self.rate_list = list(plan.rates)
         self.proposal_rate = plan.proposal_rate
         self.seed = _mix((plan.seed * _GOLDEN + 1) & MASK)
+        self.strides = np.zeros(0, dtype=np.uint64)
 
     def _key(self, request_id: int) -> int:
         return _mix((self.seed + (request_id + 1) * _GOLDEN) & MASK)
@@ -76,7 +77,9 @@ class Speculator:
         """accepted_at and proposes_at for the positions first..last - 1 at once (numpy, the same bits;
         proposes None: every step proposes)."""
         key = np.uint64(self._key(request_id))
-        steps = np.arange(2 * first, 2 * last, 2, dtype=np.uint64) * np.uint64(_GOLDEN)
+        if last > len(self.strides):  # positions x 2 x golden, computed once for every request
+            self.strides = np.arange(0, 2 * max(last, 2 * len(self.strides)), 2, dtype=np.uint64) * np.uint64(_GOLDEN)
+        steps = self.strides[first:last]
         with np.errstate(over="ignore"):
             u = (mix64(steps + key) >> np.uint64(11)).astype(np.float64)
             # p_i > u * 2^-53 for the first `accepted` positions (the rates do not rise): a search

@@ -277,12 +277,16 @@ class SpeculativePricer:
         (the target's aggregates), then k - 1 passes of one row a scheduled sequence."""
         if self.draft is None:
             return 0.0
-        n = batch.num_prefill_seqs + batch.num_decode_seqs
+        n, k = batch.num_prefill_seqs + batch.num_decode_seqs, self.plan.k
         first = self.draft.step_time(batch)
+        if k == 1:
+            return first
         base = batch.decode_context_tokens - batch.num_spec_tokens + batch.prefill_context_tokens + batch.num_prefill_tokens
-        later = float(self.draft.decode_steps_time(n, n, base + n * np.arange(1, self.plan.k), n, host=False).sum()
-                      ) if self.plan.k > 1 else 0.0
-        return first + later
+        lo, hi = base + n, base + n * (k - 1)
+        ab = self.draft.decode_steps_affine(n, n, lo, hi, n, host=False)
+        if ab is not None:  # the passes' price is affine in their keys: its sum in closed form
+            return first + ab[0] * (k - 1) + ab[1] * (lo + hi) * (k - 1) / 2
+        return first + float(self.draft.decode_steps_time(n, n, base + n * np.arange(1, k), n, host=False).sum())
 
     # ---- runs of a speculative cohort's steps ---------------------------------------------------
     def affine(self, n: int, rows: int, lo: float, hi: float, drafts: int) -> tuple[float, float] | None:
@@ -328,6 +332,10 @@ class SpeculativePricer:
             return self.target.decode_run_time(shape, k)
         if k <= 0:
             return 0.0
+        m = len(shape)
+        if k > m:  # past the steps the shape knows (a search's overshoot): its last step's price again
+            return self.decode_run_time(shape, m) + (k - m) * (self.decode_run_time(shape, m) -
+                                                            self.decode_run_time(shape, m - 1))
         ab = shape.affine
         if ab is None:
             ab = self._affine(shape)

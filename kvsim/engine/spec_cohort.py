@@ -25,80 +25,94 @@ from kvsim.sequence import Sequence
 
 _FIELDS = 4  # a step's figures: drafts, keys read, tokens gained, blocks taken
 DRAFTS, READS, GAINED, BLOCKS = range(_FIELDS)
-_SUMS = 6  # prefix sums of drafts, keys, tokens gained, blocks, and blocks weighted by t and t * t
 
 
 class Timeline:
-    """Per-step sums over the cohort's clock (`data`: _FIELDS rows, column t - base), and their prefix
-    sums (`prefix`, column t - base: the sum of the steps before t), so that a run's totals and a
-    search over its steps are a few lookups. The arrays grow as members' futures reach further and drop
-    the steps that passed."""
+    """Per-step sums over the cohort's clock and their prefix sums, in one array `table` (so that adding
+    a member is two numpy calls): row r < _FIELDS, column 1 + t - base, is row r's sum over the step t;
+    row _FIELDS + r, column c, the sum of row r over the steps base .. base + c - 1 (column 0: none).
+    A run's totals and a search over its steps are then a few lookups. The array grows as members'
+    futures reach further and drops the steps that passed."""
 
-    __slots__ = ("base", "data", "prefix")
+    __slots__ = ("base", "table")
 
     def __init__(self, width: int = 256):
         self.base = 0
-        self.data = np.zeros((_FIELDS, width), dtype=np.int64)
-        self.prefix = np.zeros((_SUMS, width + 1), dtype=np.int64)
+        self.table = np.zeros((2 * _FIELDS, width + 1), dtype=np.int64)
 
-    def _sums(self, values: np.ndarray, lo: int) -> np.ndarray:
-        t = np.arange(lo, lo + values.shape[1], dtype=np.int64)
-        weighted = t * values[BLOCKS]
-        return np.cumsum(np.vstack([values, weighted, t * weighted]), axis=1)
+    def add(self, start: int, future: np.ndarray) -> None:
+        """Add a member's steps from `start` on (`future`: a column a step, its _FIELDS rows over their
+        running sums)."""
+        lo = 1 + start - self.base
+        hi = lo + future.shape[1]
+        if hi > self.table.shape[1]:
+            self._grow(hi)
+        self.table[:, lo:hi] += future
+        self.table[_FIELDS:, hi:] += future[_FIELDS:, -1:]
 
-    def add(self, start: int, values: np.ndarray, sign: int = 1) -> None:
-        lo = start - self.base
-        hi = lo + values.shape[1]
-        width = self.data.shape[1]
-        if hi > width:
-            grow = max(hi, 2 * width) - width
-            self.data = np.concatenate([self.data, np.zeros((_FIELDS, grow), dtype=np.int64)], axis=1)
-            self.prefix = np.concatenate([self.prefix, np.repeat(self.prefix[:, -1:], grow, axis=1)], axis=1)
-        sums = self._sums(values, lo)
-        if sign < 0:
-            values, sums = -values, -sums
-        self.data[:, lo:hi] += values
-        self.prefix[:, lo + 1:hi + 1] += sums
-        self.prefix[:, hi + 1:] += sums[:, -1:]
+    def remove(self, start: int, future: np.ndarray) -> None:
+        """Take back steps added by `add` (`future`: those of its columns from `start` on, their sums
+        still counted from its first)."""
+        lo = 1 + start - self.base
+        hi = lo + future.shape[1]
+        future = future.copy()
+        future[_FIELDS:] -= self.before(future)
+        self.table[:, lo:hi] -= future
+        self.table[_FIELDS:, hi:] -= future[_FIELDS:, -1:]
+
+    @staticmethod
+    def before(future: np.ndarray) -> np.ndarray:
+        """The running sums before future's first column (as a column)."""
+        return future[_FIELDS:, :1] - future[:_FIELDS, :1]
+
+    def _grow(self, hi: int) -> None:
+        width = self.table.shape[1]
+        grow = max(hi, 2 * width) - width
+        more = np.zeros((2 * _FIELDS, grow), dtype=np.int64)
+        more[_FIELDS:] = self.table[_FIELDS:, -1:]
+        self.table = np.concatenate([self.table, more], axis=1)
 
     def at(self, row: int, clock: int) -> int:
-        return int(self.data[row, clock - self.base])
+        return int(self.table[row, 1 + clock - self.base])
 
     def total(self, row: int, clock: int, steps: int) -> int:
         """The sum of `row` over the steps clock .. clock + steps - 1."""
         lo = clock - self.base
-        p = self.prefix[row]
+        p = self.table[_FIELDS + row]
         return int(p[lo + steps] - p[lo])
 
     def window(self, row: int, clock: int, steps: int) -> np.ndarray:
-        lo = clock - self.base
-        return self.data[row, lo:lo + steps]
+        lo = 1 + clock - self.base
+        return self.table[row, lo:lo + steps]
 
     def prefix_from(self, row: int, clock: int, steps: int) -> np.ndarray:
-        """prefix sums of `row` from `clock`: entry i is the sum over clock .. clock + i - 1 (i <= steps),
-        as a view less its first (so entry 0 is 0 once the first is subtracted)."""
+        """prefix sums of `row` from `clock`: entry i is the sum over base .. clock + i - 1 (i <= steps),
+        so that entry i less entry 0 is the sum over clock .. clock + i - 1."""
         lo = clock - self.base
-        return self.prefix[row, lo:lo + steps + 1]
+        return self.table[_FIELDS + row, lo:lo + steps + 1]
 
     def moments(self, clock: int, steps: int) -> tuple[int, int, int]:
         """(sum of c_j, of j c_j, of j j c_j) over j = 1..steps, c_j the blocks of step clock + j - 1."""
-        lo = clock - self.base
-        p = self.prefix
-        s0 = int(p[3, lo + steps] - p[3, lo])
-        s1 = int(p[4, lo + steps] - p[4, lo])
-        s2 = int(p[5, lo + steps] - p[5, lo])
-        shift = lo - 1  # j = t - shift for column t
-        return s0, s1 - shift * s0, s2 - 2 * shift * s1 + shift * shift * s0
+        c = self.window(BLOCKS, clock, steps)
+        if len(c) <= 64:  # a run's usual length: Python's ints beat numpy's calls
+            s0 = s1 = s2 = 0
+            for j, n in enumerate(c.tolist(), 1):
+                if n:
+                    s0, s1, s2 = s0 + n, s1 + j * n, s2 + j * j * n
+            return s0, s1, s2
+        j = np.arange(1, len(c) + 1, dtype=np.int64)
+        jc = j * c
+        return int(c.sum()), int(jc.sum()), int(np.dot(jc, j))
 
     def drop_before(self, clock: int) -> None:
         """Forget the steps before `clock` once they are half the array (amortised O(1) a step)."""
         lo = clock - self.base
-        if lo > self.data.shape[1] // 2:
-            data = np.zeros_like(self.data)
-            data[:, :self.data.shape[1] - lo] = self.data[:, lo:]
-            self.data, self.base = data, clock
-            self.prefix = np.zeros_like(self.prefix)
-            self.prefix[:, 1:] = self._sums(data, 0)
+        width = self.table.shape[1]
+        if lo > width // 2:
+            table = np.zeros_like(self.table)
+            table[:_FIELDS, 1:width - lo] = self.table[:_FIELDS, 1 + lo:]
+            np.cumsum(table[:_FIELDS, 1:], axis=1, out=table[_FIELDS:, 1:])
+            self.table, self.base = table, clock
 
 
 class SpecCohort:
@@ -121,65 +135,84 @@ class SpecCohort:
         self._serial = 0
 
     # ---- a member's future -------------------------------------------------------------------------
-    def trajectory(self, seq: Sequence) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def trajectory(self, seq: Sequence) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
         """(rows of the Timeline over its steps, accepted drafts per step, blocks held after each step's
-        allocation) from its state now (its next step a decode)."""
+        allocation, whether every step verifies k drafts) from its state now (its next step a decode)."""
         req, spec, mml = seq.request, self.speculator, self.max_model_len
         o0, out, prompt, k = seq.num_output_tokens, req.output_len, req.prompt_len, spec.k
         accepted, proposes = spec.draws(req.request_id, o0, out)
-        capped = prompt + out + k + 1 > mml  # drafts cut near max_model_len (a step's positions stay below it)
-        drafts = None
-        if proposes is not None or capped:
-            drafts = np.full(out - o0, k) if proposes is None else np.where(proposes, k, 0)
-            if capped:
-                drafts = np.minimum(drafts, np.maximum(0, mml - prompt - o0 - 1 - np.arange(out - o0)))
+        drafts = self._drafts(proposes, prompt, o0, out) if proposes is not None or prompt + out + k + 1 > mml else None
+        if drafts is not None:
             accepted = np.minimum(accepted, drafts)
         nxt = accepted.tolist()
         walk, p, n = [], 0, len(nxt)
         while p < n:  # the positions its steps start at: each moves on by 1 + the drafts it accepted
             walk.append(p)
             p += 1 + nxt[p]
-        at = np.asarray(walk)
+        at = np.array(walk)
         a = accepted[at]
-        future = np.empty((4, len(at)), dtype=np.int64)
-        future[DRAFTS] = k if drafts is None else drafts[at]
-        future[READS] = at + (prompt + o0) + future[DRAFTS]  # context (num_tokens - 1) and the step's 1 + d rows
-        future[GAINED] = 1 + a
-        future[GAINED, -1] = min(future[GAINED, -1], out - o0 - walk[-1])
-        slots = future[READS] + spec.lookahead
-        if slots[-1] > mml or drafts is not None:
-            slots = np.minimum(slots, mml)
+        future = np.empty((2 * _FIELDS, len(walk)), dtype=np.int64)
+        if drafts is None:
+            future[DRAFTS] = k
+            np.add(at, prompt + o0 + k, out=future[READS])  # context (num_tokens - 1) and the step's 1 + d rows
+        else:
+            np.take(drafts, at, out=future[DRAFTS])
+            np.add(at, prompt + o0, out=future[READS])
+            future[READS] += future[DRAFTS]
+        np.add(a, 1, out=future[GAINED])
+        future[GAINED, -1] = min(nxt[walk[-1]] + 1, out - o0 - walk[-1])
+        held = self._held(seq, future[READS] + spec.lookahead, drafts is not None, future[BLOCKS])
+        np.cumsum(future[:_FIELDS], axis=1, out=future[_FIELDS:])
+        return future, a, held, drafts is None
+
+    def _drafts(self, proposes, prompt: int, o0: int, out: int) -> np.ndarray:
+        """Drafts per output position when they vary: none where an n-gram lookup misses, fewer near
+        max_model_len (a step's positions stay below it)."""
+        k, mml = self.speculator.k, self.max_model_len
+        drafts = np.full(out - o0, k) if proposes is None else np.where(proposes, k, 0)
+        if prompt + out + k + 1 > mml:
+            drafts = np.minimum(drafts, np.maximum(0, mml - prompt - o0 - 1 - np.arange(out - o0)))
+        return drafts
+
+    def _held(self, seq: Sequence, slots: np.ndarray, varies: bool, taken: np.ndarray) -> np.ndarray:
+        """Blocks held after each step's allocation (writing the blocks each step takes into `taken`)."""
+        bs, mml = self.block_size, self.max_model_len
+        if varies or slots[-1] > mml:
+            np.minimum(slots, mml, out=slots)
+        slots += bs - 1
+        held = np.floor_divide(slots, bs, out=slots)
         h0 = len(seq.block_table)
-        held = np.maximum(-(-slots // self.block_size), h0)
-        if drafts is not None:  # rows vary: never fewer blocks than already held
-            held = np.maximum.accumulate(held)
-        future[BLOCKS, 0] = held[0] - h0
-        future[BLOCKS, 1:] = held[1:] - held[:-1]
-        return future, a, held
+        if varies:  # rows vary: never fewer blocks than already held
+            np.maximum.accumulate(held, out=held)
+        if held[0] < h0:
+            np.maximum(held, h0, out=held)
+        taken[0] = held[0] - h0
+        np.subtract(held[1:], held[:-1], out=taken[1:])
+        return held
 
     # ---- membership ----------------------------------------------------------------------------
     def join(self, seq: Sequence) -> None:
-        future, accepted, held = self.trajectory(seq)
+        future, accepted, held, uniform = self.trajectory(seq)
         self._serial += 1
         seq.cohort_clock = self.clock
-        self._members[seq] = (self.clock, future, accepted, held)
+        self._members[seq] = (self.clock, future, accepted, held, uniform)
         self.timeline.add(self.clock, future)
         heapq.heappush(self._finish, (self.clock + future.shape[1], self._serial, seq))
         self.size += 1
 
     def _leave(self, seq: Sequence) -> None:
         """Bring the member up to date (tokens, blocks claimed) and take its remaining steps back out."""
-        start, future, accepted, held = self._members.pop(seq)
+        start, future, accepted, held, uniform = self._members.pop(seq)
         done = self.clock - start
         if done < future.shape[1]:
-            self.timeline.add(self.clock, future[:, done:], -1)
-        gained = int(future[GAINED, :done].sum())
+            self.timeline.remove(self.clock, future[:, done:])
+        gained = int(future[_FIELDS + GAINED, done - 1]) if done else 0
         seq.num_computed_tokens += gained
         seq.num_output_tokens += gained
         seq.num_tokens += gained
         seq.cohort_clock = -1
         self.size -= 1
-        self.counters.add_many(future[DRAFTS, :done], accepted[:done])
+        self.counters.add_many(None if uniform else future[DRAFTS, :done], accepted[:done])
         if done:
             self.allocator.claim(seq, int(held[done - 1]) * self.block_size)
 

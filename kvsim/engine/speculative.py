@@ -21,13 +21,14 @@ vLLM's spec-decode metrics report (drafts, draft tokens, accepted tokens, per po
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from kvsim.batch import Batch
 from kvsim.engine.scheduler import FINISHED, RUNNING, Scheduler, _run_order
-from kvsim.sequence import Sequence, mix64
+from kvsim.sequence import Sequence
 
 MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -43,14 +44,33 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+def _mix_array(x: np.ndarray) -> np.ndarray:
+    """kvsim.sequence.mix64 in place on a fresh array (uint64 arithmetic wraps silently on arrays)."""
+    x ^= x >> _S30
+    x *= _M1
+    x ^= x >> _S27
+    x *= _M2
+    x ^= x >> _S31
+    return x
+
+
 class Speculator:
     """The draws of one policy's speculative decoding (`plan`: kvsim.perf.speculative.SpecPlan)."""
 
     def __init__(self, plan, max_model_len: int):
         self.k, self.lookahead, self.max_model_len = plan.k, plan.lookahead, max_model_len
-        self.rates_up = np.asarray(plan.rates, dtype=np.float64)[::-1].copy()  # ascending, for searchsorted
         self.rate_list = list(plan.rates)
+        # u = (x >> 11) 2^-53 < p  <=>  x < ceil(p 2^53) 2^11 for the 64-bit draw x: thresholds on x, ascending,
+        # for searchsorted (rates of 1, always accepted, counted apart: their threshold would be 2^64)
+        self.sure = sum(1 for p in self.rate_list if p >= 1.0)
+        self.thresholds = np.array(sorted(math.ceil(p * 2.0 ** 53) << 11 for p in self.rate_list if p < 1.0),
+                                   dtype=np.uint64)
         self.proposal_rate = plan.proposal_rate
+        self.propose_below = np.uint64(math.ceil(self.proposal_rate * 2.0 ** 53) << 11 if self.proposal_rate < 1.0 else 0)
         self.seed = _mix((plan.seed * _GOLDEN + 1) & MASK)
         self.strides = np.zeros(0, dtype=np.uint64)
 
@@ -76,18 +96,16 @@ class Speculator:
     def draws(self, request_id: int, first: int, last: int) -> tuple[np.ndarray, np.ndarray | None]:
         """accepted_at and proposes_at for the positions first..last - 1 at once (numpy, the same bits;
         proposes None: every step proposes)."""
-        key = np.uint64(self._key(request_id))
+        key = self._key(request_id)
         if last > len(self.strides):  # positions x 2 x golden, computed once for every request
             self.strides = np.arange(0, 2 * max(last, 2 * len(self.strides)), 2, dtype=np.uint64) * np.uint64(_GOLDEN)
         steps = self.strides[first:last]
-        with np.errstate(over="ignore"):
-            u = (mix64(steps + key) >> np.uint64(11)).astype(np.float64)
-            # p_i > u * 2^-53 for the first `accepted` positions (the rates do not rise): a search
-            accepted = self.k - np.searchsorted(self.rates_up, u * _UNIT, side="right")
-            if self.proposal_rate >= 1.0:
-                return accepted, None
-            v = mix64(steps + (key + np.uint64(_GOLDEN))) >> np.uint64(11)
-        return accepted, v.astype(np.float64) * _UNIT < self.proposal_rate
+        x = _mix_array(steps + np.uint64(key))
+        # the first `accepted` rates exceed u (they do not rise): a count of the thresholds above x
+        accepted = (len(self.thresholds) + self.sure) - np.searchsorted(self.thresholds, x, side="right")
+        if self.proposal_rate >= 1.0:
+            return accepted, None
+        return accepted, _mix_array(steps + np.uint64((key + _GOLDEN) & MASK)) < self.propose_below
 
     def drafts(self, seq: Sequence) -> int:
         """Drafts proposed for the sequence's next step (before the budget's cut): k, none when an n-gram
@@ -104,18 +122,26 @@ class SpecCounters:
 
     k: int
     num_draft_tokens: int = 0
+    num_steps: int = 0  # decoding sequence-steps, proposing or not (an n-gram miss verifies one token)
     hist: np.ndarray = field(default=None)
 
     def __post_init__(self):
         self.hist = np.zeros(self.k + 1, dtype=np.int64)
 
     def add(self, drafts: int, accepted: int) -> None:
+        self.num_steps += 1
         if drafts:
             self.num_draft_tokens += drafts
             self.hist[accepted] += 1
 
-    def add_many(self, drafts: np.ndarray, accepted: np.ndarray) -> None:
-        if len(drafts):
+    def add_many(self, drafts: np.ndarray | None, accepted: np.ndarray) -> None:
+        """Steps verifying drafts[i] drafts (None: k each) that accepted accepted[i]."""
+        if len(accepted):
+            self.num_steps += len(accepted)
+            if drafts is None:
+                self.num_draft_tokens += self.k * len(accepted)
+                self.hist += np.bincount(accepted, minlength=self.k + 1)
+                return
             proposing = drafts > 0
             self.num_draft_tokens += int(drafts.sum())
             self.hist += np.bincount(accepted[proposing], minlength=self.k + 1)
@@ -135,6 +161,7 @@ class SpecCounters:
 
     def merge(self, other: "SpecCounters") -> None:
         self.num_draft_tokens += other.num_draft_tokens
+        self.num_steps += other.num_steps
         self.hist += other.hist
 
 

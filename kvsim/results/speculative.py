@@ -22,6 +22,8 @@ def speculative_summary(plan, counters: list) -> dict:
     accepted = total.num_accepted_tokens
     return {**plan.describe(),
             "num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
+            "num_sequence_steps": total.num_steps,
+            "tokens_per_sequence_step": 1 + accepted / total.num_steps if total.num_steps else None,
             "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
             "draft_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
             "acceptance_rate_per_position": [n / drafts for n in total.accepted_per_pos] if drafts else None}

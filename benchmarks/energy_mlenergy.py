@@ -2,6 +2,7 @@
 
     python benchmarks/energy_mlenergy.py            # fit on 8B, check 8B and 70B, write the results
     python benchmarks/energy_mlenergy.py --check    # only check with the shipped coefficients
+    python benchmarks/energy_mlenergy.py --tables   # the Markdown again from the JSON
 
 ML.ENERGY v3.0 ("LLM Inference Energy: A Longitudinal Analysis", ml.energy blog, 2026-02-09; the
 points read off its figures' SVG data: github.com/ml-energy/blog, docs/posts/assets/llm-energy-over-time)
@@ -88,7 +89,10 @@ def steady(model: str, tp: int, batch: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only check the shipped coefficients")
+    ap.add_argument("--tables", action="store_true", help="only rewrite the Markdown from the JSON")
     args = ap.parse_args()
+    if args.tables:
+        return rewrite()
     from kvsim.perf.energy import GPU_POWER
 
     rows = {}
@@ -113,23 +117,46 @@ def main() -> None:
     for (model, batch), r in rows.items():
         gpus, (pw, tput, jpt) = MLENERGY[model]["gpus"], MLENERGY[model]["points"][batch]
         power = min(p.tdp_w, p.idle_w + active + mem * r["u_mem"] + comp * r["u_comp"])
-        j = power * gpus / r["tokens_per_s"]
+        # with the shipped coefficients, the meter's own figure (its limit applied event by event)
+        j = power * gpus / r["tokens_per_s"] if fit is not None else r["j_per_token"]
+        if fit is None:
+            power = r["gpu_w"]
         table.append({"model": model, "gpus": gpus, "batch": batch, "measured_w_per_gpu": pw / gpus, "model_w": power,
                       "measured_tokens_per_s": tput, "kvsim_tokens_per_s": r["tokens_per_s"],
                       "measured_j_per_token": jpt, "kvsim_j_per_token": j, "error": j / jpt - 1,
-                      "u_mem": r["u_mem"], "u_comp": r["u_comp"], "in_fit": fit is not None and model == FIT_MODEL})
+                      "u_mem": r["u_mem"], "u_comp": r["u_comp"], "in_fit": model == FIT_MODEL})
+    write(table, {"idle_w": p.idle_w, "active_w": float(active), "memory_w": float(mem), "compute_w": float(comp)},
+          fitted=fit is not None)
+
+
+def write(table: list, coefficients: dict, fitted: bool) -> None:
+    """benchmarks/results/energy_mlenergy.{json,md}."""
     out = ROOT / "benchmarks" / "results"
-    (out / "energy_mlenergy.json").write_text(json.dumps({"coefficients": {"idle_w": p.idle_w, "active_w": float(active),
-                                                                         "memory_w": float(mem), "compute_w": float(comp)},
+    (out / "energy_mlenergy.json").write_text(json.dumps({"coefficients": coefficients, "fitted_here": fitted,
                                                         "rows": table}, indent=1) + "\n")
-    lines = ["| model | GPUs | batch | measured W/GPU | model W/GPU | measured tok/s | kvsim tok/s | measured J/tok | "
-             "kvsim J/tok | error | in fit |", "|" + " --- |" * 11]
+    lines = ["| model | GPUs | batch | measured W/GPU | kvsim W/GPU | measured tok/s | kvsim tok/s | measured J/tok | "
+             "kvsim J/tok | error | power alone: kvsim W at measured tok/s | in fit |", "|" + " --- |" * 12]
     for t in table:
+        alone = t["model_w"] * t["gpus"] / t["measured_tokens_per_s"]
         lines.append(f"| {t['model']} | {t['gpus']} | {t['batch']} | {t['measured_w_per_gpu']:.0f} | {t['model_w']:.0f} | "
                      f"{t['measured_tokens_per_s']:.0f} | {t['kvsim_tokens_per_s']:.0f} | {t['measured_j_per_token']:.3f} | "
-                     f"{t['kvsim_j_per_token']:.3f} | {t['error']:+.1%} | {'yes' if t['in_fit'] else 'no'} |")
+                     f"{t['kvsim_j_per_token']:.3f} | {t['error']:+.1%} | {alone:.3f} ({alone / t['measured_j_per_token'] - 1:+.1%}) | "
+                     f"{'yes' if t['in_fit'] else 'no'} |")
+    c = coefficients
+    lines += ["", f"Coefficients ({'fitted by this run' if fitted else 'as shipped in kvsim.perf.energy'}): idle "
+              f"{c['idle_w']:g} W, active {c['active_w']:.0f} W, memory {c['memory_w']:.0f} W x HBM utilisation, compute "
+              f"{c['compute_w']:.0f} W x tensor-core utilisation, at most 700 W. kvsim J/tok is the meter's own figure "
+              "(summary.json energy.window) when the coefficients are the shipped ones. J/tok = power x GPUs / "
+              "throughput: the last column keeps the measured throughput, so it isolates the power model's error from "
+              "the step-time model's."]
     print("\n".join(lines))
     (out / "energy_mlenergy.md").write_text("\n".join(lines) + "\n")
+
+
+def rewrite() -> None:
+    """The tables again from the JSON (no simulation)."""
+    got = json.loads((ROOT / "benchmarks" / "results" / "energy_mlenergy.json").read_text())
+    write(got["rows"], got["coefficients"], got.get("fitted_here", False))
 
 
 if __name__ == "__main__":

@@ -16,10 +16,14 @@ whose steps straddle it).
 Where the numbers come from (each preset's `sources`):
 - idle and board power: NVIDIA datasheets (H100 SXM and H200: 700 W; A100 SXM 400 W; B200 1000 W;
   L40S 350 W; AMD MI300X 750 W); idle draw of a GPU with a model loaded, nvidia-smi, public reports;
-- active, memory and compute watts (H100): fitted to ML.ENERGY Leaderboard v3.0's average GPU power of
-  Llama-3.1-8B on one H100 (vLLM 0.11.1, LMArena chat, max_num_seqs 16-512: 513 W at 16 rising to
-  690 W from 192 on), with u_mem and u_comp as kvsim's own steps give them
-  (benchmarks/energy_mlenergy.py, which also holds out the 70B-on-4-GPUs curve);
+- active and compute watts (H100: 337 W and 871 W): least squares on ML.ENERGY Leaderboard v3.0's
+  average GPU power of Llama-3.1-8B on one H100 (vLLM 0.11.1, LMArena chat, max_num_seqs 16-128 under
+  the power limit: 513 W at 16 rising to 690 W from 192 on), with u_mem and u_comp as kvsim's own steps
+  give them (benchmarks/energy_mlenergy.py, which also holds out the 70B-on-4-GPUs curve); memory watts
+  (110 W) fixed, not fitted (every point streams the weights at a similar utilisation, so the data
+  cannot tell memory from baseline): HBM3 at ~4 pJ/bit x 3.35 TB/s, an estimate. The compute term
+  carries whatever grows with the batch besides HBM traffic, so it reads high; with u_comp small in
+  decode it matters little there, and prefill-heavy steps reach the limit, as H100s do;
 - other presets: the H100's fit scaled by their board power over the H100's (an estimate);
 - the host: an 8-GPU HGX H100 node measured at 8.4 kW peak with its GPUs near full power (Latif et
   al., IEEE Access 13, 2025): 8.4 kW less 8 x 700 W = 350 W a GPU.
@@ -65,7 +69,7 @@ def _scaled(tdp: float, idle: float, src: str) -> GpuPower:
 
 
 GPU_POWER: dict[str, GpuPower] = {
-    "H100-SXM": GpuPower(70.0, 700.0, 235.0, 110.0, 330.0, 350.0,
+    "H100-SXM": GpuPower(70.0, 700.0, 337.0, 110.0, 871.0, 350.0,
                          f"board power 700 W (NVIDIA H100 SXM datasheet); idle 70 W (nvidia-smi, model loaded); "
                          f"active/memory/compute: {_H100_FIT}; host: {_HOST}"),
 }

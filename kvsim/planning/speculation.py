@@ -121,9 +121,18 @@ def _payoff(executor, scenario, policy: str, ks: list[int], result: PlanResult, 
         loads.append({"rate": r, "fraction_of_knee": r / knee if knee else None,
                       **{f"off_{k}": a.get(k) for k in _COMPARED}, **{f"spec_{k}": b.get(k) for k in _COMPARED}})
     stop = _crossing(loads)
-    best_rate = answers[label(policy, best)].safe_rate
-    return Payoff(policy, best, off.safe_rate, best_rate, loads, stop, _verdict(policy, best, off.safe_rate, best_rate,
-                                                                                stop, load_unit(scenario)))
+    best_answer = answers[label(policy, best)]
+    verdict = _verdict(policy, best, off.safe_rate, best_answer.safe_rate, stop, load_unit(scenario))
+    if best != OFF and _overlap(off, best_answer):
+        verdict += " (within the seeds' noise: the knees' 95% intervals overlap)"
+    return Payoff(policy, best, off.safe_rate, best_answer.safe_rate, loads, stop, verdict)
+
+
+def _overlap(a, b) -> bool:
+    """Whether two answers' knee intervals overlap (the plan's 'tied with')."""
+    if None in (a.ci_low, a.ci_high, b.ci_low, b.ci_high):
+        return False
+    return a.ci_low <= b.ci_high and b.ci_low <= a.ci_high
 
 
 _COMPARED = ("tpot_ms_at_pct", "tpot_p99_ms", "ttft_ms_at_pct", "output_tokens_per_s", "sustainable",

@@ -122,7 +122,8 @@ def _payoff(executor, scenario, policy: str, ks: list[int], result: PlanResult, 
                       **{f"off_{k}": a.get(k) for k in _COMPARED}, **{f"spec_{k}": b.get(k) for k in _COMPARED}})
     stop = _crossing(loads)
     best_answer = answers[label(policy, best)]
-    verdict = _verdict(policy, best, off.safe_rate, best_answer.safe_rate, stop, load_unit(scenario))
+    verdict = _verdict(policy, best, off.safe_rate, best_answer.safe_rate, stop, load_unit(scenario),
+                       loads[0]["rate"] if loads else None)
     if best != OFF and _overlap(off, best_answer):
         verdict += " (within the seeds' noise: the knees' 95% intervals overlap)"
     return Payoff(policy, best, off.safe_rate, best_answer.safe_rate, loads, stop, verdict)
@@ -157,11 +158,18 @@ def _crossing(loads: list[dict]) -> Optional[float]:
     return None
 
 
-def _verdict(policy: str, k: int, off: float, best: float, stop: Optional[float], unit: str) -> str:
-    cap = (f"raises the safe rate {best / off - 1:+.0%} ({off:.3g} -> {best:.3g} {unit})" if off and best
-           else "changes no safe rate found")
+def _verdict(policy: str, k: int, off: float, best: float, stop: Optional[float], unit: str,
+             lowest: Optional[float] = None) -> str:
+    if off and best:
+        verb = "raises" if best > off else "lowers" if best < off else "leaves"
+        cap = f"{verb} the safe rate {best / off - 1:+.0%} ({off:.3g} -> {best:.3g} {unit})"
+    else:
+        cap = "changes no safe rate found"
     if stop is None:
         return f"{policy}: k={k} shortens the time per token at every load up to the knee and {cap}"
+    if stop == lowest:
+        return (f"{policy}: k={k} does not pay at any load checked (its TPOT no better than without from {stop:.3g} "
+                f"{unit} on); it {cap}")
     return f"{policy}: k={k} stops paying at about {stop:.3g} {unit} (its TPOT no better than without from there); it {cap}"
 
 

@@ -101,7 +101,7 @@ def test_capacity_page_is_kvsim_plan(tmp_path, downloads):
 
     # a settings change does not search: the page says so, and going back shows the cached plan again
     widget(at, "number_input", "engine.max_num_seqs").set_value(64).run()
-    assert [i.value for i in at.info][0].startswith("The scenario changed since the last search")
+    assert [i.value for i in at.info][0].startswith("No search of these settings yet")
     assert not figures(at)
     widget(at, "number_input", "engine.max_num_seqs").set_value(128).run()
     assert figures(at)[0] == bars
@@ -161,7 +161,7 @@ def test_a_model_that_does_not_fit_is_one_line_and_the_deployment_search_still_o
     at = capacity_page({("selectbox", "model.name"): "Llama-3.1-70B"})
     message = one_error(at)
     assert not at.get("progress")  # no bar left behind by the failed search
-    assert message.startswith("scenarios/chat.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at tp=1) "
+    assert message.startswith("scenarios/chat.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at TP 1) "
                               "does not fit on H100-SXM")
     at.multiselect(key="kvsim.capacity.gpus").set_value([])
     [submit] = [b for b in at.button if b.label == "Search deployments"]

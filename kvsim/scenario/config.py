@@ -23,6 +23,7 @@ from kvsim.errors import KvsimError
 from kvsim.scenario import limits as L
 from kvsim.scenario.catalog import GPUS, MODELS
 from kvsim.scenario.links import DEFAULT_LINK, LINKS
+from kvsim.scenario.offload_config import KvOffloadConfig
 from kvsim.scenario.files import MAX_TOML_BYTES, check_values, key_path, parse_toml, read_text, user_path
 from kvsim.scenario.overrides import apply_overrides
 
@@ -80,6 +81,16 @@ Label = Annotated[str, Field(min_length=1, max_length=L.MAX_NAME_CHARS), AfterVa
 PathText = Annotated[str, Field(min_length=1, max_length=L.MAX_PATH_CHARS), AfterValidator(_one_line(L.MAX_PATH_CHARS))]
 
 
+# a vLLM release as users write it: 0.16, 0.16.0, v0.16.1, 0.16.1rc2, 0.16.1.post1, 0.16.1.dev3
+_VLLM_VERSION = re.compile(r"v?\d{1,3}\.\d{1,3}(\.\d{1,3})?((rc|a|b)\d{1,4}|\.(post|dev)\d{1,4})?")
+
+
+def _vllm_version(value: str) -> str:
+    if not _VLLM_VERSION.fullmatch(value):
+        raise ValueError(f"{value[:40]!r} is not a vLLM release (write it as \"0.16.0\", \"0.16\" or \"v0.16.1rc1\")")
+    return value
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
@@ -93,9 +104,13 @@ class ModelConfig(_Section):
         "Path to a Hugging Face config.json (or the folder holding one), relative to the scenario file: "
         "a decoder-only model, dense or mixture-of-experts, with full, sliding-window, chunked-local or "
         "latent (MLA) attention (linear-attention and Mamba hybrids are refused). Give this or name."))
-    dtype: Literal["bfloat16", "float16", "float32", "fp8"] = Field("bfloat16", description=(
+    dtype: Literal["bfloat16", "float16", "float32", "fp8", "nvfp4"] = Field("bfloat16", description=(
         "Weight dtype: sets weight memory and the GEMM rate (fp8 uses the GPU's fp8 TFLOP/s). "
-        "vLLM: --dtype (fp8 weights: --quantization fp8)."))
+        "vLLM: --dtype (fp8 weights: --quantization fp8). nvfp4: every linear layer in NVFP4 (4-bit values, an "
+        "fp8 scale per 16), as a ModelOpt NVFP4 checkpoint ships them (FP4 GEMMs on B200, vLLM's Marlin "
+        "weight-only kernels on Hopper and Ampere); a checkpoint that keeps some layers in 16 bits (attention in "
+        "most MoE ones): give its config.json (hf_config), whose quantization_config says which. A preset or "
+        "config's own checkpoint format (fp8 blocks, MXFP4 or int4 experts) applies otherwise."))
     expert_skew: Annotated[float, Field(ge=0, le=3)] = Field(0.0, description=(
         "Mixture-of-experts routing: 0 balanced (each token's experts uniformly at random); else the tokens "
         "per expert drawn from a power law of this exponent (AIConfigurator's routing skew: 1.01 mild, 1.2 "
@@ -238,10 +253,12 @@ class EngineConfig(_Section):
     activation_reserve_gib: Optional[GiB] = Field(None, description=(
         "GiB per GPU set aside for activations. Default: estimated from the model and max_num_batched_tokens "
         "(vLLM measures it with a profiling forward pass)."))
-    vllm_version: Optional[Annotated[str, Field(pattern=r"^\d{1,3}\.\d{1,3}\.\d{1,3}$")]] = Field(None, description=(
-        "The vLLM release whose measured kernel timings (NVIDIA AIConfigurator's tables) price each step, "
-        "e.g. \"0.24.0\". Default: the newest shipped for the GPU (H100-SXM, H200, A100-80GB, B200); GPUs "
-        "without tables are priced by the roofline."))
+    vllm_version: Optional[Annotated[str, AfterValidator(_vllm_version)]] = Field(None, description=(
+        "The vLLM release you run, e.g. \"0.16.0\" (\"0.16\", \"v0.16.1rc2\" and \".post1\" forms read as their "
+        "release): its measured kernel timings (NVIDIA AIConfigurator's tables) price each step, or, for a "
+        "release with no tables on the GPU, the newest shipped release not newer than it (else the oldest), "
+        "and the answer is labelled estimated, naming the release that priced it. Default: the newest "
+        "shipped for the GPU (H100-SXM, H200, A100-80GB, B200); GPUs without tables are priced by the roofline."))
     async_scheduling: Optional[bool] = Field(None, description=(
         "The scheduler plans step n+1 while the GPU runs step n, so a request arriving during a step first "
         "runs a step later. vLLM: --async-scheduling / --no-async-scheduling. Default: the priced release's "
@@ -285,6 +302,11 @@ class PolicyConfig(_Section):
     contiguous_reserve: Literal["max_model_len", "known_output"] = Field("max_model_len", description=(
         "Contiguous allocator: reserve max_model_len slots per request (what such engines must do) or only "
         "prompt + the request's known output length (an oracle bound)."))
+    kv_offload: Optional[bool] = Field(None, description=(
+        "Serve this policy with the [kv_offload] tiers. Default: when the scenario has a [kv_offload] section, "
+        "the policy's allocator is paged and it is served aggregated."))
+    offload_eviction_policy: Optional[Literal["lru", "arc"]] = Field(None, description=(
+        "This policy's CPU-tier eviction policy. Default: kv_offload.eviction_policy."))
 
     @model_validator(mode="after")
     def _contiguous_has_no_prefix_cache(self):
@@ -443,6 +465,10 @@ class TraceConfig(_Section):
     path: PathText = Field(description="The trace file, relative to the scenario file.")
     max_requests: Optional[Annotated[int, Field(ge=1, le=L.MAX_REQUESTS)]] = Field(None, description=(
         "Replay only the first this many rows (in arrival order). Default: all."))
+    skip_rows: Annotated[int, Field(ge=0, le=L.MAX_REQUESTS)] = Field(0, description=(
+        "Of those rows, skip this many first: the replay starts at the next one, its arrival at t = 0. "
+        "kvsim plan replays a trace's disjoint windows this way, one per seed (a replayed trace has nothing "
+        "else a seed could change)."))
     columns: Optional[TraceColumns] = Field(None, description=(
         "format csv: which columns hold the arrival time, prompt and output tokens. Default: the header "
         "arrival_s, prompt_tokens, output_tokens, times in seconds."))
@@ -733,6 +759,8 @@ class Scenario(_Section):
     slo: SloConfig = Field(SloConfig(), description="Latency bounds and the percentile they are judged at.")
     disaggregation: Optional[DisaggregationConfig] = Field(None, description=(
         "Disaggregated prefill and decode pools and the KV link between them (none: every policy aggregated)."))
+    kv_offload: Optional[KvOffloadConfig] = Field(None, description=(
+        "KV-cache offload tiers (CPU, disk) behind a KV connector (none: the GPU cache alone)."))
     cost: Optional[CostConfig] = Field(None, description="GPU prices for kvsim plan --target-rate.")
     speculative: Optional[SpeculativeConfig] = Field(None, description=(
         "Speculative decoding (none by default): draft tokens verified in each decoding step."))
@@ -793,6 +821,26 @@ class Scenario(_Section):
         if self.speculative is None or policy.speculative is False:
             return False
         return bool(policy.speculative) or (policy.allocator == "paged" and not self.disaggregated(policy))
+
+    @model_validator(mode="after")
+    def _kv_offload(self):
+        for i, p in enumerate(self.policies):
+            if p.kv_offload and self.kv_offload is None:
+                raise ValueError(f"policies[{i}].kv_offload: the scenario has no [kv_offload] section")
+            if p.kv_offload and p.allocator != "paged":
+                raise ValueError(f"policies[{i}].kv_offload: KV offload needs the paged allocator (vLLM's "
+                                 "connectors move KV blocks; a contiguous slab has none)")
+            if p.kv_offload and self.disaggregated(p):
+                raise ValueError(f"policies[{i}].kv_offload: offload tiers on disaggregated pools are not "
+                                 "simulated: set disaggregated = false or kv_offload = false")
+        return self
+
+    def offloaded(self, policy: PolicyConfig) -> bool:
+        """Whether the policy is served with the [kv_offload] tiers (by default: when the scenario has them,
+        the allocator is paged and the policy is served aggregated)."""
+        if policy.kv_offload is None:
+            return self.kv_offload is not None and policy.allocator == "paged" and not self.disaggregated(policy)
+        return policy.kv_offload
 
     def disaggregated(self, policy: PolicyConfig) -> bool:
         """Whether the policy is served by the [disaggregation] pools (by default: when the scenario has

@@ -224,11 +224,18 @@ class SpecRunShape:
     def __len__(self) -> int:
         return len(self.drafts)
 
+    def prefix_list(self) -> list:
+        """reads_prefix as Python ints (a run's searches look many up)."""
+        p = self._keys
+        if p is None:
+            p = self._keys = self.reads_prefix.tolist()
+        return p
+
     def keys(self, steps: int) -> float:
         """Keys the first `steps` steps read in all."""
         p = self._keys
-        if p is None:  # Python ints: a run's searches look many up
-            p = self._keys = self.reads_prefix.tolist()
+        if p is None:
+            p = self.prefix_list()
         return float(p[steps] - p[0] - self.shared * steps)
 
     def rows(self, steps: int) -> int:
@@ -260,8 +267,9 @@ class SpeculativePricer:
                                      np.array([reads - batch.num_spec_tokens]))[0])
         return self.target.step_time(batch) + self.draft_mixed(batch)
 
-    def prices(self, n: int, rows: np.ndarray, reads: np.ndarray, base: np.ndarray) -> np.ndarray:
-        """Seconds of pure-decode steps of n sequences (verify + drafter), one per entry."""
+    def prices(self, n: int, rows: np.ndarray | int, reads: np.ndarray, base: np.ndarray) -> np.ndarray:
+        """Seconds of pure-decode steps of n sequences (verify + drafter), one per entry (`rows`: each
+        step's, or an int for every step)."""
         out = self.target.decode_steps_time(n, rows, reads)
         if self.draft is None:
             return out
@@ -321,9 +329,10 @@ class SpeculativePricer:
         while len(cum) < steps and (not len(cum) or cum[-1] < budget_s):
             lo = len(cum)
             hi = min(len(shape), max(steps if budget_s == math.inf else 0, lo + _CHUNK, 2 * lo))
-            n, drafts = shape.num_seqs, shape.drafts[lo:hi]
+            n, drafts, d = shape.num_seqs, shape.drafts[lo:hi], shape.uniform_drafts
             reads = shape.reads[lo:hi] - shape.shared
-            more = np.cumsum(self.prices(n, n + drafts, reads, reads - drafts))
+            rows = n * (1 + d) if d >= 0 else n + drafts  # an int: the pricers skip checking every step's rows
+            more = np.cumsum(self.prices(n, rows, reads, reads - drafts))
             cum = shape.cum = np.concatenate([cum, more + cum[-1]]) if lo else more
         return cum
 
@@ -361,12 +370,14 @@ class SpeculativePricer:
         if not self._affine(shape):
             cum = self._cum(shape, len(shape), budget_s)
             return min(len(cum), int(np.searchsorted(cum, budget_s, side="left")) + 1)
-        run_time, lo, hi = self.decode_run_time, 0, len(shape)
-        if run_time(shape, hi) < budget_s:
+        # run times rise with k: bisection over decode_run_time's closed form (inlined, the same arithmetic)
+        a, b = shape.affine
+        p, shared, lo, hi = shape.prefix_list(), shape.shared, 0, len(shape)
+        if a * hi + b * float(p[hi] - p[0] - shared * hi) < budget_s:
             return hi
-        while hi - lo > 1:  # run times rise with k: bisection over the closed form
+        while hi - lo > 1:
             mid = (lo + hi) // 2
-            if run_time(shape, mid) >= budget_s:
+            if a * mid + b * float(p[mid] - p[0] - shared * mid) >= budget_s:
                 hi = mid
             else:
                 lo = mid

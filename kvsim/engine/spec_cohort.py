@@ -111,7 +111,7 @@ class Timeline:
         if lo > width // 2:
             table = np.zeros_like(self.table)
             table[:_FIELDS, 1:width - lo] = self.table[:_FIELDS, 1 + lo:]
-            np.cumsum(table[:_FIELDS, 1:], axis=1, out=table[_FIELDS:, 1:])
+            table[:_FIELDS, 1:].cumsum(axis=1, out=table[_FIELDS:, 1:])
             self.table, self.base = table, clock
 
 
@@ -156,13 +156,13 @@ class SpecCohort:
             future[DRAFTS] = k
             np.add(at, prompt + o0 + k, out=future[READS])  # context (num_tokens - 1) and the step's 1 + d rows
         else:
-            np.take(drafts, at, out=future[DRAFTS])
+            drafts.take(at, out=future[DRAFTS])
             np.add(at, prompt + o0, out=future[READS])
             future[READS] += future[DRAFTS]
         np.add(a, 1, out=future[GAINED])
         future[GAINED, -1] = min(nxt[walk[-1]] + 1, out - o0 - walk[-1])
         held = self._held(seq, future[READS] + spec.lookahead, drafts is not None, future[BLOCKS])
-        np.cumsum(future[:_FIELDS], axis=1, out=future[_FIELDS:])
+        future[:_FIELDS].cumsum(axis=1, out=future[_FIELDS:])  # methods: numpy's wrappers cost a us
         return future, a, held, drafts is None
 
     def _drafts(self, proposes, prompt: int, o0: int, out: int) -> np.ndarray:
@@ -269,7 +269,7 @@ class SpecCohort:
 
     def affordable_steps(self, want: int, free_blocks: int) -> tuple[int, int]:
         prefix = self.timeline.prefix_from(BLOCKS, self.clock, want)
-        k = int(np.searchsorted(prefix[1:], prefix[0] + free_blocks, side="right"))
+        k = int(prefix[1:].searchsorted(prefix[0] + free_blocks, side="right"))
         return (k, int(prefix[k] - prefix[0])) if k else (0, 0)
 
     def crossing_moments(self, steps: int) -> tuple[int, int, int]:

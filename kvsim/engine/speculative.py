@@ -102,7 +102,7 @@ class Speculator:
         steps = self.strides[first:last]
         x = _mix_array(steps + np.uint64(key))
         # the first `accepted` rates exceed u (they do not rise): a count of the thresholds above x
-        accepted = (len(self.thresholds) + self.sure) - np.searchsorted(self.thresholds, x, side="right")
+        accepted = (len(self.thresholds) + self.sure) - self.thresholds.searchsorted(x, side="right")
         if self.proposal_rate >= 1.0:
             return accepted, None
         return accepted, _mix_array(steps + np.uint64((key + _GOLDEN) & MASK)) < self.propose_below

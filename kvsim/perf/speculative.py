@@ -332,7 +332,7 @@ class SpeculativePricer:
             n, drafts, d = shape.num_seqs, shape.drafts[lo:hi], shape.uniform_drafts
             reads = shape.reads[lo:hi] - shape.shared
             rows = n * (1 + d) if d >= 0 else n + drafts  # an int: the pricers skip checking every step's rows
-            more = np.cumsum(self.prices(n, rows, reads, reads - drafts))
+            more = self.prices(n, rows, reads, reads - drafts).cumsum()
             cum = shape.cum = np.concatenate([cum, more + cum[-1]]) if lo else more
         return cum
 
@@ -369,7 +369,7 @@ class SpeculativePricer:
             return self.target.decode_steps_within(shape, budget_s)
         if not self._affine(shape):
             cum = self._cum(shape, len(shape), budget_s)
-            return min(len(cum), int(np.searchsorted(cum, budget_s, side="left")) + 1)
+            return min(len(cum), int(cum.searchsorted(budget_s, side="left")) + 1)
         # run times rise with k: bisection over decode_run_time's closed form (inlined, the same arithmetic)
         a, b = shape.affine
         p, shared, lo, hi = shape.prefix_list(), shape.shared, 0, len(shape)

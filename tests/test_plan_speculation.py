@@ -48,14 +48,22 @@ def test_the_verdict_says_raises_lowers_or_never_pays():
 def answer(name, safe, j):
     return PolicyCapacity(name, safe, safe, safe, safe, [safe], False, 1.0, safe - 1, True, None, None,
                           {"joules_per_output_token": j, "energy_usd_per_million_output_tokens": j / 10,
-                           "gpu_hour_usd_per_million_output_tokens": None})
+                           "kwh_per_million_output_tokens": j / 3.6, "gpu_hour_usd_per_million_output_tokens": None})
 
 
 def test_energy_ranking_orders_by_joules_per_token_and_skips_unsafe():
     result = PlanResult("s", {}, [answer("a", 5.0, 0.4), answer("b", 4.0, 0.2), answer("c", 0.0, 0.1)])
     lines = energy_ranking(result)
-    assert lines[1].startswith("  1. b: 0.2 J/token") and lines[2].startswith("  2. a: 0.4 J/token")
-    assert len(lines) == 3
+    assert lines[0].startswith("ranked by energy")
+    assert lines[1] == "  1. b: 0.2 J/token; per million output tokens 0.0556 kWh, energy $0.02 (at 4)"
+    assert lines[2].startswith("  2. a: 0.4 J/token") and len(lines) == 3
+    plain = energy_ranking(result, ranked=False)  # a scenario with [energy], plan ranked by rate: its order
+    assert plain[0].startswith("energy at the safe rate") and plain[1].startswith("  1. a: 0.4 J/token")
+
+
+def test_no_energy_lines_without_energy_figures():
+    bare = PolicyCapacity("a", 5.0, 5.0, 5.0, 5.0, [5.0], False, 1.0, 4.0, True, None, None, {})
+    assert energy_ranking(PlanResult("s", {}, [bare]), ranked=False) == []
 
 
 def test_rank_energy_adds_the_default_energy_section_only_when_absent():

@@ -179,14 +179,14 @@ def cmd_plan(args, console) -> int:
 
 
 def _print_planning_extras(console, args, result) -> None:
-    """Speculation's payoff (--speculative-k) and the energy ranking (--rank energy)."""
+    """Speculation's payoff (--speculative-k) and the answers' energy (ranked with --rank energy; in the
+    plan's order when the scenario has an [energy] section)."""
     from kvsim.planning import speculation
 
     if args.speculative_k:
         _print_lines(console, speculation.speculation_lines(result))
         console.print(speculation.speculation_table(result))
-    if args.rank == "energy":
-        _print_lines(console, speculation.energy_ranking(result))
+    _print_lines(console, speculation.energy_ranking(result, ranked=args.rank == "energy"))
 
 
 def _print_skipped(console, line: str) -> None:

@@ -208,17 +208,23 @@ def with_energy(scenario):
     return scenario.model_copy(update={"energy": EnergyConfig()}).located(scenario.source, scenario.base_dir)
 
 
-def energy_ranking(result: PlanResult) -> list[str]:
-    """The answers by joules per output token at their safe rates (lowest first), with energy $ and GPU-hour
-    $ per million output tokens."""
-    rows = [(p.policy, p.at_safe_rate.get("joules_per_output_token"), p.at_safe_rate.get("energy_usd_per_million_output_tokens"),
+def energy_ranking(result: PlanResult, ranked: bool = True) -> list[str]:
+    """The answers' energy at their safe rates: J per output token, kWh, energy $ and GPU-hour $ per million
+    output tokens; lowest J first when `ranked` (--rank energy), else in the plan's order. [] when the
+    plan's runs have no energy figures (no [energy] section)."""
+    rows = [(p.policy, p.at_safe_rate.get("joules_per_output_token"), p.at_safe_rate.get("kwh_per_million_output_tokens"),
+             p.at_safe_rate.get("energy_usd_per_million_output_tokens"),
              p.at_safe_rate.get("gpu_hour_usd_per_million_output_tokens"), p.safe_rate)
             for p in result.policies if p.safe_rate > 0]
     rows = [r for r in rows if r[1] is not None]
-    rows.sort(key=lambda r: r[1])
-    lines = ["ranked by energy at the safe rate (facility J per output token: GPU, host x PUE):"]
-    for i, (name, j, usd, gpu_usd, rate) in enumerate(rows, 1):
+    if not rows:
+        return []
+    if ranked:
+        rows.sort(key=lambda r: r[1])
+    lines = [("ranked by energy" if ranked else "energy") +
+             " at the safe rate (facility J per output token: GPU, host x PUE):"]
+    for i, (name, j, kwh, usd, gpu_usd, rate) in enumerate(rows, 1):
         gpu_text = f", GPU-hours ${gpu_usd:.3g}" if gpu_usd is not None else ""
-        lines.append(f"  {i}. {name}: {j:.3g} J/token, energy ${usd:.3g} per million output tokens{gpu_text} "
-                     f"(at {rate:.3g})")
+        lines.append(f"  {i}. {name}: {j:.3g} J/token; per million output tokens {kwh:.3g} kWh, energy ${usd:.3g}"
+                     f"{gpu_text} (at {rate:.3g})")
     return lines

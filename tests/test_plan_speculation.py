@@ -19,6 +19,13 @@ def test_variants_are_each_policy_off_and_at_each_k():
     assert [p.num_speculative_tokens for p in got.policies] == [None, 1, 4]
 
 
+def test_a_policy_and_its_speculation_free_copy_share_their_variants():
+    sc = make_scenario(speculative=SPEC, policies=[{"name": "a"}, {"name": "a-off", "speculative": False},
+                                                   {"name": "fp8", "kv_cache_dtype": "fp8"}])
+    got = variants(sc, ["a", "a-off", "fp8"], [2])
+    assert [p.name for p in got.policies] == ["a k=off", "a k=2", "fp8 k=off", "fp8 k=2"]
+
+
 def test_variants_need_a_speculative_section_and_enough_positions():
     with pytest.raises(KvsimError, match="needs a \\[speculative\\] section"):
         variants(make_scenario(), ["p"], [2])

@@ -35,7 +35,8 @@ def label(policy: str, k) -> str:
 
 
 def variants(scenario, policies: list[str], ks: list[int]):
-    """The scenario with each chosen policy as its speculation-free and its k-draft variants."""
+    """The scenario with each chosen policy as its speculation-free and its k-draft variants (one set for
+    policies that differ only in their speculation, e.g. a policy and its speculative = false copy)."""
     if scenario.speculative is None:
         raise KvsimError(f"{scenario.source}: --speculative-k needs a [speculative] section (its method and "
                          "acceptance; the k searched replace num_speculative_tokens)")
@@ -43,10 +44,13 @@ def variants(scenario, policies: list[str], ks: list[int]):
         raise KvsimError(f"--speculative-k: k = {max(ks)} but speculative.acceptance gives "
                          f"{len(scenario.speculative.acceptance)} positions")
     data = scenario.model_dump()
-    out = []
+    out, seen = [], []
     for p in data["policies"]:
-        if p["name"] not in policies:
+        # a policy that differs from an earlier one only in its speculation has the same variants
+        same = {k: v for k, v in p.items() if k not in ("name", "speculative", "num_speculative_tokens")}
+        if p["name"] not in policies or same in seen:
             continue
+        seen.append(same)
         out.append({**p, "name": label(p["name"], OFF), "speculative": False, "num_speculative_tokens": None})
         out += [{**p, "name": label(p["name"], k), "speculative": True, "num_speculative_tokens": k} for k in ks]
     data["policies"] = out

@@ -60,6 +60,9 @@ def add_commands(sub) -> None:
     plan.add_argument("--headroom", action=argparse.BooleanOptionalAction, default=True,
                       help="search each listed deployment's own safe rate (--no-headroom: only whether it "
                            "meets the target, faster)")
+    plan.add_argument("--exhaustive", action="store_true",
+                      help="simulate every point whole and run every search in full, as before early stopping "
+                           "and guided searches (slower; the same answers)")
     plan.add_argument("--out", type=Path, help="write plan.json, plan.csv and points.csv into this folder")
     _executor_arguments(plan)
     plan.set_defaults(handler=cmd_plan)
@@ -127,7 +130,7 @@ def cmd_plan(args, console) -> int:
                             tensor_parallel=tuple(args.tp or TP_DEGREES), policy=args.policy, top=args.top,
                             max_replicas=args.max_replicas, headroom=args.headroom, **common)
         else:
-            result = plan(scenario, policies=args.policy, tune=args.tune, **common)
+            result = plan(scenario, policies=args.policy, tune=args.tune, exhaustive=args.exhaustive, **common)
     finally:
         bar.close()
     if not args.quiet:

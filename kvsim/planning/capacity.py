@@ -47,7 +47,7 @@ from kvsim.errors import check_int
 from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.points import (CLIENTS, FIGURES, REQ_RATE, base_rate, check_fits, evaluate_point, is_stopped,
                                    load_unit, mean_or_none, replications, run_length, windowed)
-from kvsim.planning.safe import LONG_RUN, SafeCheck, first_candidate, safe_rates
+from kvsim.planning.safe import LONG_RUN, SafeCheck, first_candidate, safe_rates, safe_rates_guided
 from kvsim.planning.search import Guided, Search, expected_points, run_guided, run_searches
 from kvsim.planning.sensitivity import KNEE_GROWTH, STEP_COST_MARGIN, check_scale, scalable, widen, with_step_scale
 from kvsim.scenario.workload import expected_count
@@ -306,8 +306,9 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
         run_searches(executor, [s for group in searches.values() for s in group], task, tick)
     checks = {}
     if confirm:
-        checks = safe_rates(executor, {label: first_candidate(group) for label, group in searches.items()},
-                            seeds, resolution, lambda *a: point(*a, scale=check_scale), tick, floor, integer)
+        checks = (safe_rates_guided if fast else safe_rates)(
+            executor, {label: first_candidate(group) for label, group in searches.items()}, seeds, resolution,
+            lambda *a: point(*a, scale=check_scale), tick, floor, integer)
     rows = []
     for label, group in searches.items():
         for seed, s in zip(seeds, group):

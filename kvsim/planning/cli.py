@@ -122,13 +122,15 @@ def cmd_plan(args, console) -> int:
             from kvsim.planning.disagg import pd_deploy
 
             result = pd_deploy(scenario, args.target_rate, gpus=args.gpu, tensor_parallel=args.tp,
-                               policy=args.policy, max_replicas=args.max_replicas, **common)
+                               policy=args.policy, max_replicas=args.max_replicas, exhaustive=args.exhaustive,
+                               **common)
         elif args.target_rate is not None:
             from kvsim.planning.disagg import aggregated
 
             result = deploy(aggregated(scenario), args.target_rate, gpus=args.gpu,
                             tensor_parallel=tuple(args.tp or TP_DEGREES), policy=args.policy, top=args.top,
-                            max_replicas=args.max_replicas, headroom=args.headroom, **common)
+                            max_replicas=args.max_replicas, headroom=args.headroom, exhaustive=args.exhaustive,
+                            **common)
         else:
             result = plan(scenario, policies=args.policy, tune=args.tune, exhaustive=args.exhaustive, **common)
     finally:

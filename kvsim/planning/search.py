@@ -128,8 +128,10 @@ class Guided:
     taken as sustainable, at or above an unsustainable one as unsustainable; the verdict is monotone in
     the rate wherever two points of one seed are simulated). With a `guess` of the knee (another seed's,
     or the knee with steps priced differently), the replay predicts the path and its final bracket, and
-    those two rates are simulated first: when the guess is right they settle every verdict of the path.
-    A wrong guess is dropped and the path's first open rate is simulated next, as the plain search would.
+    those two rates are simulated first (its bottom, then its top): when the guess is right they settle
+    every verdict of the path. A wrong guess moves past the rate that proved it wrong (one resolution
+    step, then two, four); after `MAX_MISSES` the path's first open rate is simulated next, as the plain
+    search would.
     The rates tried are the plain search's own (same arithmetic), so the bracket, the knee and the
     records at its ends are the ones the plain search finds whenever the verdicts are monotone."""
 
@@ -172,9 +174,9 @@ class Guided:
         if self.guess is not None:
             s, open_rates = self.replay(self.guess)
             ends = [r for r in (s.lo, s.hi) if r is not None and r in open_rates]
-            if ends or open_rates:
-                self.whole = set(ends)
-                return ends or open_rates[:1]
+            if ends or open_rates:  # the bracket's bottom first: when it fails, its top need not run
+                self.whole = set(ends[:1])
+                return ends[:1] or open_rates[:1]
         s, open_rates = self.replay(None)
         if open_rates:
             self.whole = {r for r in open_rates if settles(s, r)}

@@ -19,8 +19,9 @@ ceil(P N / 100) (kvsim.results.distributions.nearest_rank):
 
 Nothing short of the whole run can prove a run sustainable (its last requests may still miss), so the
 watch never stops one that way. It watches open-loop runs of a known number of requests only (a
-closed loop's arrivals depend on the engine); each check scans one replica's waiting queue from its
-oldest request, at that replica's clock, and stops scanning at the first request not yet late.
+closed loop's arrivals depend on the engine); each check scans the waiting queues from their oldest
+requests (the replica that just stepped at its clock, the others at SimPy's, which none of their steps
+precedes) and stops scanning a queue at its first request not yet late.
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ class VerdictKnown(Exception):
     certain (`ttft_ms`, `e2e_ms`, `served`, `stable`); `reason` says it in one line."""
 
     def __init__(self, kind: str, reason: str, at_s: float):
-        super().__init__(reason)
+        super().__init__(kind, reason, at_s)  # all of them: SimPy re-raises a process's exception as type(e)(*e.args)
         self.kind, self.reason, self.at_s = kind, reason, at_s
+
+    def __str__(self) -> str:
+        return self.reason
 
 
 def allowed_misses(total: int, percentile: float) -> int:
@@ -98,16 +102,24 @@ class VerdictWatch:
     def check(self, replica: int, now: float) -> None:
         if self.rejected > self.allowed:
             self.stop("served", f"{self.rejected:,} of {self.total:,} requests rejected", now)
-        waiting = self.sim.replicas[replica].scheduler.waiting
+        sim = self.sim
+        waiting = sim.replicas[replica].scheduler.waiting
+        # other replicas' queues at SimPy's clock: no step of theirs starts before it
+        others = [(rep.scheduler.waiting, sim.env.now) for rep in sim.replicas
+                  if rep.index != replica] if sim.env is not None else []
         for key, bound, done in (("ttft_ms", self.ttft_ms, self.late_ttft), ("e2e_ms", self.e2e_ms, self.late_e2e)):
             if bound == math.inf:
                 continue
             need = self.allowed + 1 - done - self.rejected  # late waiting requests that settle it
-            cutoff = now - bound / 1e3 - self.overhead_s - MARGIN_S
-            if need <= late_waiting(waiting, cutoff, need, key == "ttft_ms"):
+            late = 0
+            for queue, clock in [(waiting, now)] + others:
+                late += late_waiting(queue, clock - bound / 1e3 - self.overhead_s - MARGIN_S, need - late,
+                                     key == "ttft_ms")
+                if late >= need:
+                    break
+            if late >= need:
                 self.stop(key, f"more than {self.allowed:,} of {self.total:,} requests over the "
                                f"{key[:-3].upper()} bound already", now)
-        sim = self.sim
         if replica not in self.backlog and sim.num_received == self.total and now > sim.last_arrival_time:
             # never scheduled by now, so first scheduled after the last arrival: this replica's backlog is
             # at least this (it only shrinks from here: nothing arrives any more)

@@ -153,6 +153,7 @@ def test_the_fast_plan_gives_the_exhaustive_plans_answers_with_fewer_points():
     assert [p.at_safe_rate for p in fast.policies] == [p.at_safe_rate for p in full.policies]
     assert [p.sustainable_at_scenario_rate for p in fast.policies] == [p.sustainable_at_scenario_rate
                                                                        for p in full.policies]
+    assert fast.policies == full.policies  # every field: knees, intervals, the step-cost knees too
     assert len(fast.points) < len(full.points)
     assert any(str(pt["binding_detail"]).startswith("stopped at") for pt in fast.points)
     assert not any(str(pt["binding_detail"]).startswith("stopped at") for pt in full.points)

@@ -265,7 +265,8 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
                     confirm: bool = True, key: str = "policy", growth_of=lambda label: 2.0,
                     known=lambda label, seed: (), floor=lambda label: 0.0,
                     start_of=None, check_scale: float = 1.0, integer: bool = False, fast: bool = False,
-                    guess_of=lambda label: None, exact_binding: bool = True) -> tuple[list[PolicyCapacity], list[dict]]:
+                    guess_of=lambda label: None, exact_binding: bool = True,
+                    implied_by=lambda label, seed: ()) -> tuple[list[PolicyCapacity], list[dict]]:
     """The search for each label (a policy, or a deployment layout) over seeds, starting at `start`
     req/s with `num_requests(label)` requests a point (`known(label, seed)`: (rate, record) pairs
     already simulated, `growth_of(label)`: the search's step up, `start_of(label)`: its own start); with `confirm`, each label's safe
@@ -275,7 +276,9 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
     `fast` (kvsim plan without --exhaustive): overloaded runs stop once their verdict is certain
     (kvsim/results/early_stop.py) and each label's seeds after the first are `Guided` from the first's knee
     (`guess_of(label)`: a guess for the first's); with `exact_binding`, each search's first unsustainable
-    point, when it was stopped, is simulated whole (the binding constraint is read from it).
+    point, when it was stopped, is simulated whole (the binding constraint is read from it);
+    `implied_by(label, seed)`: (rate, record) of points simulated elsewhere with the very same settings, whose
+    verdicts the fast search may take as implying others (not its own points: not in its rows).
     Returns the answers (headroom against `headroom_rate`, default `start`) and the point rows."""
     start_of = start_of or (lambda label: start)
     searches = {label: [Search((label, seed), start_of(label), resolution, growth_of(label), integer) for seed in seeds]
@@ -298,6 +301,7 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
                   for label, group in searches.items()}
         for label, group in guided.items():
             for seed, g in zip(seeds, group):
+                g.known.update(implied_by(label, seed))
                 g.known.update(known(label, seed))
         run_guided(executor, list(guided.values()), task, tick)
         if exact_binding:
@@ -336,9 +340,12 @@ def whole_knee_points(executor, searches: list[Search], point: Callable, tick) -
 
 
 def step_cost_knees(executor, scenario, answers: list[PolicyCapacity], seed: int, resolution: float,
-                    num_requests: int, trace_rate, tick, integer: bool = False, fast: bool = False) -> list[dict]:
+                    num_requests: int, trace_rate, tick, integer: bool = False, fast: bool = False,
+                    rows: list = ()) -> list[dict]:
     """The first seed's knee re-searched with every step STEP_COST_MARGIN cheaper and dearer, from the
-    knee it found; each answer's interval widened by the knees' ratios (kvsim/planning/sensitivity.py)."""
+    knee it found; each answer's interval widened by the knees' ratios (kvsim/planning/sensitivity.py).
+    `fast`: the dearer search also reads the verdicts of the safe check's points of this seed (`rows`:
+    the plan's, run with the same steps and requests)."""
     todo = [a for a in answers if a.seed_max_rates and a.seed_max_rates[0] > 0 and not a.censored]
     if not todo or not scalable(scenario):
         return []
@@ -350,7 +357,10 @@ def step_cost_knees(executor, scenario, answers: list[PolicyCapacity], seed: int
             num_requests=lambda label: num_requests, trace_rate=trace_rate, confirm=False,
             overrides_of=lambda label: with_step_scale(None, scale), growth_of=lambda label: KNEE_GROWTH,
             integer=integer, fast=fast, exact_binding=False,
-            guess_of=lambda label: next(a.seed_max_rates[0] for a in todo if a.policy == label) / scale)
+            guess_of=lambda label: next(a.seed_max_rates[0] for a in todo if a.policy == label) / scale,
+            implied_by=lambda label, _: [(r["rate"], {"sustainable": r["sustainable"]}) for r in rows
+                                         if r["policy"] == label and r["phase"] == "safe_check" and r["seed"] == seed
+                                         and scale == check_scale(scenario)])
         knees[scale] = [f.mean_rate for f in found]
         rows += [{**r, "phase": f"step_cost_x{scale:g}"} for r in points]
     for i, a in enumerate(todo):
@@ -437,7 +447,7 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
                                         num_requests=lambda label: n, trace_rate=trace_rate,
                                         check_scale=check_scale(scenario), integer=integer, fast=not exhaustive)
         rows += step_cost_knees(executor, scenario, answers, seed_list[0], resolution, n, trace_rate, tick, integer,
-                                not exhaustive)
+                                not exhaustive, rows)
         rows += name_step_time(executor, scenario, answers, seed_list[0], n, trace_rate, tick)
         tuning = []
         if tune:

@@ -54,7 +54,8 @@ def plain(search: Search, verdict) -> int:
 
 
 @settings(max_examples=300, deadline=None)
-@given(start=st.floats(0.1, 100.0), knee_ratio=st.floats(0.005, 300.0), resolution=st.sampled_from([0.01, 0.02, 0.05, 0.1]),
+@given(start=st.floats(0.1, 100.0), knee_ratio=st.floats(0.005, 300.0),
+       resolution=st.sampled_from([0.01, 0.02, 0.05, 0.1]),
        growth=st.sampled_from([2.0, 1.1, 1.25]), guess_ratio=st.one_of(st.none(), st.floats(0.01, 100.0)),
        integer=st.booleans())
 def test_a_guided_search_ends_where_the_plain_search_ends(start, knee_ratio, resolution, growth, guess_ratio, integer):
@@ -67,7 +68,8 @@ def test_a_guided_search_ends_where_the_plain_search_ends(start, knee_ratio, res
 
     full = Search(("x", 0), start, resolution, growth, integer)
     n_plain = plain(full, verdict)
-    g = Guided(Search(("x", 0), start, resolution, growth, integer), None if guess_ratio is None else knee * guess_ratio)
+    guess = None if guess_ratio is None else knee * guess_ratio
+    g = Guided(Search(("x", 0), start, resolution, growth, integer), guess)
     drive(g, verdict)
     s = g.search
     assert (s.lo, s.hi, s.knee, s.censored) == (full.lo, full.hi, full.knee, full.censored)
@@ -149,7 +151,8 @@ def test_the_fast_plan_gives_the_exhaustive_plans_answers_with_fewer_points():
     fast, full = plan(sc, **kw), plan(sc, exhaustive=True, **kw)
     assert differences(fast, full) == []
     assert [p.safe_rate for p in fast.policies] == [p.safe_rate for p in full.policies]
-    assert [(p.binding, p.binding_detail) for p in fast.policies] == [(p.binding, p.binding_detail) for p in full.policies]
+    assert [(p.binding, p.binding_detail) for p in fast.policies] == \
+        [(p.binding, p.binding_detail) for p in full.policies]
     assert [p.at_safe_rate for p in fast.policies] == [p.at_safe_rate for p in full.policies]
     assert [p.sustainable_at_scenario_rate for p in fast.policies] == [p.sustainable_at_scenario_rate
                                                                        for p in full.policies]

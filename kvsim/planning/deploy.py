@@ -396,15 +396,22 @@ class _Search:
         return best
 
     def check(self, todo: list) -> None:
-        """Simulate each (layout state, count, long) at the target: every seed, or the long run."""
+        """Simulate each (layout state, count, long) at the target: every seed (fast: the first, then the
+        others where it passed; a count fails on any seed), or the long run."""
         scale = check_scale(self.scenario)  # the target must hold with steps dearer than priced
 
         def task(st, n, seed, long):
             return (self.scenario, st.lay[2], self.target, seed, self.requests(n) * (LONG_RUN if long else 1),
                     self.trace_rate, with_step_scale(self.hardware(st.lay, n), scale), self.fast)
 
-        jobs = [(st, n, seed, long) for st, n, long in todo for seed in ([self.seeds[0]] if long else self.seeds)]
+        first = self.seeds[:1] if self.fast else self.seeds  # fast: the other seeds only where the first passed
+        jobs = [(st, n, seed, long) for st, n, long in todo for seed in ([self.seeds[0]] if long else first)]
         recs = run_all(self.executor, evaluate_point, [task(*job) for job in jobs], lambda i, r: self.tick())
+        if self.fast and len(self.seeds) > 1:
+            more = [(st, n, seed, False) for (st, n, _, long), rec in zip(jobs, recs) if not long and rec["sustainable"]
+                    for seed in self.seeds[1:]]
+            jobs += more
+            recs += run_all(self.executor, evaluate_point, [task(*job) for job in more], lambda i, r: self.tick())
         got: dict = {}
         for (st, n, seed, long), rec in zip(jobs, recs):
             got.setdefault((id(st), n, long), []).append(rec)

@@ -217,8 +217,9 @@ def run_guided(executor, groups: list[list[Guided]], task: Callable[[Search, flo
                on_point: Optional[Callable[[], None]] = None, guess_from: Optional[Callable] = None) -> None:
     """Drive each group's `Guided` searches to their ends: the first of a group at once, the others once
     it is done, guessing its knee (`guess_from(first, other)`; default the first's knee where it
-    brackets one). `task(search, rate, whole)` gives (fn, *args) for one point (`whole`: not to be stopped). Each search submits a batch and waits for all of it before choosing again, so what
-    is simulated depends only on the search's own results and its group's first, not on timing."""
+    brackets one). `task(search, rate, whole)` gives (fn, *args) for one point (`whole`: not to be
+    stopped). Each search submits a batch and waits for all of it before choosing again, so what is
+    simulated depends only on the search's own results and its group's first, not on timing."""
     guess_from = guess_from or (lambda first, other: first.search.knee if first.search.hi and first.search.lo
                                 else other.guess)
     pending = {}

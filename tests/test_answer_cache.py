@@ -7,8 +7,8 @@ import json
 import pytest
 import streamlit as st
 
-import kvsim
-from kvsim.planning import answer_cache
+from kvsim.planning import answer_cache, capacity
+from kvsim.planning import deploy as deploy_search
 from kvsim.scenario.config import load_scenario, scenario_from_dict
 from tests.test_dashboard import assert_clean, open_app
 from tests.test_dashboard_answer import answer, small
@@ -33,7 +33,7 @@ def test_a_kept_plan_reads_back_as_the_same_answer_and_is_not_recomputed(cache, 
     def no_search(*a, **k):
         raise AssertionError("planned again")
 
-    monkeypatch.setattr(kvsim, "plan", no_search)
+    monkeypatch.setattr(capacity, "plan", no_search)
     again = answer_cache.plan(sc, workers=1, **settings)
     assert again.policies == first.policies and again.meta == json.loads(json.dumps(first.meta))
     assert again.points == first.points
@@ -95,8 +95,8 @@ def test_a_fresh_dashboard_server_answers_from_disk_without_planning(cache, monk
     def no_search(*a, **k):
         raise AssertionError("searched again")
 
-    monkeypatch.setattr(kvsim, "plan", no_search)
-    monkeypatch.setattr(kvsim, "deploy", no_search)
+    monkeypatch.setattr(capacity, "plan", no_search)
+    monkeypatch.setattr(deploy_search, "deploy", no_search)
     again = answer(small(open_app()))
     assert_clean(again)
     assert [m.value for m in again.main.markdown] == cards

@@ -3,7 +3,7 @@
 `plan(scenario, **settings)` and `deploy(scenario, target_rate, **settings)` are `kvsim.plan` and
 `kvsim.deploy`, looked up first in a folder of earlier answers (`cache_dir()`: $KVSIM_CACHE_DIR, else
 $XDG_CACHE_HOME/kvsim/answers, else ~/.cache/kvsim/answers; KVSIM_CACHE_DIR=off: no cache). An answer
-is keyed by what decides it: the kvsim version and a digest of kvsim's own source files (an edited
+is keyed by what decides it: the installed kvsim version and a digest of kvsim's own source files (an edited
 checkout never reads an answer of other code), the scenario's validated content, the bytes of every
 file it reads (model config, calibration, trace) and the search's settings. Answers are stored as JSON
 (the plan.json document, `to_dict`), never pickled, and read back into the same records; a file that
@@ -44,11 +44,16 @@ def cache_dir() -> Optional[Path]:
 
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
-    """sha256 of kvsim's version and of every source file of the package (path and bytes)."""
-    import kvsim
+    """sha256 of every source file of the package (path and bytes; its version is in __init__.py and
+    pyproject's metadata, both read)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    root = Path(kvsim.__file__).parent
-    h = hashlib.sha256(f"{kvsim.__version__}\0{FORMAT}\0".encode())
+    root = Path(__file__).resolve().parents[1]
+    try:
+        installed = version("kvsim")
+    except PackageNotFoundError:
+        installed = "not installed"
+    h = hashlib.sha256(f"{installed}\0{FORMAT}\0".encode())
     for path in sorted(root.rglob("*")):
         if path.suffix in (".py", ".json", ".csv", ".toml") and "__pycache__" not in path.parts and path.is_file():
             h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
@@ -139,24 +144,23 @@ def deploy_from_dict(doc: dict):
 
 def plan(scenario, *, progress=None, workers=None, **settings):
     """`kvsim.plan(scenario, **settings)`, kept on disk (`progress`, `workers`: not part of the answer)."""
-    import kvsim
+    from kvsim.planning import capacity
 
     if settings.get("tune"):
-        return kvsim.plan(scenario, progress=progress, workers=workers, **settings)
-    return cached(scenario, "plan", settings, lambda: kvsim.plan(scenario, progress=progress, workers=workers,
-                                                                  **settings), plan_from_dict)
+        return capacity.plan(scenario, progress=progress, workers=workers, **settings)
+    return cached(scenario, "plan", settings, lambda: capacity.plan(scenario, progress=progress, workers=workers,
+                                                                     **settings), plan_from_dict)
 
 
 def deploy(scenario, target_rate: float, *, progress=None, workers=None, **settings):
     """`kvsim.deploy(scenario, target_rate, **settings)` (aggregated), kept on disk."""
-    import kvsim
+    from kvsim.planning import deploy as search
+    from kvsim.planning.disagg import aggregated
 
-    if settings.get("disaggregated"):
-        raise ValueError("the disaggregated search is not kept on disk")
     settings = {**settings, "tensor_parallel": list(settings.get("tensor_parallel", (1, 2, 4, 8)))}
     return cached(scenario, "deploy", {"target_rate": target_rate, **settings},
-                  lambda: kvsim.deploy(scenario, target_rate, progress=progress, workers=workers, **settings),
-                  deploy_from_dict)
+                  lambda: search.deploy(aggregated(scenario), target_rate, progress=progress, workers=workers,
+                                        **settings), deploy_from_dict)
 
 
 def first_answer(scenario) -> None:

@@ -1,6 +1,7 @@
 """Stop a run as soon as its verdict is certain to be "unsustainable" (kvsim plan's fast search).
 
-`VerdictWatch` is an `EngineObserver` around a run's `Metrics`: it hands every event on unchanged
+`VerdictWatch` is an `EngineObserver` around a run's own observer (its `Metrics`, with an energy meter
+beside them when the scenario has [energy]): it hands every event on unchanged
 and, every so often, counts what the run can no longer undo. When that count alone makes the verdict
 of kvsim/results/verdict.py `judge` certain, it raises `VerdictKnown` and the simulation ends there.
 Only what is certain counts, so a run the watch stops would have been judged unsustainable had it run
@@ -60,14 +61,16 @@ def allowed_misses(total: int, percentile: float) -> int:
 
 
 class VerdictWatch:
-    """The run's observer while it is watched (module docstring); `sim` is the Simulation (its
-    replicas' waiting queues, its arrivals so far), `total` the requests the run will receive."""
+    """The run's observer while it is watched (module docstring); `sim` is the Simulation (its observer,
+    which the watch wraps, its replicas' waiting queues, its arrivals so far), `metrics` the run's (the
+    SLO), `total` the requests the run will receive."""
 
-    __slots__ = ("metrics", "sim", "total", "interval", "allowed", "backlog_allowed", "ttft_ms", "e2e_ms",
+    __slots__ = ("inner", "metrics", "sim", "total", "interval", "allowed", "backlog_allowed", "ttft_ms", "e2e_ms",
                  "overhead_s", "late_ttft", "late_e2e", "rejected", "events", "backlog")
 
     def __init__(self, metrics: Metrics, sim, total: int):
-        self.metrics, self.sim, self.total, self.interval = metrics, sim, total, metrics.interval
+        self.inner = sim.observer  # what the run reports to (the metrics, with an energy meter beside them)
+        self.metrics, self.sim, self.total, self.interval = metrics, sim, total, self.inner.interval
         slo = metrics.slo
         self.allowed = allowed_misses(total, slo.percentile)
         self.backlog_allowed = math.floor(STABILITY_TOLERANCE * total + 1e-9)  # more than this: unstable
@@ -76,16 +79,16 @@ class VerdictWatch:
         self.late_ttft = self.late_e2e = self.rejected = self.events = 0
         self.backlog: dict[int, int] = {}  # replica -> never-scheduled requests at its first check after the last arrival
 
-    # ---- EngineObserver: Metrics first, then the count
+    # ---- EngineObserver: the run's own observer first, then the count
     def on_reject(self, seq: Sequence) -> None:
-        self.metrics.on_reject(seq)
+        self.inner.on_reject(seq)
         self.rejected += 1
 
     def on_held_back(self, step: StepRecord) -> None:
-        self.metrics.on_held_back(step)
+        self.inner.on_held_back(step)
 
     def on_step(self, step: StepRecord) -> None:
-        self.metrics.on_step(step)
+        self.inner.on_step(step)
         overhead = self.overhead_s
         for seq in step.finished:  # as Metrics.on_finish computes them, compared as judge compares
             arrival = seq.request.arrival_time

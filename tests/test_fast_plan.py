@@ -116,7 +116,7 @@ def chat(requests=600, **sections):
     sc = load_scenario("scenarios/chat.toml")
     data = sc.model_dump()
     for k, v in sections.items():
-        data[k].update(v)
+        data[k] = {**(data.get(k) or {}), **v}
     data["workload"]["num_requests"] = requests
     from kvsim.scenario.config import scenario_from_dict
     return scenario_from_dict(data, sc.source, sc.base_dir)
@@ -183,3 +183,11 @@ def test_plan_exhaustive_on_the_command_line(tmp_path, capsys):
     assert full.splitlines()[0] == fast.splitlines()[0]  # the same columns
     col = full.splitlines()[0].split(",").index("safe_rate")
     assert math.isclose(float(full.splitlines()[1].split(",")[col]), float(fast.splitlines()[1].split(",")[col]))
+
+
+def test_a_watched_run_with_an_energy_meter_keeps_its_energy_figures():
+    sc = chat(energy={"pue": 1.3, "usd_per_kwh": 0.1})
+    whole = evaluate_point(sc, "paged", 10.0, 0, 600)
+    watched = evaluate_point(sc, "paged", 10.0, 0, 600, None, None, True)
+    assert whole["joules_per_output_token"] and watched == whole  # the meter saw every event through the watch
+    assert is_stopped(evaluate_point(sc, "paged", 45.0, 0, 600, None, None, True))

@@ -123,6 +123,35 @@ def test_past_the_tables_the_roofline_scales_the_nearest_point_and_says_so():
     assert d["extrapolated"]["decode_attention"] == "0 of 1 shapes"
 
 
+def test_a_head_count_past_the_tables_is_the_timed_kernel_over_more_sequences():
+    """32-head MHA (Llama-2-7B: 32 KV heads a GPU, which no table times) is the timed 8-head kernel over 4x
+    the sequences: each thread block serves one (sequence, KV head), so the work and the blocks are the same."""
+    from kvsim.perf.kernel_curves import AttentionGrid, head_fold
+    from kvsim.perf.kernels import Grid
+
+    batch, step = np.array([1, 2, 4, 8, 16, 32]), np.array([15, 255, 1023])
+    ms = np.full((2, 1, 3, len(batch), len(step)), np.nan)  # [kv (0: MHA, 2), head_dim, heads (2, 4, 8)]
+    ms[0, 0, 2] = 0.01 + 1e-4 * batch[:, None] * (step[None, :] + 5) ** 0.9  # MHA 8 heads, not linear in batch
+    ms[1, 0, 1] = 0.02 + 2e-5 * batch[:, None] * step[None, :]  # GQA: 4 heads over 2 KV heads
+    grid = Grid({"kv": np.array([0, 2]), "head_dim": np.array([128]), "heads": np.array([2, 4, 8]),
+                 "batch": batch, "step": step}, ms)
+    roof = ModelKernels(load_tables(str(TABLES)), LLAMA8, H100, 1, "auto", CAL).roof
+    assert head_fold(grid, 8, 8, 128) == 1 and head_fold(grid, 32, 32, 128) == 4 and head_fold(grid, 16, 8, 128) == 4
+    assert head_fold(grid, 24, 24, 128) == 1  # 6 and 3 heads were never timed either: the roofline, as before
+    mha32 = AttentionGrid.build(grid, "generation", 32, 32, 128, 2.0, roof)
+    assert mha32.fold == 4 and list(mha32.batch) == [0.25, 0.5, 1, 2, 4, 8]
+    knots, t, _ = mha32.knots(2)  # 2 sequences of 32 heads = 8 sequences of 8 heads, as timed
+    assert list(knots) == [15, 255, 1023] and t == pytest.approx(ms[0, 0, 2][3] * 1e-3, rel=1e-12)
+    _, t, _ = mha32.knots(3)  # between grid batches: linear in the batch, as for a timed head count
+    assert t == pytest.approx(0.5 * (ms[0, 0, 2][3] + ms[0, 0, 2][4]) * 1e-3, rel=1e-12)
+    gqa = AttentionGrid.build(grid, "generation", 16, 8, 128, 2.0, roof)  # 16 heads over 8 KV heads: 4 over 2, 4x
+    _, t, _ = gqa.knots(8)
+    assert t == pytest.approx(ms[1, 0, 1][5] * 1e-3, rel=1e-12)
+    # the pricer says which kernel priced it
+    k = ModelKernels(load_tables(str(TABLES)), replace(LLAMA8, num_key_value_heads=32), H100, 1, "auto", CAL)
+    assert k.generation.fold == 4 and any("4x the sequences" in n for n in k.notes)
+
+
 # ---- a step and runs of steps -------------------------------------------------------------------------
 def test_a_step_is_the_sum_of_its_kernels():
     # synchronous scheduling: the host's work a step (5e-4 s + 1e-5 s a sequence) adds to the GPU's

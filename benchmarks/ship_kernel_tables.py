@@ -56,6 +56,10 @@ PROVENANCE = {
     "elementwise_kernel_s": "mem_empirical_constant_latency = 3 us, " + AIC_YAML + ", as AIConfigurator's "
                             "query_mem_op prices every memory-bound op",
     "elementwise_bandwidth": "mem_bw_empirical_scaling_factor = 0.8, " + AIC_YAML,
+    "piecewise_layer_s": "0: a step outside a full CUDA graph is priced by its kernels and step_overhead_s alone "
+                         "(no serving data fitted yet)",
+    "seq_gpu_s": "0: the GPU's work a step per sequence beyond the tables is the sampler's estimate alone "
+                 "(sampler_bytes_per_vocab; no serving data fitted yet)",
     "sampler_bytes_per_vocab": "the roofline's estimate (kvsim/perf/roofline.py LOGITS_BYTES_PER_VOCAB): 16-bit "
                                "logits written and read, an fp32 copy written and read, per sampled row",
     "api_server_s": "10.2 ms: vLLM PR #54628 (vLLM 0.28.1rc1) measured vllm bench serve's client TTFT against "

@@ -51,8 +51,8 @@ from kvsim.workers import can_fork, run_forked
 def input_paths(scenario) -> list[Path]:
     """The files a run reads: a results folder that holds one of them is never replaced."""
     paths = [Path(scenario.source)]
-    for rel in (scenario.model.hf_config, scenario.backend.calibration,
-                scenario.workload.trace.path if scenario.workload.trace else None):
+    for rel in (scenario.model.hf_config, scenario.backend.calibration, scenario.backend.kernel_tables,
+                scenario.backend.server_terms, scenario.workload.trace.path if scenario.workload.trace else None):
         if rel:
             paths.append(scenario.resolve(rel))
     return paths
@@ -324,7 +324,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
     interval = timeseries_interval(scenario)
     basis = pricing_basis(scenario, model, gpu)
-    overhead = request_overhead_s(basis, gpu)  # the API server, on TTFT and E2E (measured pricing)
+    overhead = request_overhead_s(scenario, basis, gpu)  # the API server, on TTFT and E2E (measured pricing)
     if out_dir is None:
         out_dir = results_dir(scenario)
     out_dir = user_path(out_dir, "out_dir")

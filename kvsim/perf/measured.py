@@ -13,7 +13,11 @@
     elementwise  norms, RoPE, KV store, SiLU: not in the tables; AIConfigurator's memory-op estimate,
                  bytes / (0.8 x HBM) + 3 us a kernel (`ServerTerms`)
     sampler      the logits' bytes per sampled row over HBM (the roofline's estimate)
-    host         a fixed cost per step (CUDA-graph decode steps and the others apart) and per sequence
+    beyond       a fixed cost per step (full-CUDA-graph decode steps and the others apart), per layer of a
+                 step outside a full graph (piecewise graphs run attention eagerly between their pieces),
+                 per scheduled sequence (`ServerTerms`, fitted to serving runs)
+    host         the engine's CPU work, a fixed cost per step and per sequence, overlapped with the GPU's
+                 under async scheduling
 
 Kernel times come from `kvsim.perf.kernels.ModelKernels` (the shipped AIConfigurator tables, or a file
 `kvsim calibrate` converted), server terms from `ServerTerms` (each with its public source). Decode
@@ -35,7 +39,7 @@ from kvsim.perf.kernel_moe import model_kernels
 from kvsim.perf.kernels import load_tables
 from kvsim.perf.pricing import DecodeRunPrice, first_reaching
 from kvsim.perf.roofline import activation_bytes_per_token
-from kvsim.perf.server import ServerTerms, shipped_terms, vllm_capture_sizes
+from kvsim.perf.server import ServerTerms, server_terms, vllm_capture_sizes
 
 _new = tuple.__new__  # builds a named tuple without its Python-level __new__ (once per fused decode run)
 
@@ -133,6 +137,8 @@ class MeasuredStepModel:
         self.overlap = async_scheduling
         self.host_step_s = terms.host_step_s + (terms.host_tp_step_s if tp > 1 else 0.0)
         self.host_per_seq_s = terms.host_per_seq_s
+        # a step outside a full CUDA graph: its fixed cost and the eager attention between graph pieces, per layer
+        self.piecewise_s = terms.step_overhead_s + self.layers * terms.piecewise_layer_s
         self._rows: dict = {True: {}, False: {}}  # graph or eager -> rows -> seconds (the rows priced so far)
         self._rows_pre = self._rows_table(max_rows)
         self._seqs: dict = {}
@@ -200,7 +206,7 @@ class MeasuredStepModel:
         if t is None:
             head, flag = self.kernels.lm_head_gemm(seqs)
             self._note("lm_head", seqs, flag)
-            t = head + seqs * self.sampler_s_per_seq
+            t = head + seqs * (self.sampler_s_per_seq + self.terms.seq_gpu_s)
             if self.tp > 1:
                 gather, gflag = self.kernels.allreduce_s(seqs * self.logits_part, False)
                 self._note("allreduce", (seqs, "logits"), gflag)
@@ -263,7 +269,7 @@ class MeasuredStepModel:
         if np_:
             t += self.prefill_attention_time(np_, batch.num_prefill_tokens, batch.prefill_context_tokens,
                                              batch.prefill_attn_pairs)
-        overhead = self.terms.graph_step_overhead_s if padded and not np_ else self.terms.step_overhead_s
+        overhead = self.terms.graph_step_overhead_s if padded and not np_ else self.piecewise_s
         gpu = t + overhead + swap
         host = self.host_step_s + self.host_per_seq_s * (np_ + nd)
         if self.overlap:
@@ -283,7 +289,7 @@ class MeasuredStepModel:
         if fixed is None:  # what a pure-decode step of num_seqs costs besides its attention
             padded = self.padded(num_seqs)
             fixed = (self.rows_time(padded or num_seqs, padded > 0) + self.seqs_time(num_seqs)
-                     + (self.terms.graph_step_overhead_s if padded else self.terms.step_overhead_s))
+                     + (self.terms.graph_step_overhead_s if padded else self.piecewise_s))
             if not self.overlap:
                 fixed += self.host_time(num_seqs)
             self._fixed[num_seqs] = fixed
@@ -385,7 +391,7 @@ def measured_step_model(scenario, policy, model, gpu, calibration, settings, cap
     path = measured_tables(scenario, gpu, model)
     if path is None:
         return None
-    terms, _ = shipped_terms(gpu.name)
+    terms, _ = server_terms(scenario, gpu.name)
     hw = scenario.hardware
     graphs = () if scenario.backend.enforce_eager else vllm_capture_sizes(settings.max_num_seqs,
                                                                           settings.max_num_batched_tokens)
@@ -395,7 +401,7 @@ def measured_step_model(scenario, policy, model, gpu, calibration, settings, cap
                              settings.async_scheduling)
 
 
-def request_overhead_s(basis, gpu) -> float:
+def request_overhead_s(scenario, basis, gpu) -> float:
     """Seconds the API server adds to each request's TTFT and E2E (ServerTerms.api_server_s) when measured
     kernels price the run (`basis`: kvsim.perf.basis.PricingBasis; runs the roofline prices stay as they were)."""
-    return shipped_terms(gpu.name)[0].api_server_s if basis.pricing == "measured" else 0.0
+    return server_terms(scenario, gpu.name)[0].api_server_s if basis.pricing == "measured" else 0.0

@@ -6,7 +6,8 @@ preparation, output processing: a fixed part and a part per sequence, which asyn
 with the GPU's work, so a step takes the longer of the two), the API server on TTFT and E2E, and whether
 the release schedules asynchronously by default. One JSON file per GPU (`kernel_data/<gpu>-server.json`,
 written by benchmarks/ship_kernel_tables.py) holds their values, each with its public source under
-"provenance".
+"provenance"; a scenario's `backend.server_terms` names a file of its own (`kvsim calibrate --server-terms`
+fits one to your serving runs).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class ServerTerms:
 
     graph_step_overhead_s: float = 1.2e-4  # GPU: a CUDA-graph (pure decode) step beyond its kernels
     step_overhead_s: float = 1.2e-4  # GPU: a piecewise-graph or eager (prefill, mixed) step beyond its kernels
+    piecewise_layer_s: float = 0.0  # the same step, per layer: the eager attention between its graph pieces
+    seq_gpu_s: float = 0.0  # GPU: a step's work per scheduled sequence beyond the tables (sampling, inputs)
     host_step_s: float = 1.0e-3  # CPU: the engine's work a step (schedule, prepare inputs, launch, outputs)
     host_per_seq_s: float = 3.3e-6  # CPU: the same work per scheduled sequence
     host_tp_step_s: float = 0.0  # CPU: more a step under tensor parallelism (inputs to the workers, outputs back)
@@ -71,6 +74,15 @@ def load_server_terms(path: Path) -> tuple[ServerTerms, dict]:
             raise KvsimError(f"{path}: terms.{key}: must be a non-negative number, got {str(value)[:40]}")
         values[key] = value
     return ServerTerms(**values), prov
+
+
+def server_terms(scenario, gpu_name: str) -> tuple[ServerTerms, dict]:
+    """(terms, provenance) a scenario's measured pricing uses: its backend.server_terms file, else the
+    GPU's shipped ones."""
+    own = scenario.backend.server_terms
+    if own is not None:
+        return load_server_terms(scenario.resolve(own))
+    return shipped_terms(gpu_name)
 
 
 def shipped_terms(gpu_name: str) -> tuple[ServerTerms, dict]:

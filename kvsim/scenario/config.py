@@ -608,6 +608,10 @@ class BackendConfig(_Section):
     kernel_tables: Optional[PathText] = Field(None, description=(  # relative to the scenario
         "analytic: a kernel-table file (.npz) that kvsim calibrate converted from AIConfigurator's tables, "
         "relative to the scenario file; prices steps in place of the shipped tables."))
+    server_terms: Optional[PathText] = Field(None, description=(  # relative to the scenario
+        "analytic, measured pricing: a server-terms file (JSON) that kvsim calibrate --serving fitted to your "
+        "own serving runs, relative to the scenario file; replaces the GPU's shipped server terms (the API "
+        "server, the engine's host time a step, what a step costs beyond its kernels)."))
     step_time_scale: Annotated[float, Field(ge=0.5, le=2.0)] = Field(1.0, description=(
         "analytic: every step's price times this (a sensitivity knob: kvsim plan checks its safe rate at "
         "1.05 and reports how the knee moves at 0.95 and 1.05)."))

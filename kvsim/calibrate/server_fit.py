@@ -163,20 +163,24 @@ class Holdout:
 
 
 def leave_groups_out(cases: list, fit: TermsFit, max_requests=None) -> Holdout:
-    """For each group, one Gauss-Newton solve from the all-data terms on the other groups' figures,
-    then the group's cases simulated with those terms."""
+    """For each group, the terms fitted without its figures: the all-data terms moved by what leaving
+    the group out moves the linearized fit (the solve on the other groups' figures minus the solve on
+    all of them, at the all-data terms, along one Jacobian), then the group's cases simulated with them."""
     sims = [0]
     names = fit.names
     J = jacobian(cases, fit.point, names, max_requests, sims) if names else None
     r0 = residuals(cases, fit.point.figures)
     x0 = _vector(fit.terms, names)
+    everyone = solve_linear(r0, J, x0, names) if names else x0
     owner = [g for c in cases for g in [c.group] * len(_keys(c))]
     groups = list(dict.fromkeys(c.group for c in cases))
     figures, overloaded, terms = [None] * len(cases), [False] * len(cases), {}
     for g in groups:
         rows = np.array([o != g for o in owner])
         held = [i for i, c in enumerate(cases) if c.group == g]
-        t = _terms(fit.terms, names, solve_linear(r0, J, x0, names, rows)) if names and rows.any() else fit.terms
+        t = fit.terms
+        if names and rows.any():
+            t = _terms(fit.terms, names, x0 + solve_linear(r0, J, x0, names, rows) - everyone)
         terms[g] = t
         for i in held:
             out = simulate_case(cases[i], t, max_requests)

@@ -190,6 +190,34 @@ def test_a_step_is_the_sum_of_its_kernels():
     assert slow_host.step_time(b) == pytest.approx(1.0 + 11 * 1e-5, rel=1e-12)
 
 
+def test_a_mixed_step_is_one_forward_not_a_prefill_plus_a_decode():
+    """vLLM (V1, cudagraph_mode FULL_AND_PIECEWISE, the default since v0.11) runs a mixed batch as one forward:
+    GEMMs and all-reduces at the step's total rows, replaying piecewise CUDA graphs, attention per part
+    (eager, between the pieces). So it costs less than its prefill and its decode run as two steps (the
+    weights are read once), and a piecewise step pays piecewise_layer_s a layer where a decode step replays
+    its full graph."""
+    terms = ServerTerms(piecewise_layer_s=4e-5, host_step_s=0.0)
+    sm = pricer(model=LLAMA70, tp=4, terms=terms)
+    prefill = dict(num_prefill_seqs=1, num_prefill_tokens=15, prefill_context_tokens=560,
+                   prefill_attn_pairs=15 * 560 + 15 * 16 // 2)
+    decode = dict(num_decode_seqs=64, decode_context_tokens=64 * 700)
+    mixed, alone = sm.step_time(Batch(**prefill, **decode)), sm.step_time(Batch(**decode))
+    assert mixed < sm.step_time(Batch(**prefill)) + alone
+    k = sm.kernels
+    rows = 80  # 79 rows padded to the capture size 80, in piecewise graphs
+    gemm, _ = k.layer_gemms(rows)
+    ar, _ = k.allreduce_s(rows * 8192, True)
+    ctx, _ = k.context_s(1, 575)
+    head, _ = k.lm_head_gemm(65)
+    gather, _ = k.allreduce_s(65 * -(-LLAMA70.vocab_size // 4), False)
+    want = (80 * (gemm + 2 * ar) + ar + sm.elementwise_fixed_s + rows * sm.elementwise_s_per_token + head + gather
+            + 65 * sm.sampler_s_per_seq + 80 * sm.decode_line(64)(700.0)
+            + 80 * ctx * prefill["prefill_attn_pairs"] / (575 * 576 / 2) + terms.step_overhead_s + 80 * 4e-5)
+    assert mixed == pytest.approx(want, rel=1e-12)
+    without = pricer(model=LLAMA70, tp=4, terms=replace(terms, piecewise_layer_s=0.0))
+    assert alone == without.step_time(Batch(**decode))  # a decode step replays its full graph: no piecewise term
+
+
 def test_more_work_never_costs_less():
     sm = pricer()
     steps = [sm.step_time(Batch(num_decode_seqs=n, decode_context_tokens=n * 1500)) for n in range(1, 700, 7)]

@@ -187,10 +187,12 @@ def truth_runs(tmp_path_factory):
 def test_the_fit_recovers_the_terms_that_made_the_runs(truth_runs):
     from kvsim.calibrate.server_cli import serving_cases
     from kvsim.calibrate.server_fit import error_rows, fit_terms, leave_groups_out, summary
+    from kvsim.perf.server import shipped_terms
 
     _, pairs = truth_runs
     cases, start, gpu, version = serving_cases(pairs)
-    assert (gpu, len(cases), start.api_server_s) == ("H100-SXM", 2, pytest.approx(0.0102))
+    assert (gpu, len(cases)) == ("H100-SXM", 2) and start == shipped_terms("H100-SXM", version)[0]
+    start = replace(start, api_server_s=0.0102, piecewise_layer_s=0.0)  # far from the terms that made the runs
     fit = fit_terms(cases, start, list(TRUE))
     for name, value in TRUE.items():
         assert getattr(fit.terms, name) == pytest.approx(value, rel=0.15), name
@@ -252,3 +254,39 @@ def test_an_inference_perf_folder_becomes_one_case_a_stage_on_the_scenarios_serv
     assert (wl.num_requests, wl.arrival.rate, wl.prefix.prompts_per_group, wl.output_len.value) == (120, 4.0, 4, 100)
     assert cases[1].scenario.engine.max_num_seqs == 64 and cases[1].scenario.model.name == "Llama-3.1-8B"
     assert cases[0].measured["ttft", "mean"] == 0.03 and len({c.group for c in cases}) == 1
+
+
+def test_a_terms_file_holds_one_fit_per_release_of_the_tables(tmp_path):
+    from kvsim.perf.server import load_server_terms
+
+    path = tmp_path / "t.json"
+    doc = {"terms": {"api_server_s": 0.01}, "provenance": {"api_server_s": "own"},
+           "releases": {"0.14.0": {"terms": {"api_server_s": 0.005}, "provenance": {"api_server_s": "fit 14"}},
+                        "0.19.0": {"terms": {"api_server_s": 0.006}, "provenance": {"api_server_s": "fit 19"}}}}
+    path.write_text(json.dumps(doc))
+    assert load_server_terms(path)[0].api_server_s == 0.01  # no release asked: the file's own
+    terms, prov = load_server_terms(path, "0.14.0")
+    assert terms.api_server_s == 0.005 and prov["api_server_s"] == "fit 14"
+    terms, prov = load_server_terms(path, "0.16.0")  # the nearest release fitted
+    assert terms.api_server_s == 0.005 and prov["api_server_s"] == "fit 14 (vLLM 0.14.0's fit, the nearest to 0.16.0)"
+    assert load_server_terms(path, "0.24.0")[0].api_server_s == 0.006
+    doc["releases"]["0.19.0"]["terms"] = {"api_server_s": -1}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(KvsimError, match=r"releases\.0\.19\.0\.terms\.api_server_s: must be a non-negative number"):
+        load_server_terms(path, "0.24.0")
+
+
+def test_shipped_terms_say_where_they_were_fitted():
+    from kvsim.perf.kernels import DATA_DIR
+    from kvsim.perf.server import shipped_terms
+
+    h100 = json.loads((DATA_DIR / "h100_sxm-server.json").read_text())
+    if "releases" not in h100:
+        pytest.skip("no serving fit shipped")
+    assert h100["fitted_on"] == "H100-SXM"
+    for version, fit in h100["releases"].items():
+        terms, prov = shipped_terms("H100-SXM", version)
+        assert {n: getattr(terms, n) for n in fit["terms"]} == fit["terms"]
+        assert all("predicted by the fit to the other eight" in prov[n] for n in fit["terms"])
+    _, prov = shipped_terms("H200", "0.18.0")
+    assert prov["api_server_s"].startswith("H100-SXM's fit, estimated for H200")

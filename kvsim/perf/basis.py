@@ -181,9 +181,11 @@ def pricing_basis(scenario, model, gpu) -> PricingBasis:
         return PricingBasis(backend, ESTIMATED, f"priced by the {backend} backend, which kvsim cannot vouch for")
     path = measured_tables(scenario, gpu, model)
     if path is not None:
+        from kvsim.perf.server import terms_source
+
         version = load_tables(str(path)).vllm_version
         return PricingBasis("measured", MEASURED, f"vLLM {version} kernels timed on {gpu.name} (NVIDIA "
-                            "AIConfigurator) plus sourced server terms", version, path.name)
+                            f"AIConfigurator) plus {terms_source(scenario, gpu.name)}", version, path.name)
     overridden = _overridden(gpu)
     if overridden:
         return PricingBasis("roofline", ESTIMATED, f"hardware.{overridden[0]} overrides the {gpu.name} datasheet: "

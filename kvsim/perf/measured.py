@@ -391,7 +391,7 @@ def measured_step_model(scenario, policy, model, gpu, calibration, settings, cap
     path = measured_tables(scenario, gpu, model)
     if path is None:
         return None
-    terms, _ = server_terms(scenario, gpu.name)
+    terms, _ = server_terms(scenario, gpu.name, load_tables(str(path)).vllm_version)
     hw = scenario.hardware
     graphs = () if scenario.backend.enforce_eager else vllm_capture_sizes(settings.max_num_seqs,
                                                                           settings.max_num_batched_tokens)
@@ -404,4 +404,6 @@ def measured_step_model(scenario, policy, model, gpu, calibration, settings, cap
 def request_overhead_s(scenario, basis, gpu) -> float:
     """Seconds the API server adds to each request's TTFT and E2E (ServerTerms.api_server_s) when measured
     kernels price the run (`basis`: kvsim.perf.basis.PricingBasis; runs the roofline prices stay as they were)."""
-    return server_terms(scenario, gpu.name)[0].api_server_s if basis.pricing == "measured" else 0.0
+    if basis.pricing != "measured":
+        return 0.0
+    return server_terms(scenario, gpu.name, basis.vllm_version)[0].api_server_s

@@ -158,8 +158,10 @@ RUNS_NOTE = ("9 experiments, 15 load stages of llm-d inference-perf against vllm
              "Llama-2-7B TP1, CodeLlama-34B TP2, Llama-2-70B TP4, 5-20 req/s, 100 shared-prefix prompts re-sent, "
              "../shared/groundtruth/inference_perf_h100")
 WHAT = {"api_server_s": "the API server on every request's TTFT and E2E (HTTP, tokenizing, the stream to the client)",
-        "piecewise_layer_s": "a step outside a full CUDA graph (a mixed prefill + decode step replays piecewise graphs, "
-                             "attention run eagerly between them), per layer, beyond its kernels"}
+        "piecewise_layer_s": "a step outside a full CUDA graph, per layer, beyond its kernels (vLLM V1's "
+                             "cudagraph_mode FULL_AND_PIECEWISE, the default since v0.11: a mixed prefill + decode "
+                             "step replays piecewise graphs, attention run eagerly between them; "
+                             "docs.vllm.ai/en/latest/design/cuda_graphs)"}
 
 
 def fitted_releases(gpu: str) -> dict:

@@ -155,7 +155,8 @@ def bench_json(path: Path, sc, figures: dict) -> Path:
 
     reqs = list(generate_requests(sc))
     doc = {"completed": len(reqs), "num_prompts": len(reqs), "request_rate": sc.workload.arrival.rate,
-           "total_input_tokens": sum(r.prompt_len for r in reqs), "total_output_tokens": sum(r.output_len for r in reqs),
+           "total_input_tokens": sum(r.prompt_len for r in reqs),
+           "total_output_tokens": sum(r.output_len for r in reqs),
            "output_throughput": 100.0}
     names = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2el"}
     for (metric, stat), v in figures.items():
@@ -200,7 +201,8 @@ def test_the_fit_recovers_the_terms_that_made_the_runs(truth_runs):
     again = fit_terms(cases, start, list(TRUE))
     assert again.terms == fit.terms  # deterministic: seeded simulations, a deterministic solver
     held = leave_groups_out(cases, fit)
-    assert set(held.terms) == {c.group for c in cases} and summary(error_rows(cases, held.figures))["median_abs_error"] < 0.03
+    assert set(held.terms) == {c.group for c in cases}
+    assert summary(error_rows(cases, held.figures))["median_abs_error"] < 0.03
 
 
 def test_kvsim_calibrate_server_terms_writes_a_file_a_scenario_prices_with(truth_runs, tmp_path):

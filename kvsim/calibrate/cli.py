@@ -45,8 +45,10 @@ def add_commands(sub) -> None:
                           "replayed on the scenario's server)")
     cal.add_argument("--server-terms", nargs="?", const="", default=None, metavar="TERMS",
                      help="fit the server terms around the measured kernels (API server, what a step costs beyond "
-                          "its kernels) to the --serving runs, with a hold-out error per term, and write a server-terms "
-                          "file for backend.server_terms; TERMS: comma-separated names (default: api_server_s)")
+                          "its kernels) to the --serving runs, with a hold-out error per term, and write a "
+                          "server-terms "
+                          "file for backend.server_terms; TERMS: comma-separated names (default: "
+                          "api_server_s,piecewise_layer_s)")
     cal.add_argument("-o", "--out", type=Path, required=True, help="calibration JSON to write")
     cal.add_argument("--gpu", help="GPU preset of tables whose path does not say it (Vidur)")
     cal.add_argument("--start", help="starting coefficients: a calibration JSON, or 'vllm' / 'triton' (shipped for "

@@ -206,7 +206,8 @@ def read_config(results: Path) -> dict:
     streaming = _get(data, "api.streaming", src, bool, False)
     if not streaming:
         raise KvsimError(f"{src}: api.streaming: a run without streaming measures no TTFT or TPOT")
-    return {"num_groups": _count(sp, "num_groups", src, default=_count(sp, "num_unique_system_prompts", src, default=10)),
+    groups = _count(sp, "num_unique_system_prompts", src, default=10)  # the later releases' alias
+    return {"num_groups": _count(sp, "num_groups", src, default=groups),
             "prompts_per_group": _count(sp, "num_prompts_per_group", src,
                                         default=_count(sp, "num_users_per_system_prompt", src, default=10)),
             "system_prompt_len": _count(sp, "system_prompt_len", src, 0),
@@ -259,7 +260,8 @@ def read_run(folder: Path) -> InferencePerfRun:
         if m:
             found[int(m.group(1))] = p
     if not found:
-        raise KvsimError(f"{results}: no stage_<i>_lifecycle_metrics.json (run with report.request_lifecycle.per_stage)")
+        raise KvsimError(f"{results}: no stage_<i>_lifecycle_metrics.json "
+                         "(run with report.request_lifecycle.per_stage)")
     run = InferencePerfRun(Path(folder), cfg["load_type"], cfg["num_groups"], cfg["prompts_per_group"],
                            cfg["system_prompt_len"], cfg["question_len"], cfg["output_len"], cfg["ignore_eos"],
                            cfg["streaming"])
@@ -282,13 +284,13 @@ def predicted_figures(latencies: dict, token_gaps, output_tokens: int, timing: O
     out = {}
     for stat in STATS:
         for metric, values in (("ttft", ttft), ("e2e", e2e)):
-            out[metric, stat] = float(np.mean(values)) if stat == "mean" else float(np.percentile(values, float(stat[1:])))
+            out[metric, stat] = _summarize(values, stat)
     if timing is None or output_tokens < 2:
         return out
     tpot = (e2e - ttft) / timing.tpot_divisor(output_tokens)
     zero = timing.zero_gaps(output_tokens)
     for stat in STATS:
-        out["tpot", stat] = float(np.mean(tpot)) if stat == "mean" else float(np.percentile(tpot, float(stat[1:])))
+        out["tpot", stat] = _summarize(tpot, stat)
         if stat == "mean":
             out["itl", stat] = out["tpot", stat]
             continue
@@ -298,6 +300,11 @@ def predicted_figures(latencies: dict, token_gaps, output_tokens: int, timing: O
             if value is not None:
                 out["itl", stat] = float(value)
     return out
+
+
+def _summarize(values, stat: str) -> float:
+    """numpy's mean or linear-interpolated percentile, as inference-perf summarizes."""
+    return float(np.mean(values)) if stat == "mean" else float(np.percentile(values, float(stat[1:])))
 
 
 def relative_errors(predicted: dict, measured: dict) -> dict:

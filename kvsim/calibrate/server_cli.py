@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvsim.errors import KvsimError
 
-DEFAULT_TERMS = ("api_server_s",)
+DEFAULT_TERMS = ("api_server_s", "piecewise_layer_s")  # the shipped fit's (benchmarks/serving_groundtruth.py select)
 # the figures each term moves most: its hold-out error is theirs
 TERM_METRICS = {"api_server_s": ("ttft",), "graph_step_overhead_s": ("tpot",), "step_overhead_s": ("ttft", "tpot"),
                 "piecewise_layer_s": ("ttft", "tpot"), "seq_gpu_s": ("tpot",), "host_step_s": ("tpot",),
@@ -97,7 +97,8 @@ def cmd_server_terms(args, console) -> int:
     outside = error_rows(cases, held.figures) if held else []
     per_term = term_holdout(names, cases, held.figures) if held else {}
 
-    table = Table(title=f"server terms fitted to {len(cases)} runs ({len(groups)} groups), {gpu}, vLLM {version} kernels")
+    table = Table(title=f"server terms fitted to {len(cases)} runs ({len(groups)} groups), {gpu}, "
+                        f"vLLM {version} kernels")
     for col in ("term", "start", "fitted", "held-out fits", "hold-out median |error|"):
         table.add_column(col, justify="left" if col == "term" else "right")
     for n in names:

@@ -33,7 +33,7 @@ DEPLOYMENTS = [  # (model, GPU, tensor_parallel_size)
     ("Qwen3-30B-A3B", "H100-SXM", 1), ("Qwen3-235B-A22B", "H100-SXM", 8), ("DeepSeek-V3", "H200", 8),
     ("gpt-oss-20b", "H100-SXM", 1), ("gpt-oss-120b", "H100-SXM", 1), ("gpt-oss-120b", "H200", 1),
     ("Llama-4-Scout", "H100-SXM", 4), ("gemma-2-9b", "H100-SXM", 1), ("gemma-2-27b", "H100-SXM", 1),
-    ("gemma-3-27b", "H100-SXM", 1),
+    ("gemma-3-27b", "H100-SXM", 1), ("Kimi-K2.5", "H200", 8), ("MiniMax-M2.5", "H200", 4),
 ]
 LENGTHS = (8192, 32768, 131072)
 CHUNK = 8192  # vLLM's default max_num_batched_tokens on these GPUs

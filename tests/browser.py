@@ -142,6 +142,22 @@ class Browser:
         self.wait_for(until, timeout)
         return time.perf_counter() - t0
 
+    def click(self, element: str) -> None:
+        """A left click at the middle of the element the JavaScript expression `element` finds (scrolled to)."""
+        box = self.evaluate(f"(() => {{ const e = {element}; if (!e) return null; e.scrollIntoView({{block: 'center'}}); "
+                            "const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()")
+        if box is None:
+            raise LookupError(f"nothing to click: {element}")
+        for kind in ("mousePressed", "mouseReleased"):
+            self.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
+
+    def choose(self, label: str, option: str) -> None:
+        """Pick `option` in the Streamlit selectbox labelled `label`, as a user does: open it, click the option."""
+        self.click(f"{widget('stSelectbox', label)}?.querySelector('input')")
+        self.wait_for("document.querySelector('[role=option]') !== null", 10)
+        self.click(f"Array.from(document.querySelectorAll('[role=option]')).find(o => o.innerText.trim() === "
+                   f"{json.dumps(option)})")
+
     def screenshot(self, path: Path) -> bytes:
         png = base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -187,6 +203,26 @@ ANSWERED = """(() => document.querySelector('h1') !== null
   && document.querySelector('[data-testid="stAlertContentSuccess"]') !== null
   && document.querySelector('[data-testid="stStatusWidget"]') === null
   && document.querySelector('[data-stale="true"]') === null)()"""  # the Answer page: cards and the target line
+
+
+SETTLED = """(() => document.querySelector('h1') !== null
+  && document.querySelector('[data-testid="stStatusWidget"]') === null
+  && document.querySelector('[data-stale="true"]') === null)()"""  # a script run ended and its elements drawn
+LOG_TICKS = """Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(gd =>
+  Object.entries(gd._fullLayout || {}).filter(([k, ax]) => /^[xy]axis\\d*$/.test(k) && ax.type === 'log')
+    .flatMap(([k, ax]) => (ax._vals || []).map(v => [Math.pow(10, v.x), v.text])))"""  # [value, label] of each log tick
+
+
+def widget(testid: str, label: str) -> str:
+    """JavaScript: the Streamlit widget of `testid` (stSelectbox, stNumberInput, ...) labelled `label`."""
+    return (f"Array.from(document.querySelectorAll('[data-testid=\"{testid}\"]')).find(w => "
+            f"(w.querySelector('label') || {{innerText: ''}}).innerText.trim() === {json.dumps(label)})")
+
+
+def link(title: str) -> str:
+    """JavaScript: the sidebar's link to the page titled `title`."""
+    return (f"Array.from(document.querySelectorAll('a[data-testid=stSidebarNavLink]'))"
+            f".find(a => a.innerText.trim().endsWith({json.dumps(title)}))")
 
 
 def count(testid: str) -> str:

@@ -164,9 +164,13 @@ def test_memory_page_is_kvsim_memory(tmp_path):
     assert {c["kv_cache_dtype"] for c in mem["capacity"]} == {"auto", "fp8", "int4"}
 
     breakdown, per_token, sequences, prefix = figures(at)
-    cap = mem["capacity"][0]
-    parts = [cap[k] for k in ("weights", "activations", "reserve", "kv")] + [cap["total"] - cap["budget"]]
-    assert [t["x"][0] for t in breakdown["data"]] == pytest.approx([x / 2**30 for x in parts])
+    for i, cap in enumerate(mem["capacity"]):  # a bar per kv dtype (and activation reserve), named as the CLI heads it
+        parts = [cap[k] for k in ("weights", "activations", "reserve", "kv")] + [cap["total"] - cap["budget"]]
+        assert [t["y"][i] for t in breakdown["data"]] == [f"{cap['kv_cache_dtype']} ({', '.join(cap['policies'])})"] * 5
+        assert [t["x"][i] for t in breakdown["data"]] == pytest.approx([x / 2**30 for x in parts])
+    labels = [m.label for m in at.metric][:len(mem["capacity"])]  # KV tokens per GPU: one metric each, its own name
+    assert labels == [f"{c['kv_cache_dtype']} ({', '.join(c['policies'])})" for c in mem["capacity"]]
+    assert len(set(labels)) == len(labels) == 4  # auto twice: paged-chunked's smaller activations leave more KV
     assert per_token["data"][0]["y"] == pytest.approx([r["bytes_per_token"] / 1024 for r in mem["bytes_per_token"]])
     for trace in sequences["data"][:-1]:
         rows = [r for r in mem["sequences"] if r["policy"] == trace["name"]]
@@ -204,6 +208,20 @@ output_len = { dist = "fixed", value = 10 }
 """
 
 
+def assert_waits_for_an_upload(at: AppTest) -> None:
+    """Nothing uploaded yet is nothing wrong: a prompt for the file, not a red error line."""
+    assert not at.exception and not at.error
+    assert [i.value for i in at.info] == [("Upload a scenario TOML file (Advanced, in the sidebar), or start from a "
+                                           "shipped scenario.")]
+
+
+def test_every_page_waits_for_an_upload_without_an_error():
+    at = open_app()
+    at.sidebar.radio(key="kvsim.source").set_value("uploaded TOML").run()
+    for page in ("views/whatif.py", "views/answer.py", "views/capacity.py", "views/memory.py", "views/disagg.py"):
+        assert_waits_for_an_upload(at.switch_page(page).run())
+
+
 @pytest.mark.parametrize("name, data, message", [
     ("bad.toml", GOOD_TOML.replace(b"max_model_len", b"max_model_lenn"),
      "bad.toml: engine.max_model_lenn: unknown key"),
@@ -216,7 +234,7 @@ output_len = { dist = "fixed", value = 10 }
 def test_bad_scenario_upload_is_one_error_line(name, data, message):
     at = open_app()
     at.sidebar.radio(key="kvsim.source").set_value("uploaded TOML").run()
-    assert one_error(at).startswith("upload a scenario TOML file")
+    assert_waits_for_an_upload(at)
     upload(at, "kvsim.upload_toml", name, data)
     assert one_error(at).startswith(message)
     assert not at.get("plotly_chart")
@@ -318,3 +336,19 @@ def test_picking_a_moe_model_names_its_experts_and_dp_ep_are_scenario_keys():
     assert_clean(at)
     toml = downloaded_toml(at)
     assert "data_parallel_size = 2" in toml and "enable_expert_parallel = true" in toml
+
+
+def test_log_axes_are_labelled_in_whole_numbers_at_ticks_their_span_allows():
+    """plotly's own log ticks label 200 and 500 as a bare '2' and '5': every log axis gets a number format,
+    and ticks by the decades it spans (every digit under 0.7 of one, 1-2-5 up to 3, decades beyond);
+    an axis with its own labels keeps them."""
+    from kvdash.charts import LOG_TICKS, readable
+
+    fig = {"data": [{"x": [1, 2], "y": [3.0, 2e5], "yaxis": "y2"}, {"x": [1, 2], "y": [0.5, 4.0]}],
+           "layout": {"xaxis": {"type": "log", "range": [1, 1.5]}, "yaxis": {"type": "log"},
+                      "yaxis2": {"type": "log"}, "xaxis2": {"type": "log", "ticktext": ["1k"], "tickvals": [1000]}}}
+    out = readable(fig)["layout"]
+    assert out["xaxis"] == {"type": "log", "range": [1, 1.5], "tickformat": LOG_TICKS, "dtick": "D1"}
+    assert out["yaxis"]["dtick"] == "D2" and out["yaxis"]["tickformat"] == LOG_TICKS  # 0.5-4: 0.9 decades
+    assert out["yaxis2"]["dtick"] == 1  # 3-200,000: 4.8 decades
+    assert out["xaxis2"] == fig["layout"]["xaxis2"] and "tickformat" not in fig["layout"]["yaxis"]  # a copy

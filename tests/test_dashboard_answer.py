@@ -1,8 +1,10 @@
 """The Answer page (the dashboard's first screen) under AppTest: its cards are `kvsim plan`'s numbers
 for the scenario file the dashboard offers, its target-rate line is `kvsim plan --target-rate`'s, a
-model that does not fit shows where the memory goes and a button to a layout that fits; and the
-fixes around it: a trace's own rate as the default target, an uploaded scenario without its trace,
-"Run all" on a model that does not fit, captions and downloads that follow the settings."""
+model that does not fit shows where the memory goes and buttons to the layouts that fit best, a
+setting vLLM would not run is the one fix the library names, every $ counts every GPU and says at
+which rate it is priced, the target follows the question's rate; and the fixes around it: a trace's own rate
+as the default target, an uploaded scenario without its trace, "Run all" on a model that does not
+fit, captions and downloads that follow the settings."""
 
 import json
 import re
@@ -10,8 +12,10 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from tests.test_dashboard import (FIXTURES, GOOD_TOML, ROOT, assert_clean, cli, downloaded_toml,
-                                  downloaded_toml_from_state, one_error, open_app, upload, widget)
+                                  downloaded_toml_from_state, figures, one_error, open_app, upload, widget)
 from tests.test_dashboard_capacity import keyed
 
 from kvsim.planning.points import base_rate
@@ -73,20 +77,104 @@ def test_the_cards_are_kvsim_plan_and_the_target_line_kvsim_plan_target_rate(tmp
     assert gpus > d["num_gpus"]
 
 
-def test_a_model_that_does_not_fit_shows_its_memory_and_a_layout_that_fits():
+def test_a_model_that_does_not_fit_shows_its_memory_and_the_layouts_that_fit_best():
+    """Llama-3.1-70B on one H100: one GPU of MI300X or B200 holds it, before two H100s (or two A100s: as
+    much memory and slower); the chart stacks what the GPU holds against its memory and the budget."""
     at = small(open_app())
     widget(at, "selectbox", "model.name").set_value("Llama-3.1-70B")
     answer(at)
     assert one_error(at).startswith("scenarios/chat.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at tp=1) "
                                     "does not fit on H100-SXM")
-    [chart] = at.get("plotly_chart")
-    weights = json.loads(chart.proto.spec)["data"][0]
-    assert weights["name"] == "weights" and weights["x"][0] > 71.3  # more than H100's budget at 0.9
-    fix = next(b for b in at.button if b.label.startswith("Use TP 2"))
-    fix.click().run()
+    assert [b.label for b in at.button if b.key.startswith("kvsim.answer.fix")] == [
+        "Use 1 × MI300X (TP 1), $2.49/h", "Use 1 × B200 (TP 1), $5.99/h", "Use 2 × H100-SXM (TP 2), $5.98/h"]
+    [chart] = figures(at)
+    bars = {t["name"]: t["x"] for t in chart["data"]}
+    assert bars["weights"][0] == pytest.approx(131.4, abs=0.05) and bars["KV cache"] == [0.0, 0.0]  # never negative
+    assert all(x >= 0 for xs in bars.values() for x in xs)
+    lines = {s["name"].split(":")[0]: s["x0"] for s in chart["layout"]["shapes"]}
+    assert lines["GPU memory"] == pytest.approx(85017493504 / 2**30)  # what CUDA reports on an H100
+    assert lines["budget at gpu_memory_utilization"] == pytest.approx(0.9 * 85017493504 / 2**30)
+    assert chart["layout"]["title"]["text"].endswith("GiB over the budget")
+    at.button(key="kvsim.answer.fix_0").click().run()
     assert_clean(at)
-    assert widget(at, "selectbox", "hardware.tensor_parallel_size").value == 2
-    assert at.success  # now it answers: cards and the target line
+    assert widget(at, "selectbox", "hardware.gpu").value == "MI300X"
+    assert widget(at, "selectbox", "hardware.tensor_parallel_size").value == 1
+    assert "/hour** for 1 × MI300X" in card_text(at, "paged")  # now it answers (estimated: no MI300X kernel table)
+
+
+def test_deepseek_on_h200_gets_the_one_fix_the_library_names():
+    """DeepSeek-V3 picked on H200 (chat.toml's block size 16): kvsim run's line names the block size
+    vLLM uses for MLA there, so the page offers that and nothing about memory, at TP 1 as at TP 8; the
+    Memory page says the same (its figures already use 64). The button sets it."""
+    at = small(open_app())
+    widget(at, "selectbox", "model.name").set_value("DeepSeek-V3")
+    widget(at, "selectbox", "hardware.gpu").set_value("H200")
+    answer(at)
+    line = ("scenarios/chat.toml: vLLM v0.11.0 runs DeepSeek-V3's latent attention (MLA) with block_size 64 on H200: "
+            "set engine.block_size = 64")
+    assert one_error(at) == line
+    assert [b.label for b in at.button] == ["Set engine.block_size = 64"] and not at.get("plotly_chart")
+    widget(at, "selectbox", "hardware.tensor_parallel_size").set_value(8).run()
+    assert one_error(at) == line and [b.label for b in at.button] == ["Set engine.block_size = 64"]
+    at.switch_page("views/memory.py").run()
+    assert not at.error and [w.value for w in at.warning] == [
+        line + ". The memory figures here use it already; runs and plans need it set."]
+    at.button(key="kvsim.memory_setting.fix_0").click().run()
+    assert_clean(at) and not at.warning
+    assert widget(at, "selectbox", "engine.block_size").value == 64
+    assert "block_size = 64" in downloaded_toml_from_state(at)
+
+
+def test_a_data_parallel_layout_is_priced_for_every_gpu_at_the_rate_it_says():
+    """Two data-parallel ranks of one H100 each are $5.98/h, each card's $/M at its safe rate and the
+    target line's at the target, each saying which; the page names the layout with its DP (and EP:
+    scenarios/moe.toml's DP 2 + EP on two H100s)."""
+    at = small(open_app())
+    widget(at, "number_input", "hardware.data_parallel_size").set_value(2)
+    answer(at)
+    assert_clean(at)
+    assert any(c.value.startswith("Llama-3.1-8B on 2 × H100-SXM (TP 1 DP 2 × 1 replica) · ") for c in at.caption)
+    for policy in ("paged", "paged-fp8"):
+        text = card_text(at, policy)
+        safe = float(re.search(r"safe up to \*\*([\d.]+) req/s", text).group(1))
+        money = re.search(r"\*\*\$([\d.]+)/hour\*\* for 2 × H100-SXM · \$([\d.]+) per M output tokens at "
+                          r"([\d.]+) req/s", text)
+        assert money, text
+        assert float(money.group(1)) == 5.98 and float(money.group(3)) == safe
+        [target] = [s.value for s in at.success]
+        line = re.search(r"\$([\d.]+)/h \(policy [\w-]+\)\*\*  \n\$([\d.]+) per M output tokens at 14 req/s", target)
+        assert line, target
+        # both are $/hour over the output tokens of an hour: one mean output length behind the two
+        tokens = float(line.group(1)) * 1e6 / (14 * 3600 * float(line.group(2)))
+        assert float(money.group(2)) == pytest.approx(5.98 * 1e6 / (safe * 3600 * tokens), rel=0.01)
+    at.sidebar.selectbox(key="kvsim.shipped").set_value("moe")
+    at.switch_page("views/memory.py").run()
+    assert_clean(at)
+    assert any(c.value.startswith("Qwen3-30B-A3B on 2 × H100-SXM (TP 1 DP 2 EP × 1 replica), max_model_len")
+               for c in at.caption)
+
+
+def asks_for_a_search(at) -> bool:
+    return any("Search the safe rates" in i.value for i in at.info)
+
+
+def test_the_target_follows_the_questions_rate_and_capacity_shows_a_plan_it_has():
+    """The arrival rate changed from 14 to 15: the target rate is 15 (the command no longer says
+    `--set workload.arrival.rate=15.0 --target-rate 14`), and Capacity shows the Answer page's plan of
+    15 req/s without a button press."""
+    at = answer(small(open_app()))
+    at.switch_page("views/capacity.py").run()  # the first visit: the Answer page's plan of 14 req/s
+    assert not asks_for_a_search(at) and keyed(at, "number_input", "kvsim.capacity.target_rate").value == 14.0
+    answer(at)
+    widget(at, "number_input", "workload.arrival.rate").set_value(15.0).run()  # on the Answer page: its widgets stay
+    assert_clean(at)
+    assert keyed(at, "number_input", "kvsim.answer.target").value == 15.0
+    command = next(c.value for c in at.caption if "--target-rate" in c.value).split("`")[1]
+    assert "--set workload.arrival.rate=15.0" in command and "--target-rate 15 " in command
+    at.switch_page("views/capacity.py").run()
+    assert not asks_for_a_search(at) and not at.error and not at.get("progress")
+    assert "--set workload.arrival.rate=15.0" in next(c.value for c in at.caption if c.value.startswith("Same numbers"))
+    assert keyed(at, "number_input", "kvsim.capacity.target_rate").value == 15.0
 
 
 def test_a_traces_own_rate_is_the_default_target_and_an_uploaded_trace_scenario_asks_for_its_trace():

@@ -309,8 +309,6 @@ def test_measured_where_tables_ship_and_the_roofline_everywhere_else(tmp_path):
 
 
 @pytest.mark.parametrize("extra, gpu, message", [
-    ('[engine]\nvllm_version = "0.15.0"\n', "H100-SXM", "no kernel tables for vLLM 0.15.0 on H100-SXM (shipped: "
-     "0.14.0, 0.19.0, 0.24.0)"),
     ('[engine]\nvllm_version = "0.24.0"\n', "L40S", "engine.vllm_version: needs measured kernel tables, but no "
      "measured kernel tables ship for L40S"),
     ('[backend]\npricing = "measured"\n', "MI300X", "backend.pricing: no measured kernel tables ship for MI300X"),
@@ -499,7 +497,17 @@ def test_the_measured_pricer_takes_the_pricing_protocols_arguments():
     ("", "H100-SXM", "Qwen3-30B-A3B", "measured", "measured", "vLLM 0.24.0 kernels timed on H100-SXM"),
     ('[backend]\npricing = "roofline"\n', "H100-SXM", "Qwen3-30B-A3B", "roofline", "estimated",
      "no measured kernels for Qwen3-30B-A3B's MoE experts"),
-    ("", "H100-SXM", "gemma-2-9b", "roofline", "estimated", "sliding-window or chunked attention"),
+    ("", "H100-SXM", "gemma-2-9b", "measured", "measured", "sliding-window attention (21 layers, 4096 tokens): "
+     "measured (full-attention rows at min(context, 4096) keys"),
+    ("", "H200", "gpt-oss-120b", "measured", "measured", "sliding-window attention (18 layers, 128 tokens): measured "
+     "(vLLM's attention rows timed with a 128-token window)"),
+    ('[engine]\nvllm_version = "0.16.0"\n', "H100-SXM", "Llama-3.1-8B", "measured", "estimated",
+     "kernels: estimated (no kernel tables of vLLM 0.16.0 on H100-SXM: vLLM 0.14.0's, the newest shipped release "
+     "not newer)"),
+    ('[engine]\nvllm_version = "0.12"\n', "H200", "Llama-3.1-8B", "measured", "estimated",
+     "vLLM 0.14.0's, the oldest shipped, every table being newer"),
+    ('[engine]\nvllm_version = "v0.19.0rc1"\n', "H200", "Llama-3.1-8B", "measured", "measured",
+     "vLLM 0.19.0 kernels timed on H200"),
     ('[engine]\nmax_model_len = 4096\n', "H100-SXM", "Mistral-7B-v0.1", "measured", "measured", "kernels timed"),
     ('[backend]\nname = "triton"\n', "H100-SXM", "Llama-3.1-8B", "triton", "measured", "timed on the GPU"),
 ])
@@ -526,14 +534,36 @@ def test_every_run_says_whether_its_answers_are_measured_or_estimated(tmp_path, 
 
 
 def test_measured_pricing_of_layers_the_tables_do_not_time_is_one_line(tmp_path):
-    """The tables time fused MoE and the MLA module where a release has them, never sliding windows."""
-    sc = scenario(tmp_path, '[backend]\npricing = "measured"\n')
-    sc = sc.model_copy(update={"model": sc.model.model_copy(update={"name": "gpt-oss-20b"})})
-    with pytest.raises(KvsimError, match="do not time gpt-oss-20b's sliding-window or chunked attention yet"):
-        backend(sc)
+    """The tables time the MLA module from vLLM 0.19 on: 0.14's cannot price DeepSeek-V3."""
     old = scenario(tmp_path, '[engine]\nblock_size = 64\nvllm_version = "0.14.0"\n', gpu="H200")
     old = old.model_copy(update={"model": old.model.model_copy(update={"name": "DeepSeek-V3"}),
                                  "hardware": old.hardware.model_copy(update={"tensor_parallel_size": 8})})
     with pytest.raises(KvsimError, match=r"engine\.vllm_version: .*do not time DeepSeek-V3's MLA attention "
                                          r"in vLLM 0\.14\.0's"):
         backend(old)
+
+
+@pytest.mark.parametrize("value, ok", [("0.16.0", True), ("0.16", True), ("v0.16.1rc2", True), ("0.16.1.post1", True),
+                                       ("latest", False), ("0.16.0.0", False), ("16", False)])
+def test_any_release_is_priced_by_the_nearest_shipped_and_a_non_version_is_one_line(tmp_path, value, ok):
+    """engine.vllm_version names the release a user runs: one without tables (0.16 on H100) is priced by the
+    newest shipped release not newer (0.14.0) and labelled estimated, saying so; a string that is no release
+    is one line and exit code 2."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.toml"
+    path.write_text('name = "s"\n[model]\nname = "Llama-3.1-8B"\n[engine]\nvllm_version = "' + value + '"\n'
+                    '[[policies]]\nname = "p"\n[workload]\nnum_requests = 5\n')
+    out = subprocess.run([sys.executable, "-m", "kvsim", "run", str(path), "--quiet", "--out", str(tmp_path / "r")],
+                         capture_output=True, text=True)
+    if not ok:
+        assert out.returncode == 2 and "Traceback" not in out.stderr and not (tmp_path / "r").exists()
+        line = out.stderr.strip()
+        assert "\n" not in line and f"engine.vllm_version: '{value}' is not a vLLM release" in line
+        return
+    assert out.returncode == 0, out.stderr
+    basis = json.loads((tmp_path / "r" / "summary.json").read_text())["meta"]["pricing_basis"]
+    assert (basis["label"], basis["vllm_version"], basis["parts"][0]["part"]) == ("estimated", "0.14.0", "kernels")
+    assert f"no kernel tables of vLLM {value} on H100-SXM: vLLM 0.14.0's, the newest shipped release not newer" \
+        in basis["why"]

@@ -128,8 +128,8 @@ def test_moe_layer_rules(tmp_path):
 @pytest.mark.parametrize("change, message", [
     ({"layer_types": ["linear_attention", "full_attention"] * 24},
      "layer_types: 'linear_attention' layers are not supported"),
-    ({"quantization_config": {"quant_method": "awq", "bits": 4}},
-     "quantization_config.quant_method: 'awq' checkpoints are not supported"),
+    ({"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}},
+     "quantization_config.quant_method: 'bitsandbytes' checkpoints are not supported"),
     ({"index_topk": 2048}, "index_topk: DeepSeek sparse attention"),
     ({"mamba_d_state": 16}, "mamba_d_state: Mamba layers (Jamba) are not supported"),
     ({"num_experts_per_tok": 200}, "num_experts_per_tok: 200 is more than the 128 experts (num_experts)"),

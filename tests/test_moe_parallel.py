@@ -125,7 +125,8 @@ def test_measured_tables_price_moe_and_mla_models_where_they_have_them():
     tables = load_tables(str(shipped_path("H200", "0.24.0")))
     assert untimed_layers(tables, DS) == untimed_layers(tables, QWEN_MOE) == []
     assert unmeasured_layers(DS, 8192, tables) == "" and unmeasured_layers(DS, 8192) == "MoE experts and MLA attention"
-    assert unmeasured_layers(MODELS["gpt-oss-20b"], 8192, tables) == "sliding-window or chunked attention"
+    assert unmeasured_layers(MODELS["gpt-oss-20b"], 8192, tables) == ""  # windowed rows (kernel_plan)
+    assert unmeasured_layers(MODELS["gpt-oss-20b"], 8192) == "MoE experts and sliding-window or chunked attention"
     old = load_tables(str(shipped_path("H200", "0.14.0")))
     assert untimed_layers(old, DS) == ["MLA attention"]
     k = MoeMlaKernels(tables, DS, H200, 8, "auto", CAL)
@@ -136,13 +137,12 @@ def test_measured_tables_price_moe_and_mla_models_where_they_have_them():
     assert k.context_s(1, 2048)[0] > k.context_s(1, 512)[0] > 0
 
 
-def test_sliding_window_models_fall_back_to_the_roofline_under_auto_pricing():
+def test_sliding_window_models_are_priced_by_the_tables_under_auto_pricing():
+    """gpt-oss fell back to the roofline (its sliding layers were not timed); the tables' window rows price them."""
     sc = make_scenario(model={"name": "gpt-oss-20b"}, workload={"num_requests": 20})
     s = run_scenario(sc, write=False).summaries["paged"]
-    assert s["backend"]["backend"] == "analytic" and "source" not in s["backend"]
-    measured = make_scenario(model={"name": "gpt-oss-20b"}, backend={"pricing": "measured"})
-    with pytest.raises(KvsimError, match="do not time gpt-oss-20b's sliding-window or chunked attention"):
-        run_scenario(measured, write=False)
+    assert s["backend"]["pricing"]["source"] == "measured"
+    assert any("sliding-window" in e for e in s["backend"]["pricing"]["windows"])
 
 
 # ---- the triton engine stays dense -----------------------------------------------------------------

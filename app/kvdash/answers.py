@@ -1,6 +1,8 @@
-"""What the Answer page says, computed from the library's answers (`kvsim.plan`, `kvsim.deploy`,
-`kvsim.memory`): a card per policy, what to change when the model does not fit, and the line that
-answers a target rate. No Streamlit here but the caches: the page draws.
+"""What the Answer page says, computed from the library's answers (`kvsim.plan`, `kvsim.deploy`): a
+card per policy and the line that answers a target rate, each $ figure for every GPU the layout takes
+(TP x DP a replica, every replica: kvsim.scenario.catalog.hourly_price) and said at which rate it is
+priced. What to change when the scenario cannot run is kvdash.diagnosis. No Streamlit here but the
+caches: the page draws.
 """
 
 from __future__ import annotations
@@ -11,14 +13,10 @@ from pathlib import Path
 import streamlit as st
 
 from kvdash import plans
-from kvsim.errors import KvsimError
-from kvsim.scenario.catalog import GPUS, gpu_price, gpu_spec, model_spec
+from kvsim.scenario.catalog import hourly_price, num_gpus
 from kvsim.scenario.config import scenario_from_toml
 
 CLI = plans.DEFAULT  # `kvsim plan`'s own defaults: the page's numbers are the command line's
-GIB = 2**30
-BREAKDOWN = (("weights", "weights"), ("activations", "activations"), ("reserve", "fixed reserve"),
-             ("kv", "KV cache"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,19 +31,22 @@ class Card:
     headroom: float
     knee: str  # "23.8 (95% CI 22.0–25.6)"
     tied: tuple[str, ...]
-    usd_per_hour: float | None
-    usd_per_m_output: float | None  # at the safe rate
+    usd_per_hour: float | None  # every GPU of the layout
+    usd_per_m_output: float | None  # at the safe rate (a closed loop: the req/s its safe clients get)
     binding: str
     binding_detail: str
     note: str = ""  # a label for the figures' provenance (e.g. measured or estimated), when there is one
     unit: str = "req/s"  # what safe_rate counts: req/s, sessions/s, or clients (a closed loop's concurrency)
     throughput: float | None = None  # requests/s at the safe load (a closed loop's: what its clients get)
+    gpus: str = ""  # what the $/hour pays for, e.g. "2 × H100-SXM"
 
 
-def cards(result, colors: dict, tied: dict, usd_per_hour: float | dict | None, output_tokens: float) -> list[Card]:
+def cards(result, colors: dict, tied: dict, usd_per_hour: float | dict | None, output_tokens: float,
+          gpus: dict | None = None) -> list[Card]:
     """A card per policy of a `kvsim.plan` result; the best is the first of the highest safe rates (a
     closed loop: concurrencies), $ per million output tokens at the requests/s served there.
-    `usd_per_hour`: one figure, or one per policy (a disaggregated policy's GPUs are its pools')."""
+    `usd_per_hour`: one figure, or one per policy (a disaggregated policy's GPUs are its pools');
+    `gpus`: per policy, what that pays for."""
     best = max(result.policies, key=lambda p: (p.safe_rate, p.mean_rate), default=None)
     note = basis_note(result.meta.get("pricing_basis"))
     unit = result.meta.get("load_unit") or "req/s"
@@ -58,7 +59,8 @@ def cards(result, colors: dict, tied: dict, usd_per_hour: float | dict | None, o
         out.append(Card(p.policy, colors[p.policy], p is best and p.safe_rate > 0, p.sustainable_at_scenario_rate,
                         p.safe_rate, p.headroom, f"{p.mean_rate:.3g} (95% CI {p.ci_low:.3g}–{p.ci_high:.3g})",
                         tuple(tied.get(p.policy, ())), usd, per_m, p.binding or "–",
-                        p.binding_detail or "", note, unit=unit, throughput=rps))
+                        p.binding_detail or "", note, unit=unit, throughput=rps,
+                        gpus=(gpus or {}).get(p.policy, "")))
     return out
 
 
@@ -74,19 +76,28 @@ def load_label(unit: str, value: float) -> str:
     return f"{value:.3g} {unit}"
 
 
-def hourly_cost(scenario, policy=None) -> tuple[float, str] | None:
-    """($/hour of the scenario's GPUs, the price's source), or None without a price; for a policy
-    served disaggregated, of its prefill and decode pools' GPUs."""
-    views = [scenario.hardware]
+def _views(scenario, policy=None) -> list:
+    """The scenario as each of its pools runs it: itself, or a disaggregated policy's prefill and decode pools."""
     if policy is not None and scenario.disaggregated(policy):
         from kvsim.scenario.disaggregation import ROLES, pool_view
 
-        views = [pool_view(scenario, policy, role)[0].hardware for role in ROLES]
-    prices = [gpu_price(scenario, hw.gpu) for hw in views]
+        return [pool_view(scenario, policy, role)[0] for role in ROLES]
+    return [scenario]
+
+
+def hourly_cost(scenario, policy=None) -> tuple[float, str] | None:
+    """($/hour of every GPU the scenario takes, the price's source), or None without a price
+    (kvsim.scenario.catalog.hourly_price: TP x DP a replica, every replica); for a policy served
+    disaggregated, of its prefill and decode pools' GPUs."""
+    prices = [hourly_price(view) for view in _views(scenario, policy)]
     if any(price is None for price in prices):
         return None
-    return (sum(price.usd_per_hour * hw.tensor_parallel_size * hw.num_replicas for price, hw in zip(prices, views)),
-            prices[0].source)
+    return sum(usd for usd, _ in prices), prices[0][1].source
+
+
+def gpus_text(scenario, policy=None) -> str:
+    """What `hourly_cost` pays for: '2 × H100-SXM'; a disaggregated policy's pools: '1 × H100-SXM + 2 × H200'."""
+    return " + ".join(f"{num_gpus(v.hardware)} × {v.hardware.gpu}" for v in _views(scenario, policy))
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
@@ -97,50 +108,3 @@ def mean_tokens(toml_text: str, source: str, base_dir: str, inputs_digest: str) 
 
     scenario = scenario_from_toml(toml_text, source, Path(base_dir))
     return tokens_per_request(scenario, default_requests(scenario))
-
-
-def fit_problem(scenario) -> str | None:
-    """Why the model does not fit (one line), or None."""
-    from kvsim.perf.memory import check_fits
-
-    try:
-        check_fits(scenario, model_spec(scenario), gpu_spec(scenario), scenario.policies)
-    except KvsimError as exc:
-        return str(exc)
-    return None
-
-
-def fixes(scenario) -> list[tuple[str, dict]]:
-    """Layouts that fit, as (button label, {scenario key: value}): the smallest TP degree that fits on
-    this GPU, else the smallest GPU preset that fits at this TP degree (or the next)."""
-    from kvsim.perf.memory import smallest_tp
-
-    model, policies = model_spec(scenario), scenario.policies
-    gpu = gpu_spec(scenario)
-    out = []
-    tp = smallest_tp(scenario, model, gpu, policies)
-    hw = scenario.hardware
-    if tp is not None and tp != hw.tensor_parallel_size:
-        out.append((f"Use TP {tp} ({tp * hw.num_replicas} × {gpu.name})", {"hardware.tensor_parallel_size": tp}))
-    for other in sorted(GPUS.values(), key=lambda g: g.memory_gib):
-        if other.name == gpu.name or other.memory_gib <= gpu.memory_gib:
-            continue
-        other_tp = smallest_tp(scenario.model_copy(update={"hardware": hw.model_copy(update={"gpu": other.name})}),
-                               model, other, policies)
-        if other_tp is not None:
-            out.append((f"Use {other.name}" + (f" at TP {other_tp}" if other_tp != hw.tensor_parallel_size else ""),
-                        {"hardware.gpu": other.name, "hardware.tensor_parallel_size": other_tp}))
-            break
-    return out
-
-
-def breakdown_figure(cap: dict, gpu: str) -> dict:
-    """One stacked bar per GPU: weights, activations, reserve, KV cache (none when negative: the
-    shortfall is drawn past the budget) and what utilization leaves out."""
-    parts = [(label, cap[key]) for key, label in BREAKDOWN] + [("not used (gpu_memory_utilization)",
-                                                                 cap["total"] - cap["budget"])]
-    data = [{"type": "bar", "orientation": "h", "name": label, "y": [gpu], "x": [value / GIB],
-             "hovertemplate": f"{label}: %{{x:.2f}} GiB<extra></extra>"} for label, value in parts]
-    return {"data": data, "layout": {"barmode": "relative", "height": 260,
-                                     "title": {"text": "Memory per GPU (GiB)"}, "margin": {"l": 90},
-                                     "legend": {"orientation": "h", "y": -0.3, "traceorder": "normal"}}}

@@ -7,10 +7,15 @@ the worker count: the answers are the same bytes whatever runs them), so going b
 setting is instant. A search draws a progress bar fed by the library's `progress(done, total)`
 callback; the bar is made inside the cached function, so a cache hit replays it (already emptied)
 instead of pointing at an element of an earlier script run.
+
+Which plans this server holds is kept beside the cache (`planned`), so a page can show a plan it
+already has (the Answer page's, or an earlier search's) without asking for a button press.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,10 +88,49 @@ def _scenario(toml_text: str, source: str, base_dir: str):
     return scenario_from_toml(toml_text, source, Path(base_dir))
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+PLANS_KEPT = 16
+
+
+class Kept:
+    """Keys, the least recently used forgotten past `size` (as the cache forgets its entries); thread-safe:
+    every session's script thread shares it."""
+
+    def __init__(self, size: int):
+        self.size, self.keys, self.lock = size, OrderedDict(), threading.Lock()
+
+    def add(self, key) -> None:
+        with self.lock:
+            self.keys[key] = True
+            self.keys.move_to_end(key)
+            while len(self.keys) > self.size:
+                self.keys.popitem(last=False)
+
+    def __contains__(self, key) -> bool:
+        with self.lock:
+            return key in self.keys
+
+
+@st.cache_resource
+def _planned() -> Kept:
+    return Kept(PLANS_KEPT)
+
+
+def planned(toml_text: str, source: str, base_dir: str, inputs_digest: str, settings: Settings) -> bool:
+    """Whether `plan` of these arguments is at hand (a cache hit: no search)."""
+    return (toml_text, source, base_dir, inputs_digest, settings) in _planned()
+
+
 def plan(toml_text: str, source: str, base_dir: str, inputs_digest: str, settings: Settings,
          _workers: int | None = None):
-    """`kvsim.plan` of the scenario (`inputs_digest` keys the uploaded files it reads)."""
+    """`kvsim.plan` of the scenario (`inputs_digest` keys the uploaded files it reads), cached."""
+    result = _plan(toml_text, source, base_dir, inputs_digest, settings, _workers)
+    _planned().add((toml_text, source, base_dir, inputs_digest, settings))
+    return result
+
+
+@st.cache_data(max_entries=PLANS_KEPT, show_spinner=False)
+def _plan(toml_text: str, source: str, base_dir: str, inputs_digest: str, settings: Settings,
+          _workers: int | None = None):
     scenario = _scenario(toml_text, source, base_dir)
     bar = Bar("Finding each policy's maximum sustainable rate")
     try:

@@ -18,9 +18,10 @@ import streamlit as st
 import tomli_w
 
 from kvdash import errors, fields
-from kvdash.source import Base, choose_base, toml_value
+from kvdash.source import Base, Waiting, choose_base, toml_value
 from kvsim.errors import KvsimError
-from kvsim.scenario.catalog import GPUS, MODELS
+from kvsim.planning.parallel import Parallel
+from kvsim.scenario.catalog import GPUS, MODELS, num_gpus
 from kvsim.scenario.config import (ArrivalConfig, PrefixConfig, Scenario, SloConfig, scenario_from_dict,
                                    scenario_from_toml)
 from kvsim.scenario.overrides import apply_overrides
@@ -232,13 +233,17 @@ def _workload(form: _Form, box) -> str:
 
 def draw() -> None:
     """Draw the settings (the main area's question, the Advanced sidebar) and keep the scenario they
-    make (or the error) for the page."""
-    st.session_state["kvsim.current"] = None
+    make (or the error, or what the page waits for) for the page."""
+    st.session_state["kvsim.current"] = st.session_state["kvsim.error"] = st.session_state["kvsim.waiting"] = None
     with errors.caught() as error:
         bar = st.sidebar
         bar.header("Advanced", help="Everything beside the question above: the scenario to start from (or "
                                     "your own files), the policies compared, engine limits, the workload.")
-        base = choose_base(bar)
+        try:
+            base = choose_base(bar)
+        except Waiting as wait:
+            st.session_state["kvsim.waiting"] = str(wait)
+            return
         form = _Form(base)
         _hardware(form, bar.expander("Model and hardware"))
         chosen = _policies(form, bar.expander("Policies"))
@@ -272,11 +277,12 @@ def build(base: Base, overrides: list[str], unset: list[str], chosen: list[str])
 
 
 def layout_text(scenario: Scenario) -> str:
-    """e.g. 'Llama-3.1-8B on 4 × H100-SXM (TP 2 × 2 replicas)'."""
+    """e.g. 'Llama-3.1-8B on 4 × H100-SXM (TP 2 × 2 replicas)', 'Qwen3-30B-A3B on 2 × H100-SXM (TP 1 DP 2
+    EP × 1 replica)': every GPU, and the layout as `kvsim plan` names it (kvsim.planning.parallel)."""
     hw = scenario.hardware
     model = scenario.model.name or Path(scenario.model.hf_config or "model").parent.name
-    n = hw.tensor_parallel_size * hw.num_replicas
-    return (f"{model} on {n} × {hw.gpu} (TP {hw.tensor_parallel_size} × {hw.num_replicas} "
+    layout = Parallel(hw.tensor_parallel_size, hw.data_parallel_size, hw.enable_expert_parallel)
+    return (f"{model} on {num_gpus(hw)} × {hw.gpu} (TP {layout} × {hw.num_replicas} "
             f"replica{'s' if hw.num_replicas > 1 else ''})")
 
 
@@ -320,9 +326,14 @@ def _think_mean(d) -> float:
 
 
 def current() -> Current:
-    """The sidebar's scenario; when it is not valid, its one-line error is on the page and the page stops."""
+    """The sidebar's scenario; when it is not valid, its one-line error is on the page and the page stops
+    (before an upload: a prompt for it)."""
     cur = st.session_state.get("kvsim.current")
     if cur is None:
-        st.error(st.session_state.get("kvsim.error") or "no scenario")
+        waiting = st.session_state.get("kvsim.waiting")
+        if waiting:
+            st.info(waiting)
+        else:
+            st.error(st.session_state.get("kvsim.error") or "no scenario")
         st.stop()
     return cur

@@ -41,6 +41,10 @@ TRACE_FORMATS = ("azure", "mooncake", "csv")
 PATH_KEYS = (("model", "hf_config"), ("workload", "trace", "path"), ("backend", "calibration"))
 
 
+class Waiting(Exception):
+    """Nothing chosen yet, and nothing wrong: the page asks for the upload (a prompt, not an error)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Base:
     """The starting scenario, before the settings widgets: its data (paths made absolute), validated."""
@@ -153,7 +157,7 @@ def _scenario_file(container) -> tuple[str, str, Path, str]:
                                           f"{MAX_TOML_BYTES >> 10} KiB); relative paths in it name files "
                                           "uploaded beside it.")
     if upload is None:
-        raise KvsimError("upload a scenario TOML file, or start from a shipped scenario")
+        raise Waiting("Upload a scenario TOML file (Advanced, in the sidebar), or start from a shipped scenario.")
     path, _ = save_upload(upload, "scenario file", MAX_TOML_BYTES)
     text = read_text(path, "scenario file", limit=MAX_TOML_BYTES)  # the CLI's reader: UTF-8, no NUL bytes
     return text, upload.name, upload_dir(), name_from_stem(Path(upload.name).stem)

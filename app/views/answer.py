@@ -3,14 +3,15 @@ arrival rate, SLO), a card per policy: does it meet the SLO at that rate, its sa
 and a run four times longer sustainable there), $/hour and $ per million output tokens at the safe
 rate, and what binds (a closed loop: its clients, the safe concurrency and the req/s it gets); then what serves a target rate on this GPU ("N × GPU as TP t × r replicas,
 $X/h") with the best policy. The numbers are `kvsim plan`'s and `kvsim plan --target-rate`'s with
-their default settings (kvdash.answers.CLI), cached by scenario. When the model does not fit, the page
-shows where the memory goes and a button for a layout that fits.
+their default settings (kvdash.answers.CLI), cached by scenario. Every $ figure counts every GPU of the
+layout and says at which rate it is priced. When the scenario cannot run, the page shows the library's
+one line and what fixes it (kvdash.diagnosis): where the memory goes and the layouts that fit best, or
+the setting to change.
 """
 
-import plotly.graph_objects as go
 import streamlit as st
 
-from kvdash import answers, errors, plans, settings
+from kvdash import answers, diagnosis, errors, plans, settings
 from kvsim.planning.output import tied_with
 from kvsim.scenario.catalog import GPUS
 from kvsim.results.figures import policy_colors
@@ -18,32 +19,6 @@ from kvsim.results.report import slo_text
 
 cur = settings.current()
 CARDS_PER_ROW = 5
-
-
-def apply(changes: dict) -> None:
-    """A fix's button: set the question's widgets to a layout that fits."""
-    for key, value in changes.items():
-        st.session_state[f"{cur.base.digest}:{key}"] = value
-
-
-def does_not_fit(problem: str) -> None:
-    st.error(errors.one_line(problem))
-    from kvsim.results.memory_report import memory_records
-    from kvsim.scenario.catalog import gpu_spec, model_spec
-
-    scenario = cur.scenario
-    fixes = answers.fixes(scenario)
-    cols = st.columns(max(1, len(fixes)) + 2)
-    for col, (label, changes) in zip(cols, fixes):
-        col.button(label, on_click=apply, args=(changes,), type="primary", key=f"kvsim.answer.fix_{label}")
-    try:
-        cap = memory_records(scenario, model_spec(scenario), gpu_spec(scenario), seq_lens=())["capacity"][0]
-    except Exception:  # noqa: BLE001 (nothing to draw: the error above says why)
-        return
-    st.plotly_chart(go.Figure(answers.breakdown_figure(cap, scenario.hardware.gpu)), theme=None,
-                    key="kvsim.answer_breakdown")
-    st.caption("Per GPU: the weights alone (split over the TP degree) exceed what gpu_memory_utilization leaves; "
-               "the Memory page has the whole breakdown once it fits.")
 
 
 def card(c: answers.Card, r0: float) -> None:
@@ -57,8 +32,9 @@ def card(c: answers.Card, r0: float) -> None:
                  f"safe up to **{answers.load_label(c.unit, c.safe_rate)}**{there} ({c.headroom:+.0%})  \n"
                  f"knee {c.knee}" + (f"  \n= tie with {', '.join(c.tied)}" if c.tied else ""))
     money = ("no price: set cost.gpu_hour_usd" if c.usd_per_hour is None else
-             f"**${c.usd_per_hour:,.2f}/hour**" + ("" if c.usd_per_m_output is None else
-                                                    f" · ${c.usd_per_m_output:,.3f} per M output tokens"))
+             f"**${c.usd_per_hour:,.2f}/hour** for {c.gpus}" + ("" if c.usd_per_m_output is None else
+                                                               f" · ${c.usd_per_m_output:,.3f} per M output tokens "
+                                                               f"at {c.throughput:.3g} req/s"))
     box.markdown(f"{money}  \nbinds: **{c.binding}**", help=c.binding_detail or None)
     if c.note:
         box.caption(c.note)
@@ -77,8 +53,9 @@ def target_answer(scenario, plan_result, here: tuple, r0: float) -> None:
     if closed:  # a closed loop's rate: what its safe clients get from the best policy
         r0 = best_answer.at_safe_rate.get("throughput_rps") or 1.0
     cols = st.columns([1, 1.4, 3], vertical_alignment="bottom")
-    rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, float(f"{r0:.4g}"), step=1.0, format="%g",
-                                key=f"kvsim.answer.target:{cur.base.digest}",
+    default = float(f"{r0:.4g}")  # keyed by it too: a new question's rate is the new default
+    rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, default, step=1.0, format="%g",
+                                key=f"kvsim.answer.target:{cur.base.digest}:{default:g}",
                                 help="The SLO must be met at this arrival rate (`kvsim plan --target-rate R`). "
                                      + ("A closed loop is planned as its requests arriving at this rate (Poisson, "
                                         "no client limit). Default: the requests/s the best policy's safe clients get."
@@ -92,8 +69,8 @@ def target_answer(scenario, plan_result, here: tuple, r0: float) -> None:
     if result.deployments:
         d = result.deployments[0]
         shown = cols[2].warning if d.pricing == "estimated" else cols[2].success
-        shown(f"**{d.answer()}**  \n${d.usd_per_m_output:,.3f} per M output tokens; every seed and a "
-              f"{result.meta['long_run_requests']:,}-request run meet the SLO at {rate:g} req/s  \n"
+        shown(f"**{d.answer()}**  \n${d.usd_per_m_output:,.3f} per M output tokens at {rate:g} req/s; every seed "
+              f"and a {result.meta['long_run_requests']:,}-request run meet the SLO there  \n"
               f"{d.pricing.capitalize()}: {d.pricing_why}")
     else:
         cols[2].warning(f"No layout of {gpu} (TP 1, 2, 4, 8; up to {targets.max_replicas} replicas) meets the SLO "
@@ -105,11 +82,15 @@ def target_answer(scenario, plan_result, here: tuple, r0: float) -> None:
 
 with errors.caught(st):
     scenario = cur.scenario
-    st.caption(f"{settings.workload_text(scenario)} · {slo_text(scenario.slo.model_dump())} · policies compared: "
-               f"{', '.join(cur.policies)} (change them under Advanced)")
-    problem = answers.fit_problem(scenario)
-    if problem:
-        does_not_fit(problem)
+    st.caption(f"{settings.layout_text(scenario)} · {settings.workload_text(scenario)} · "
+               f"{slo_text(scenario.slo.model_dump())} · policies compared: {', '.join(cur.policies)} (change them "
+               "under Advanced)")
+    diag = diagnosis.diagnose(scenario)
+    if diag is not None:
+        st.error(errors.one_line(diag.message))
+        diagnosis.buttons(diag, cur.base.digest, "answer")
+        if diag.kind == diagnosis.MEMORY:
+            diagnosis.memory_view(scenario, "answer")
         st.stop()
     toml = cur.toml()
     here = (toml, cur.base.source, str(cur.base.base_dir), cur.base.digest)
@@ -120,7 +101,8 @@ with errors.caught(st):
     colors = policy_colors(result.meta["policy_order"])
     per_policy = {p.name: answers.hourly_cost(scenario, p) for p in scenario.policies}
     shown = answers.cards(result, colors, tied_with(result.policies),
-                          {name: c[0] if c else None for name, c in per_policy.items()}, out_tokens)
+                          {name: c[0] if c else None for name, c in per_policy.items()}, out_tokens,
+                          {p.name: answers.gpus_text(scenario, p) for p in scenario.policies})
     st.subheader(f"Each policy at {answers.load_label(result.meta.get('load_unit') or 'req/s', r0)}, "
                  "and how far it goes")
     for start in range(0, len(shown), CARDS_PER_ROW):
@@ -133,6 +115,6 @@ with errors.caught(st):
                + (" with that many clients (a closed loop: each client sends its next request when its last one "
                   "ended, as vllm bench serve --max-concurrency; req/s: what they get there)" if closed_loop
                   else " and keep up there") + "; the knee is the seeds' mean, ties overlap in their 95% intervals. "
-               + (f"$ from {cost[1]}. " if cost else "")
+               + (f"$ per M output tokens at the safe rate's req/s; $/hour from {cost[1]}. " if cost else "")
                + f"Same numbers: `python -m kvsim plan {cur.arguments() or 'SCENARIO.toml'}`.")
     target_answer(scenario, result, here, r0)  # a trace's own mean rate, as the plan replays it

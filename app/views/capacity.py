@@ -11,10 +11,9 @@ the plan the Answer page made, so the numbers are the command line's.
 
 import os
 
-import plotly.graph_objects as go
 import streamlit as st
 
-from kvdash import errors, plans, runs, settings
+from kvdash import charts, errors, plans, runs, settings
 from kvsim.errors import KvsimError
 from kvsim.planning.capacity import DEFAULT_REQUESTS
 from kvsim.planning.output import deploy_lines, plan_files, plan_lines, tied_with
@@ -142,7 +141,7 @@ def plan_rows(result) -> list[dict]:
 def deploy_rows(result) -> list[dict]:
     """`kvsim plan --target-rate`'s table: the cheapest passing layouts, each with its own safe rate."""
     r = result.target_rate
-    return [{"GPU": d.gpu, "TP × replicas": f"{d.tensor_parallel_size} × {d.num_replicas}", "GPUs": d.num_gpus,
+    return [{"GPU": d.gpu, "TP × replicas": f"{d.layout} × {d.num_replicas}", "GPUs": d.num_gpus,
              "policy": d.policy, "safe req/s": f"{d.safe_rate:.3g}" if d.safe_rate is not None else f"≥{r:g}",
              "knee (95% CI)": "–" if d.mean_rate is None else f"{d.mean_rate:.3g} ({d.ci_low:.3g}–{d.ci_high:.3g})",
              "$/hour": d.usd_per_hour, "$/M input": d.usd_per_m_input, "$/M output": d.usd_per_m_output,
@@ -153,7 +152,7 @@ def deploy_rows(result) -> list[dict]:
 
 def cost_figure(result) -> dict:
     ds = [d for d in result.deployments if d.meets_target]
-    labels = [f"{d.gpu} TP{d.tensor_parallel_size}×{d.num_replicas}" for d in ds]
+    labels = [d.label for d in ds]
     return {"data": [{"type": "bar", "orientation": "h", "y": labels, "x": [d.usd_per_m_output for d in ds],
                       "marker": {"color": "#00CC96"}, "customdata": [[d.usd_per_hour, d.num_gpus] for d in ds],
                       "hovertemplate": "%{y}: $%{x:.3f} per M output tokens, $%{customdata[0]:.2f}/h on "
@@ -164,7 +163,7 @@ def cost_figure(result) -> dict:
 
 
 def show(fig: dict, key: str) -> None:
-    st.plotly_chart(go.Figure(fig), theme=None, key=f"kvsim.capacity_{key}")
+    charts.plot(fig, f"kvsim.capacity_{key}")
 
 
 def downloads(result, prefix: str) -> None:
@@ -230,8 +229,9 @@ def deploy_targets(scenario) -> plans.Targets | None:
     with st.form("kvsim.capacity.deploy_form", border=True):
         cols = st.columns([1, 1, 2, 1, 1])
         own = load_unit(scenario) == REQ_RATE  # a closed loop's load is clients, sessions come in sessions/s
-        rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, float(f"{base_rate(scenario):.4g}") if own else 1.0,
-                                    step=1.0, format="%g", key=f"kvsim.capacity.target_rate:{cur.base.digest}",
+        default = float(f"{base_rate(scenario):.4g}") if own else 1.0  # keyed by it too: it follows the question
+        rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, default, step=1.0, format="%g",
+                                    key=f"kvsim.capacity.target_rate:{cur.base.digest}:{default:g}",
                                     help="The SLO must be met at this arrival rate (`--target-rate R`). Default: the "
                                          "scenario's own rate (a trace's: its mean rate). A closed loop is planned as "
                                          "its requests arriving at this rate (Poisson, no client limit); multi-turn "
@@ -262,11 +262,12 @@ def same_numbers(args: str, policies: bool) -> str:
     return f"Same numbers: `python -m kvsim plan {scenario or 'SCENARIO.toml'} {args}`{note}"
 
 
-def remembered(name: str, key: tuple, pressed: bool, first_visit: bool = False):
-    """The search to show: this one when its button was pressed (or on a first visit, if allowed), else
-    the session's last one of `name` if it searched this very scenario."""
+def remembered(name: str, key: tuple, pressed: bool, first_visit: bool = False, ready: bool = False):
+    """The search to show: this one when its button was pressed, it is `ready` (cached: no search to wait
+    for) or on a first visit (if allowed), else the session's last one of `name` if it searched this very
+    scenario."""
     state = f"kvsim.capacity.{name}"
-    if pressed or (first_visit and state not in st.session_state):
+    if pressed or ready or (first_visit and state not in st.session_state):
         st.session_state[state] = key
     last = st.session_state.get(state)
     return last if last is not None and last[0] == key[0] else None
@@ -289,9 +290,10 @@ with errors.caught(st):
     pressed = st.button("Search the safe rates", type="primary", key="kvsim.capacity.plan_button",
                         help="Bracket and bisect each policy's arrival rate under the SLO, then check the safe rate "
                              "on every seed and a longer run (`kvsim plan`).")
-    want = remembered("plan", (here, search), pressed, first_visit=True)
+    want = remembered("plan", (here, search), pressed, first_visit=True, ready=plans.planned(*here, search))
     if want is None:
-        st.info("The scenario changed since the last search: press **Search the safe rates**.")
+        st.info("No search of these settings yet (a plan of the Answer page's, or an earlier search, shows at once): "
+                "press **Search the safe rates**.")
     else:
         (_, settings_used) = want
         result = plans.plan(*here, settings_used, _workers=workers)

@@ -4,16 +4,20 @@ cheapest count of prefill and decode instances for each pool layout (the GPUs an
 for each pool), beside the cheapest aggregated deployment of the same GPUs, each priced, with its
 latency at the target and what binds each pool. The numbers are `kvsim plan --target-rate R
 --disaggregated`'s with its default search settings (kvdash.answers.CLI), cached by scenario; the
-pools' other keys (link, routers, memory share) are the scenario's [disaggregation] section's.
+pools' other keys (link, routers, memory share) are the scenario's [disaggregation] section's. The
+table is the command line's own (kvsim.planning.output.pd_table), every column as it heads and rounds
+it, so a column the library adds shows here too.
 """
 
 import plotly.graph_objects as go
 import streamlit as st
 
-from kvdash import answers, errors, plans, settings
+from kvdash import answers, charts, errors, plans, settings
 from kvsim.planning.capacity import default_requests
+from kvsim.planning.output import pd_table
 from kvsim.planning.points import base_rate
 from kvsim.results.report import slo_text
+from kvsim.results.verdict import LABELS, percentile_label
 from kvsim.scenario.catalog import GPUS
 from kvsim.scenario.links import LINKS
 
@@ -28,8 +32,9 @@ def question(scenario, r0: float):
         p.gpu or scenario.hardware.gpu for p in (section.prefill, section.decode)))
     cols = st.columns([1, 2, 1.3, 1.5, 1.3], vertical_alignment="bottom")
     key = cur.base.digest
-    rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, float(f"{r0:.4g}"), step=1.0, format="%g",
-                                key=f"kvsim.pd.target:{key}", help="The SLO must be met at this arrival rate.")
+    default = float(f"{r0:.4g}")  # keyed by it too: a new question's rate is the new default
+    rate = cols[0].number_input("target rate (req/s)", 0.01, 1e6, default, step=1.0, format="%g",
+                                key=f"kvsim.pd.target:{key}:{default:g}", help="The SLO must be met at this arrival rate.")
     gpus = cols[1].multiselect("GPUs, each pool", list(GPUS), default=[g for g in own if g in GPUS],
                                key=f"kvsim.pd.gpus:{key}", help="Candidates for the prefill pool and for the decode "
                                "pool (H100 prefill with H200 decode is one layout); the aggregated search takes them too.")
@@ -48,37 +53,40 @@ def question(scenario, r0: float):
     return plans.PDTargets(float(rate), tuple(gpus), tuple(sorted(tps))), extra
 
 
+def latency_hover(result) -> tuple[list[str], str]:
+    """(record keys, hover text) of every latency figure the records hold at the target, at the SLO's
+    percentile: 'TTFT p99 %{customdata[0]:,.0f} ms, ...'."""
+    q = percentile_label(result.meta["slo"].get("percentile", 99.0))
+    keys = [f"at_target_{k}_at_pct" for k in LABELS if any(f"at_target_{k}_at_pct" in r for r in result.rows())]
+    text = ", ".join(f"{LABELS[k[len('at_target_'):-len('_at_pct')]]} {q} %{{customdata[{i}]:,.1f}} ms"
+                     for i, k in enumerate(keys))
+    return keys, text
+
+
 def options_figure(result) -> go.Figure:
-    """$/hour of each option at the target, the answer first; the latency at the target on hover."""
+    """$/hour of each option at the target, the answer first; the latencies at the target on hover."""
     rows = result.rows()
+    keys, latencies = latency_hover(result)
     fig = go.Figure()
     for kind in ("disaggregated", "aggregated"):
         mine = [r for r in rows if r["kind"] == kind]
         fig.add_bar(x=[r["usd_per_hour"] for r in mine], y=[r["label"] for r in mine], orientation="h", name=kind,
-                    marker_color=KIND_COLORS[kind],
-                    customdata=[[r.get("at_target_ttft_ms_at_pct"), r.get("at_target_tpot_ms_at_pct")] for r in mine],
-                    hovertemplate="%{y}: $%{x:,.2f}/h; TTFT %{customdata[0]:,.0f} ms, TPOT %{customdata[1]:,.1f} ms"
-                                  "<extra></extra>")
+                    marker_color=KIND_COLORS[kind], customdata=[[r.get(k) for k in keys] for r in mine],
+                    hovertemplate=f"%{{y}}: $%{{x:,.2f}}/h; {latencies}<extra></extra>")
     fig.update_layout(title="Cheapest layouts meeting the SLO at the target ($/hour)", height=180 + 40 * len(rows),
                       yaxis={"autorange": "reversed", "automargin": True}, xaxis={"title": "$ per hour"},
                       legend={"orientation": "h", "y": -0.25})
     return fig
 
 
-def table(result) -> list[dict]:
-    out = []
-    for r in result.rows():
-        pools = ({"prefill": f"{r['num_prefill']} × {r['prefill_gpu']} TP {r['prefill_tp']}",
-                  "decode": f"{r['num_decode']} × {r['decode_gpu']} TP {r['decode_tp']}",
-                  "binds": f"prefill {r['prefill_binding']}" + (" (one fewer fails)" if r["prefill_tight"] else "")
-                  + f"; decode {r['decode_binding']}" + (" (one fewer fails)" if r["decode_tight"] else "")}
-                 if r["kind"] == "disaggregated" else
-                 {"prefill": f"{r['num_replicas']} × {r['gpu']} TP {r['tensor_parallel_size']} (both phases)",
-                  "decode": "", "binds": r.get("binding") or "–"})
-        out.append({"serving": r["kind"], **pools, "GPUs": r["num_gpus"], "$/hour": round(r["usd_per_hour"], 2),
-                    "$/M out": round(r["usd_per_m_output"], 3), "TTFT ms": r.get("at_target_ttft_ms_at_pct"),
-                    "TPOT ms": r.get("at_target_tpot_ms_at_pct"), "priced": r.get("pricing") or "–"})
-    return out
+def table(result) -> tuple[list[dict], dict]:
+    """The command line's table (pd_table) as rows, each cell as it prints it, and each column's alignment."""
+    columns = list(pd_table(result).columns)
+    cells = [[str(c) for c in col.cells] for col in columns]
+    rows = [{str(col.header): cells[j][i] for j, col in enumerate(columns)} for i in range(len(cells[0]) if cells else 0)]
+    config = {str(col.header): st.column_config.TextColumn(alignment="right" if col.justify == "right" else "left")
+              for col in columns}
+    return rows, config
 
 
 with errors.caught(st):
@@ -94,10 +102,13 @@ with errors.caught(st):
     (st.success if result.deployments or result.aggregated.deployments else st.warning)(f"**{verdict}**")
     if result.estimated_note():
         st.warning(result.estimated_note())
-    st.plotly_chart(options_figure(result), theme=None, key="kvsim.pd_options")
-    st.dataframe(table(result), hide_index=True)
+    charts.plot(options_figure(result), "kvsim.pd_options")
+    rows, config = table(result)
+    st.dataframe(rows, hide_index=True, column_config=config)
     st.caption(f"Each pool layout's cheapest prefill:decode counts whose every seed and a "
                f"{result.meta['long_run_requests']:,}-request run meet the SLO at {targets.target_rate:g} req/s; "
-               "binds: what held the pool's admission back at the target, else its step time. Same numbers: "
+               f"$/M tokens at that rate; latencies: the {percentile_label(result.meta['slo'].get('percentile', 99.0))} "
+               "of the seeds' requests there (their mean); binds: what held the pool's admission back at the target, "
+               "else its step time. Same numbers: "
                f"`python -m kvsim plan {cur.arguments(policies=False) or 'SCENARIO.toml'} "
                + "".join(f"--set {e} " for e in extra) + f"{targets.cli()}`.")

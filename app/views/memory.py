@@ -1,14 +1,16 @@
 """Memory: where each GPU's memory goes and what the KV cache holds, from `kvsim.memory` (the
 numbers `python -m kvsim memory` prints): the capacity breakdown, bytes per token per kv dtype,
 sequences that fit per context length and policy, and the prefill FLOPs a shared prefix saves.
+
+The page gives the diagnosis the other pages give (kvdash.diagnosis): a model that does not fit shows
+where the memory goes and the layouts that fit; a setting the runs refuse (an MLA model's block size)
+is said above the figures, which already use what vLLM runs.
 """
 
-import plotly.graph_objects as go
 import streamlit as st
 
 import kvsim
-from kvdash import errors, settings
-from kvdash.answers import breakdown_figure
+from kvdash import charts, diagnosis, errors, settings
 from kvsim.results.memory_report import table_lengths
 from kvsim.results.figures import policy_colors
 
@@ -63,24 +65,46 @@ def prefix_figure(prefix: dict) -> dict:
 
 
 def show(fig: dict, key: str) -> None:
-    st.plotly_chart(go.Figure(fig), theme=None, key=f"kvsim.memory_{key}")
+    charts.plot(fig, f"kvsim.memory_{key}")
+
+
+def capacity_label(cap: dict) -> str:
+    """A capacity record's name, as `kvsim memory` heads its column: 'auto (contiguous, paged)'."""
+    return f"{cap['kv_cache_dtype']} ({', '.join(cap['policies'])})"
+
+
+def diagnosed(scenario) -> None:
+    """The diagnosis of the runs (a setting: above the figures) and of the sizing (the page's own: it stops)."""
+    run = diagnosis.diagnose(scenario)
+    if run is not None and run.kind == diagnosis.SETTING:
+        st.warning(f"{errors.one_line(run.message)}. The memory figures here use it already; runs and plans need it set.")
+        diagnosis.buttons(run, cur.base.digest, "memory_setting")
+    sizing = diagnosis.diagnose(scenario, simulate=False)
+    if sizing is not None:
+        st.error(errors.one_line(sizing.message))
+        diagnosis.buttons(sizing, cur.base.digest, "memory")
+        if sizing.kind == diagnosis.MEMORY:
+            diagnosis.memory_view(scenario, "memory")
+        st.stop()
 
 
 with errors.caught(st):
     scenario = cur.scenario
+    diagnosed(scenario)
     max_len = kvsim.memory(scenario, seq_lens=())["max_model_len"]
     mem = kvsim.memory(scenario, seq_lens=chart_lengths(max_len))
-    st.caption(f"{mem['model']} on {mem['gpu']}, tensor_parallel_size {mem['tensor_parallel_size']}, "
-               f"max_model_len {max_len:,}: per GPU, as `python -m kvsim memory` prints it")
+    st.caption(f"{settings.layout_text(scenario)}, max_model_len {max_len:,}: per GPU, as `python -m kvsim memory` "
+               "prints it")
     for cap in mem["capacity"]:
         if cap["problem"]:
             st.warning(errors.one_line(cap["problem"]))
 
     st.subheader("Capacity breakdown")
-    show(breakdown_figure(mem["capacity"][0], mem["gpu"]), "breakdown")
+    show(diagnosis.breakdown_figure(mem["capacity"], mem["gpu"]), "breakdown")
+    st.markdown("**KV tokens per GPU**, per kv dtype (and the policies sharing its breakdown)")
     cols = st.columns(len(mem["capacity"]))
     for col, cap in zip(cols, mem["capacity"]):
-        col.metric(f"KV tokens per GPU, {cap['kv_cache_dtype']}", f"{cap['max_tokens']:,}",
+        col.metric(capacity_label(cap), f"{cap['max_tokens']:,}",
                    help=f"{cap['num_blocks']:,} blocks of {cap['block_size']} tokens, {cap['bytes_per_block']:,} "
                         f"bytes each; policies {', '.join(cap['policies'])}")
 

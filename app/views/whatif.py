@@ -5,11 +5,9 @@ runs the whole scenario. The table and figures are the CLI's own (kvsim.results.
 downloads are the settings as a scenario file and the run's results folder files.
 """
 
-import plotly.graph_objects as go
 import streamlit as st
 
-from kvdash import answers, errors, runs, settings
-from kvsim.errors import KvsimError
+from kvdash import charts, diagnosis, errors, runs, settings
 from kvsim.results.headline import table_figures
 from kvsim.results.report import verdict_lines
 
@@ -29,9 +27,11 @@ def comparison_rows(summaries: dict) -> list[dict]:
 with errors.caught(st):
     scenario, base = cur.scenario, cur.base
     st.caption(f"{settings.layout_text(scenario)}; {settings.workload_text(scenario)}")
-    problem = answers.fit_problem(scenario)
-    if problem:  # no run can start: say why now, not after a "Run all"
-        raise KvsimError(problem)
+    diag = diagnosis.diagnose(scenario)
+    if diag is not None:  # no run can start: say why now, not after a "Run all"
+        st.error(errors.one_line(diag.message))
+        diagnosis.buttons(diag, base.digest, "whatif")
+        st.stop()
     full_toml = cur.toml()
     total = runs.request_count(full_toml, base.source, str(base.base_dir), base.digest)
     is_preview = total is None or total > runs.PREVIEW_REQUESTS
@@ -56,7 +56,7 @@ with errors.caught(st):
     st.subheader("Policy comparison")
     st.dataframe(comparison_rows(result.summaries), hide_index=True, width="stretch", height="content")
     for i, fig in enumerate(result.figures):
-        st.plotly_chart(go.Figure(fig), theme=None, key=f"kvsim.report_fig_{i}")
+        charts.plot(fig, f"kvsim.report_fig_{i}")
 
     st.subheader("Downloads")
     label = "preview " if result.toml != full_toml else ""

@@ -6,12 +6,16 @@ one call per row, and publishes them per GPU and vLLM release under
 tables a step needs and returns the arrays `kvsim.perf.kernels.KernelTables` loads: dense grids (NaN
 where a shape was not timed) in milliseconds, as published:
 
-- `gemm/<dtype>/{m,n,k,ms}`: dense GEMMs (m tokens x k) by (k x n), bfloat16 and per-tensor fp8;
+- `gemm/<dtype>/{m,n,k,ms}`: dense GEMMs (m tokens x k) by (k x n): bfloat16, per-tensor fp8 (`fp8`),
+  128x128-block fp8 (`fp8_block`, DeepSeek-style checkpoints) and NVFP4 (`nvfp4`, Blackwell only);
 - `context/<kv dtype>/{kv,head_dim,heads,isl,batch,ms}`: prefill attention over `isl` new tokens and
   no cache; `kv` 0 stands for MHA (as in AIConfigurator's own loader), else the KV heads;
 - `generation/<kv dtype>/{kv,head_dim,heads,batch,step,ms}`: one decode token per sequence attending
   to `step` keys, its own included (the collector builds `seq_lens = [step]`, `query_lens = [1]`:
   collector/vllm/collect_attn.py);
+- `window/<w>/context/...` and `window/<w>/generation/...` (where the release has them): the same two
+  attention tables timed with a sliding window of `w` tokens (`window_size` w, e.g. gpt-oss's 128),
+  over the same axes: `isl` and `step` stay the whole prompt or context, the kernel reads the window;
 - `allreduce/{gpus,size,graph_ms,eager_ms}`: vLLM's `tensor_model_parallel_all_reduce` of `size`
   bfloat16 elements inside a CUDA graph and eagerly (collector/collect_all_reduce.py; whatever vLLM
   dispatches at that size: its custom all-reduce, or NCCL beyond the custom one's limit);
@@ -47,7 +51,7 @@ SOURCE_REPO = "ai-dynamo/aiconfigurator"
 SOURCE_COMMIT = "095f58a51c4ca8e61b66ec108d86f223f8d559ce"
 SOURCE_FOLDER = "aic-core/src/aiconfigurator_core/systems/data"
 AIC_GPUS = {"H100-SXM": "h100_sxm", "H200": "h200_sxm", "A100-80GB": "a100_sxm", "B200": "b200_sxm"}
-GEMM_DTYPES = ("bfloat16", "fp8")
+GEMM_DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4")
 KV_DTYPES = ("bfloat16", "fp8")
 # (family folder, file, backend) of each table a step needs
 TABLES = {
@@ -62,7 +66,9 @@ OPTIONAL = {
     "mla_context": ("mla", "mla_context_module_perf.parquet", "vllm"),
     "mla_generation": ("mla", "mla_generation_module_perf.parquet", "vllm"),
 }
-MOE_DTYPES = {"bfloat16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "w4a16_mxfp4": "mxfp4"}
+# the collector's moe_dtype -> kvsim's: int4_wo is vLLM's Marlin int4 weight-only MoE (w4a16, Kimi-K2.5's experts)
+MOE_DTYPES = {"bfloat16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "w4a16_mxfp4": "mxfp4", "nvfp4": "nvfp4",
+              "int4_wo": "int4"}
 COLUMNS = {
     "moe": ("kernel_source", "moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
             "moe_tp_size", "moe_ep_size", "distribution", "latency"),
@@ -192,12 +198,22 @@ def _gemm(cols: dict, path: Path, arrays: dict, meta: dict) -> None:
 
 
 def _attention(family: str, cols: dict, path: Path, arrays: dict, meta: dict) -> None:
+    windows = sorted(int(w) for w in np.unique(cols["window_size"]) if w) if "window_size" in cols else []
+    for window in (0, *windows):
+        prefix = f"window/{window}/{family}" if window else family
+        _attention_rows(prefix, family, cols, window, arrays, meta)
+    if f"{family}/bfloat16/ms" not in arrays:
+        raise KvsimError(f"{path}: kv_cache_dtype: no bfloat16 rows")
+
+
+def _attention_rows(prefix: str, family: str, cols: dict, window: int, arrays: dict, meta: dict) -> None:
+    """One attention table's grids (per KV dtype) of the rows timed with sliding window `window` (0: none)."""
     last = ("isl", "batch_size") if family == "context" else ("batch_size", "step")
     names = ("isl", "batch") if family == "context" else ("batch", "step")
     for kvd in KV_DTYPES:
         mask = cols["kv_cache_dtype"] == kvd
         if "window_size" in cols:
-            mask &= cols["window_size"] == 0
+            mask &= cols["window_size"] == window
         if not mask.any():
             continue
         source = _most_rows(cols["kernel_source"], mask)
@@ -208,11 +224,9 @@ def _attention(family: str, cols: dict, path: Path, arrays: dict, meta: dict) ->
         keys = [kv, cols["head_dim"][mask].astype(np.int64), heads] + [cols[c][mask].astype(np.int64) for c in last]
         axes, ms = _grid(keys, cols["latency"][mask])
         for name, a in zip(("kv", "head_dim", "heads", *names), axes):
-            arrays[f"{family}/{kvd}/{name}"] = a.astype(np.int64)
-        arrays[f"{family}/{kvd}/ms"] = ms.astype(np.float32)
-        meta[f"{family}/{kvd}"] = {"kernel_source": source, "rows": int(mask.sum())}
-    if f"{family}/bfloat16/ms" not in arrays:
-        raise KvsimError(f"{path}: kv_cache_dtype: no bfloat16 rows")
+            arrays[f"{prefix}/{kvd}/{name}"] = a.astype(np.int64)
+        arrays[f"{prefix}/{kvd}/ms"] = ms.astype(np.float32)
+        meta[f"{prefix}/{kvd}"] = {"kernel_source": source, "rows": int(mask.sum())}
 
 
 def _allreduce(cols: dict, path: Path, arrays: dict, meta: dict) -> None:

@@ -7,9 +7,13 @@
   a backend that runs the steps on the device (triton);
 - "estimated": everything else, with the reason: a GPU preset with neither tables nor a calibration of
   its own (its datasheet priced with H100 efficiencies), a datasheet figure overridden, layers the
-  tables do not time (sliding-window or chunked attention; MoE experts or MLA where the release's
-  tables lack their fused-MoE or MLA module rows: the roofline prices them),
-  a calibration fitted on another GPU.
+  tables do not time (MoE experts or MLA where the release's tables lack any fused-MoE or MLA module
+  rows: the roofline prices them), a calibration fitted on another GPU; and measured tables that stand
+  in: another release's (engine.vllm_version with no tables of its own: the newest shipped release not
+  newer, kvsim.perf.kernels.nearest_release), or a part priced from rows of another format
+  (`PricingBasis.parts`, kvsim.perf.kernel_plan: weight-only GEMMs, a fused MoE of another format).
+  `parts` lists, measured or estimated, each part of the model priced otherwise than by plain rows of
+  its shapes (quantised weights, windowed layers), so the label says which part rests on what.
 
 Every output carries `PricingBasis.to_dict()` (summary.json's "pricing_basis", the report, `plan`,
 `deploy`, the dashboard), so an answer never hides that it rests on a datasheet.
@@ -36,13 +40,18 @@ class PricingBasis:
     why: str
     vllm_version: str | None = None  # the release whose kernels price the steps (measured tables)
     tables: str | None = None  # the kernel-table file's name
+    parts: tuple = ()  # kvsim.perf.kernel_plan.Part of each part priced otherwise than by plain rows
 
     @property
     def estimated(self) -> bool:
         return self.label == ESTIMATED
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out.pop("parts")  # only where there are any (a plain model's answers are as they were)
+        if self.parts:
+            out["parts"] = [p.to_dict() for p in self.parts]
+        return out
 
     def short(self) -> str:
         """'measured (why)' or 'estimated (why)': the label with its reason, for a table cell or a note."""
@@ -63,7 +72,7 @@ def unmeasured_layers(model, max_model_len: int, tables=None) -> str:
     windows = [w for kind, w in (("sliding_attention", model.sliding_window), ("chunked_attention",
                                                                                 model.attention_chunk_size))
                if w and w < max_model_len and (kind in model.layer_types or not model.layer_types)]
-    if windows:
+    if windows and tables is None:  # the tables price windowed layers (kvsim.perf.kernel_plan.window_plans)
         parts.append("sliding-window or chunked attention")
     return " and ".join(parts)
 
@@ -135,7 +144,7 @@ def measured_tables(scenario, gpu, model=None) -> Path | None:
 def _tables_path(scenario, gpu, versions) -> Path:
     """The kernel-table file asked for: backend.kernel_tables, else the shipped release (engine.vllm_version,
     else the newest)."""
-    from kvsim.perf.kernels import shipped_path, version_key
+    from kvsim.perf.kernels import nearest_release, shipped_path, version_key
 
     src, version, own = scenario.source, scenario.engine.vllm_version, scenario.backend.kernel_tables
     if own is not None:
@@ -148,9 +157,8 @@ def _tables_path(scenario, gpu, versions) -> Path:
                          f"(they ship for {', '.join(_shipped_gpus())}; or give backend.kernel_tables)")
     if version is None:
         version = max(versions, key=version_key)
-    elif version not in versions:
-        raise KvsimError(f"{src}: engine.vllm_version: no kernel tables for vLLM {version} on {gpu.name} "
-                         f"(shipped: {', '.join(versions)})")
+    elif version not in versions:  # the nearest release shipped prices it, and the label says so
+        version = nearest_release(versions, version)
     return shipped_path(gpu.name, version)
 
 
@@ -181,11 +189,7 @@ def pricing_basis(scenario, model, gpu) -> PricingBasis:
         return PricingBasis(backend, ESTIMATED, f"priced by the {backend} backend, which kvsim cannot vouch for")
     path = measured_tables(scenario, gpu, model)
     if path is not None:
-        from kvsim.perf.server import terms_source
-
-        version = load_tables(str(path)).vllm_version
-        return PricingBasis("measured", MEASURED, f"vLLM {version} kernels timed on {gpu.name} (NVIDIA "
-                            f"AIConfigurator) plus {terms_source(scenario, gpu.name)}", version, path.name)
+        return _measured_basis(scenario, model, gpu, path)
     overridden = _overridden(gpu)
     if overridden:
         return PricingBasis("roofline", ESTIMATED, f"hardware.{overridden[0]} overrides the {gpu.name} datasheet: "
@@ -202,3 +206,28 @@ def pricing_basis(scenario, model, gpu) -> PricingBasis:
                             f"the roofline ({source})")
     on = f"calibrated on {gpu.name}" if fitted_on else "calibrated on a GPU its file does not name"
     return PricingBasis("roofline", MEASURED, f"roofline {on} ({source})")
+
+
+def _measured_basis(scenario, model, gpu, path) -> PricingBasis:
+    """The label of a run priced by measured tables: measured unless the release stands in for another or a
+    part of the model is priced from rows of another format (kvsim.perf.kernel_plan)."""
+    from kvsim.perf.kernel_plan import Part, pricing_parts
+    from kvsim.perf.kernels import load_tables, release_of, version_key
+
+    tables = load_tables(str(path))
+    version, asked = tables.vllm_version, scenario.engine.vllm_version
+    kv = scenario.policies[0].kv_cache_dtype if scenario.policies else "auto"
+    parts = pricing_parts(tables, model, gpu.name, kv)
+    if asked is not None and scenario.backend.kernel_tables is None and release_of(asked) != version:
+        rule = "the newest shipped release not newer" if version_key(release_of(asked)) > version_key(version) \
+            else "the oldest shipped, every table being newer"
+        parts.insert(0, Part("kernels", ESTIMATED, f"no kernel tables of vLLM {asked} on {gpu.name}: vLLM "
+                                                   f"{version}'s, {rule}"))
+    from kvsim.perf.server import terms_source
+
+    why = f"vLLM {version} kernels timed on {gpu.name} (NVIDIA AIConfigurator) plus {terms_source(scenario, gpu.name)}"
+    if parts:  # each part with its own label: which of the answer rests on what
+        why += "; " + "; ".join(f"{p.part}: {p.label} ({p.why})" for p in parts)
+    label = ESTIMATED if any(p.label == ESTIMATED for p in parts) else MEASURED
+    return PricingBasis("measured", label, why, version, path.name, tuple(parts))
+

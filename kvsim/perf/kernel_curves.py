@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.perf.kernel_plan import KV_TABLE_DTYPE, gemm_plan, kv_table_dtype, window_plans
 from kvsim.perf.kernels import Grid, KernelTables
-
-KV_TABLE_DTYPE = {"auto": "bfloat16", "bfloat16": "bfloat16", "float16": "bfloat16", "fp8": "fp8", "fp8_e4m3": "fp8"}
+from kvsim.perf.kernel_windows import blend_windows, context_at, context_table, windowed_prefill_s
 
 
 # ---- interpolation -----------------------------------------------------------------------------
@@ -74,10 +74,10 @@ class Roofline:
     """Per-kernel roofline times (s) on `gpu` with a calibration's efficiencies: the compute and memory
     terms kvsim/perf/roofline.py sums for a whole step, here for one kernel call of a given shape."""
 
-    def __init__(self, gpu, calibration, weight_bytes: float = 2.0):
+    def __init__(self, gpu, calibration, weight_bytes: float = 2.0, peak_tflops: float = 0.0):
         c = calibration
         self.gpu, self.calibration, self.weight_bytes = gpu, c, weight_bytes
-        peak = gpu.fp8_tflops if weight_bytes == 1 else gpu.bf16_tflops
+        peak = peak_tflops or (gpu.fp8_tflops if weight_bytes == 1 else gpu.bf16_tflops)
         self.gemm_flops = peak * 1e12 * c.compute_efficiency
         self.attn_flops = gpu.bf16_tflops * 1e12 * c.attention_efficiency
         self.bandwidth = gpu.hbm_bandwidth_gbps * 1e9 * c.memory_efficiency
@@ -344,6 +344,7 @@ class ModelKernels:
         weight = "fp8" if model.dtype == "fp8" and "fp8" in tables.gemm else "bfloat16"
         self.roof = Roofline(gpu, calibration, 1.0 if weight == "fp8" else 2.0)
         self.notes: list[str] = []
+        self.tables_used: set[str] = set()  # rows of the deployed formats and windows this model reads
         if model.dtype != weight and not (model.dtype == "float16" and weight == "bfloat16"):
             self.notes.append(f"{model.dtype} weights priced as {weight} GEMMs")
         kv_table = KV_TABLE_DTYPE.get(kv_cache_dtype, "fp8")
@@ -360,8 +361,11 @@ class ModelKernels:
         self.weight, self.kv_table, self.kv_bytes = weight, kv_table, kvb
         self.layers = model.num_hidden_layers
         self.allreduce_calls = 2 * self.layers + 1  # after attention, after the MLP, after the embedding
+        self.gemm_roles: list[str] = []
         self.gemm_shapes = self.layer_shapes(model, tp)
-        self.layer_gemms_curves = [gemm_curve(tables.gemm[weight], n, k, self.roof) for n, k in self.gemm_shapes]
+        self.gemm_roofs: list[Roofline] = []  # each GEMM's roofline (its rows' dtype, or the weight-only estimate's)
+        self.layer_gemms_curves = [self.role_gemm_curve(tables, model, gpu, calibration, role, n, k)
+                                   for (n, k), role in zip(self.gemm_shapes, self.gemm_roles)]
         self.lm_head_shape = (-(-model.vocab_size // tp), model.hidden_size)
         self.lm_head = gemm_curve(tables.gemm[weight], *self.lm_head_shape, self.roof)
         self.context, self.generation = self.attention_grids(tables, model)
@@ -369,21 +373,50 @@ class ModelKernels:
             f = self.generation.fold
             self.notes.append(f"attention of {self.heads} query / {self.kv} KV heads a GPU (not timed): the timed "
                               f"{self.heads // f} / {self.kv // f}-head kernels over {f}x the sequences")
-        c = self.context  # per batch row and length segment: log t = a + b log(length), and its flag
-        log_s, log_t = np.log(c.length), np.log(c.s)
-        slope = np.diff(log_t, axis=1) / np.diff(log_s)
-        flag = c.flags[:, :-1] | c.flags[:, 1:]
-        self._ctx = (c.batch.tolist(), c.length.tolist(), (log_t[:, :-1] - slope * log_s[:-1]).tolist(),
-                     slope.tolist(), flag.tolist())
+        self._ctx = context_table(self.context)  # per batch row and length segment: log t = a + b log(length)
+        # windowed layers (sliding or chunked): their plan, and the windowed grids when the tables time them
+        self.windows = [(plan, self.window_grids(tables, plan) if plan.rows else None)
+                        for plan in window_plans(tables, model, kv_table)]
+        self.full_layers = self.layers - sum(plan.count for plan, _ in self.windows)
         self.allreduce = {mode: allreduce_curve(g, tp, self.roof) for mode, g in tables.allreduce.items()} \
             if tp > 1 else {}
 
     def layer_shapes(self, model, tp: int) -> list[tuple[int, int]]:
-        """(n, k) of one layer's GEMMs: qkv, o, gate_up, down (a MoE or MLA model: kvsim.perf.kernel_moe)."""
+        """(n, k) of one layer's GEMMs: qkv, o, gate_up, down (a MoE or MLA model: kvsim.perf.kernel_moe);
+        their roles (kvsim.scenario.models.QUANT_ROLES) in gemm_roles."""
         q, kvw = self.heads * self.head_dim, self.kv * self.head_dim
         inter = -(-model.intermediate_size // tp)
+        self.gemm_roles = ["attn", "attn", "mlp", "mlp"]
         return [(q + 2 * kvw, model.hidden_size), (model.hidden_size, q), (2 * inter, model.hidden_size),
                 (model.hidden_size, inter)]
+
+    def role_gemm_curve(self, tables, model, gpu, calibration, role: str, n: int, k: int) -> Curve:
+        """A GEMM of one role over the token rows, from the rows of the role's weight format
+        (kvsim.perf.kernel_plan.gemm_plan; the router: the weights dtype's); its roofline in gemm_roofs."""
+        plan = gemm_plan(tables, model, role, gpu.name) if role != "router" else None
+        if plan is None or (plan.table == self.weight and not plan.weight_bytes):
+            self.gemm_roofs.append(self.roof)
+            return gemm_curve(tables.gemm[self.weight], n, k, self.roof)
+        peak = 2 * gpu.fp8_tflops if plan.table == "nvfp4" else 0.0  # Blackwell's dense FP4 rate: twice fp8's
+        roof = Roofline(gpu, calibration, {"bfloat16": 2.0, "nvfp4": 0.5}.get(plan.table, 1.0), peak)
+        curve = gemm_curve(tables.gemm[plan.table], n, k, roof)
+        self.tables_used.add(f"gemm/{plan.table}")
+        if plan.weight_bytes:  # weight-only: the 16-bit rows scaled to the weights' bytes
+            target = Roofline(gpu, calibration, plan.weight_bytes)
+            curve.ms = curve.ms * target.gemm(curve.x, n, k) / roof.gemm(curve.x, n, k)
+            roof = target
+        if plan.part.label != "measured" and plan.part.why not in self.notes:
+            self.notes.append(f"{plan.part.part}: {plan.part.why}")
+        self.gemm_roofs.append(roof)
+        return curve
+
+    def window_grids(self, tables, plan) -> tuple:
+        """(prefill grid, its context table, decode grid) of the rows timed with the plan's window."""
+        args = (self.heads, self.kv, self.head_dim, self.kv_bytes, self.roof)
+        self.tables_used |= {f"window/{plan.window}/{fam}/{self.kv_table}" for fam in ("context", "generation")}
+        ctx = AttentionGrid.build(tables.windowed[("context", self.kv_table, plan.window)], "context", *args)
+        gen = AttentionGrid.build(tables.windowed[("generation", self.kv_table, plan.window)], "generation", *args)
+        return ctx, context_table(ctx), gen
 
     def attention_grids(self, tables: KernelTables, model) -> tuple[AttentionGrid, AttentionGrid]:
         """The prefill and decode attention grids at this rank's heads."""
@@ -408,8 +441,8 @@ class ModelKernels:
     def layer_gemms(self, m: float) -> tuple[float, bool]:
         """One layer's qkv, o, gate_up and down GEMMs for m token rows."""
         total, flag = 0.0, False
-        for (n, k), curve in zip(self.gemm_shapes, self.layer_gemms_curves):
-            t, f = at(curve, m, True, True, lambda x, a, n=n, k=k: self.roof.gemm(x, n, k) / self.roof.gemm(a, n, k))
+        for (n, k), curve, roof in zip(self.gemm_shapes, self.layer_gemms_curves, self.gemm_roofs):
+            t, f = at(curve, m, True, True, lambda x, a, n=n, k=k, r=roof: r.gemm(x, n, k) / r.gemm(a, n, k))
             total += t
             flag |= f
         return total, flag
@@ -417,8 +450,8 @@ class ModelKernels:
     def layer_gemms_many(self, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """layer_gemms at many token counts at once."""
         total, flags = np.zeros(len(m)), np.zeros(len(m), dtype=bool)
-        for (n, k), curve in zip(self.gemm_shapes, self.layer_gemms_curves):
-            t, f = at_many(curve, m, lambda x, a, n=n, k=k: self.roof.gemm(x, n, k) / self.roof.gemm(a, n, k))
+        for (n, k), curve, roof in zip(self.gemm_shapes, self.layer_gemms_curves, self.gemm_roofs):
+            t, f = at_many(curve, m, lambda x, a, n=n, k=k, r=roof: r.gemm(x, n, k) / r.gemm(a, n, k))
             total += t
             flags |= f
         return total, flags
@@ -441,28 +474,19 @@ class ModelKernels:
     def context_s(self, batch: float, isl: float) -> tuple[float, bool]:
         """One layer's prefill attention of `batch` prompts of `isl` new tokens, no cache: log-log along
         the prompt, linear along the batch (pure Python: this runs once per prefill step)."""
-        b, s, a, slope, flags = self._ctx
-        bq = b[0] if batch < b[0] else b[-1] if batch > b[-1] else batch
-        sq = s[0] if isl < s[0] else s[-1] if isl > s[-1] else isl
-        p = bisect_right(s, sq) - 1
-        p = 0 if p < 0 else len(s) - 2 if p > len(s) - 2 else p
-        i = bisect_right(b, bq) - 1
-        i = 0 if i < 0 else len(b) - 1 if i > len(b) - 1 else i
-        ls = math.log(sq)
-        t = math.exp(a[i][p] + slope[i][p] * ls)
-        flag = flags[i][p]
-        if bq != b[i]:  # between two batch rows: linear in the batch
-            wb = (bq - b[i]) / (b[i + 1] - b[i])
-            t = (1 - wb) * t + wb * math.exp(a[i + 1][p] + slope[i + 1][p] * ls)
-            flag = flag or flags[i + 1][p]
-        if bq != batch or sq != isl:
-            t *= self.context.ratio(batch, isl, bq, sq)
-            flag = True
-        return t, flag
+        return context_at(self._ctx, self.context, batch, isl)
+
+    def windowed_prefill_s(self, batch: int, full: float, full_s: float, window_pairs) -> tuple[float, bool]:
+        """Every windowed layer's prefill attention (kvsim.perf.kernel_windows.windowed_prefill_s)."""
+        return windowed_prefill_s(self.windows, batch, full, full_s, window_pairs)
 
     def decode_knots(self, batch: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One layer's decode attention for `batch` sequences as a piecewise-linear function of the
         keys each attends to: (knots, seconds at the knots, extrapolated); kvsim.perf.measured extends
-        it past the last knot along the roofline's line (proportional to the keys)."""
+        it past the last knot along the roofline's line (proportional to the keys). With windowed layers,
+        the mean over the layers: full layers at the keys, windowed ones at their rows (the whole context)
+        or the full rows at min(keys, window)."""
         knots, t, flags = self.generation.knots(batch)
+        if self.windows:
+            knots, t, flags = blend_windows(self.windows, self.full_layers, self.layers, batch, knots, t, flags)
         return knots, t * self.decode_scale, flags

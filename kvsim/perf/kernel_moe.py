@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from kvsim.perf.kernel_curves import AttentionGrid, Curve, ModelKernels, Roofline, at, cut, fill_along
+from kvsim.perf.kernel_plan import mla_gemm, moe_plan
 from kvsim.perf.kernels import Grid, MoeTable
 
 MOE_HELD_EP = (4, 16, 64)
@@ -194,9 +195,6 @@ def mla_errors(grid: Grid, family: str, roof: MlaRoof) -> tuple[list, list]:
 
 
 # ---- a model with MoE layers and/or MLA attention -------------------------------------------------
-MOE_TABLE_DTYPE = {"fp8": "fp8_block", "mxfp4": "mxfp4"}  # by ModelSpec.quantization; else by weight dtype
-
-
 def routing_code(skew: float) -> int:
     """The tables' routing of a model's expert_skew: 0 balanced, else the power law's exponent x 100."""
     return 0 if not skew else round(100 * skew)
@@ -222,14 +220,23 @@ class MoeMlaKernels(ModelKernels):
         self.dense_layers, self.moe_layers = model.num_dense_layers, model.num_moe_layers
         self.moe_curve, self.moe_cfg = None, None
         if moe:
-            dtype = MOE_TABLE_DTYPE.get(model.quantization, "fp8" if model.dtype == "fp8" else "bfloat16")
-            wb = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "mxfp4": 0.5}[dtype]
+            plan = moe_plan(tables, model, gpu.name)  # the fused-MoE rows of the experts' format (kernel_plan)
+            wb = plan.table_bytes
             ep = tp * dp if expert_parallel else 1
             self.moe_cfg = (model.hidden_size, moe.moe_intermediate_size, moe.num_experts_per_tok,
                             moe.n_routed_experts, 1 if expert_parallel else tp * dp, ep)
-            roof = Roofline(gpu, calibration, 1.0 if wb < 2 else 2.0)
+            # the rows' peak: fp8 MMA for fp8, FP4 (twice fp8, Blackwell) for NVFP4, 16-bit for weight-only 4-bit
+            peak = {"fp8": gpu.fp8_tflops, "fp8_block": gpu.fp8_tflops, "nvfp4": 2 * gpu.fp8_tflops}
+            roof = Roofline(gpu, calibration, 2.0, peak.get(plan.table, gpu.bf16_tflops))
+            self.moe_curve = moe_curve(tables.moe[plan.table], *self.moe_cfg, routing_code(expert_skew), roof, wb)
+            self.tables_used.add(f"moe/{plan.table}")
+            if plan.weight_bytes != wb:  # another format's rows stand in: scaled by the roofline's weight bytes
+                x = self.moe_curve.x
+                self.moe_curve.ms = self.moe_curve.ms * moe_roof(roof, x, *self.moe_cfg, plan.weight_bytes) / \
+                    moe_roof(roof, x, *self.moe_cfg, wb)
+                wb = plan.weight_bytes
+                self.notes.append(f"{plan.part.part}: {plan.part.why}")
             self.moe_roof = lambda t, cfg=self.moe_cfg, wb=wb, roof=roof: moe_roof(roof, t, *cfg, wb)
-            self.moe_curve = moe_curve(tables.moe[dtype], *self.moe_cfg, routing_code(expert_skew), roof, wb)
             if dp > 1:
                 self.allreduce_calls = 2 * self.dense_layers + self.moe_layers + 1
                 c, per_token = calibration, model.hidden_size * model.activation_bytes
@@ -246,12 +253,16 @@ class MoeMlaKernels(ModelKernels):
         moe, shared = model.moe, -(-(model.moe.shared_expert_intermediate_size if model.moe else 0) // tp)
         self.moe_shapes = ([(moe.n_routed_experts, h)] + ([(2 * shared, h), (h, shared)] if shared else [])) if moe else []
         self.n_attn = len(attn)
+        self.gemm_roles = ["attn"] * len(attn) + ["mlp", "mlp"] + (["router"] + ["shared"] * (2 if shared else 0)
+                                                                   if moe else [])
         return attn + self.dense_shapes + self.moe_shapes
 
     def attention_grids(self, tables, model):
         if not model.mla:
             return super().attention_grids(tables, model)
-        gemm = "fp8_block" if model.quantization == "fp8" else "bfloat16"
+        gemm, part = mla_gemm(tables, model)
+        if part is not None:
+            self.notes.append(f"{part.part}: {part.why}")
         mroof = MlaRoof(Roofline(self.roof.gpu, self.roof.calibration, 1.0 if gemm != "bfloat16" else 2.0),
                         model.mla, model.hidden_size, self.kv_bytes, 1.0 if gemm != "bfloat16" else 2.0)
         return tuple(mla_grid(tables.mla[(family, self.kv_table, gemm)], family, self.heads, mroof)
@@ -264,8 +275,8 @@ class MoeMlaKernels(ModelKernels):
 
     def step_gemms(self, m: float) -> tuple[float, bool]:
         times, flag = [], False
-        for (n, k), curve in zip(self.gemm_shapes, self.layer_gemms_curves):
-            t, f = at(curve, m, True, True, lambda x, a, n=n, k=k: self.roof.gemm(x, n, k) / self.roof.gemm(a, n, k))
+        for (n, k), curve, roof in zip(self.gemm_shapes, self.layer_gemms_curves, self.gemm_roofs):
+            t, f = at(curve, m, True, True, lambda x, a, n=n, k=k, r=roof: r.gemm(x, n, k) / r.gemm(a, n, k))
             times.append(t)
             flag |= f
         attn, dense, moe = self._groups(times)
@@ -294,15 +305,11 @@ def model_kernels(tables, model, gpu, tp: int, kv_cache_dtype: str, calibration,
 
 def untimed_layers(tables, model) -> list[str]:
     """The parts of `model` these tables do not time (kvsim.perf.basis names them): "MoE experts" without
-    a fused-MoE table of the experts' weight dtype, "MLA attention" without an MLA module table at its
-    GEMM dtype."""
+    any fused-MoE table (a format not timed takes the nearest one timed: kvsim.perf.kernel_plan.moe_plan),
+    "MLA attention" without an MLA module table at its GEMM dtype."""
     out = []
-    if model.moe:
-        dtype = MOE_TABLE_DTYPE.get(model.quantization, "fp8" if model.dtype == "fp8" else "bfloat16")
-        if dtype not in tables.moe:
-            out.append("MoE experts")
-    if model.mla:
-        gemm = "fp8_block" if model.quantization == "fp8" else "bfloat16"
-        if not any(key[2] == gemm for key in tables.mla):
-            out.append("MLA attention")
+    if model.moe and moe_plan(tables, model, "") is None:
+        out.append("MoE experts")
+    if model.mla and not any(key[2] == mla_gemm(tables, model)[0] for key in tables.mla):
+        out.append("MLA attention")
     return out

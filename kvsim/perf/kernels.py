@@ -33,6 +33,28 @@ def version_key(version: str) -> tuple:
     return tuple(int(x) if x.isdigit() else 0 for x in version.split("."))
 
 
+def release_of(version: str) -> str:
+    """The release X.Y.Z a version string names ("0.16" -> "0.16.0"; "v0.16.1rc2", "0.16.1.post1" -> "0.16.1")."""
+    parts = version.strip().lstrip("v").split(".")
+    digits = []
+    for p in parts[:3]:
+        lead = len(p) - len(p.lstrip("0123456789"))
+        digits.append(p[:lead] or "0")
+        if lead < len(p):
+            break
+    return ".".join(str(int(d)) for d in (digits + ["0", "0"])[:3])
+
+
+def nearest_release(versions: list[str], wanted: str) -> str:
+    """The shipped release that prices `wanted` (kvsim.perf.basis says so in its label): the same release,
+    else the newest shipped before it (its kernels are the ones that release inherited: vLLM keeps a kernel
+    until a release changes it, so a table never describes a release older than it was timed on), else,
+    for a release older than every table, the oldest shipped."""
+    want = version_key(release_of(wanted))
+    older = [v for v in versions if version_key(v) <= want]
+    return max(older, key=version_key) if older else min(versions, key=version_key)
+
+
 def shipped_versions(gpu_name: str) -> list[str]:
     """vLLM releases whose kernel tables ship for this GPU preset, oldest first ([] for none)."""
     stem = GPU_STEMS.get(gpu_name)
@@ -56,7 +78,8 @@ class MoeTable:
     ms: np.ndarray
 
 
-MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "mxfp4")
+MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "mxfp4", "nvfp4", "int4")
+GEMM_DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4")
 MLA_FAMILIES = {"mla_context": ("heads", "isl", "batch"), "mla_generation": ("heads", "batch", "step")}
 
 
@@ -75,7 +98,7 @@ class KernelTables:
         self.path = Path(path)
         arrays = _read_npz(self.path)
         self.meta = self._meta(arrays)
-        self.gemm = {d: self._grid(arrays, f"gemm/{d}", _GEMM_AXES) for d in ("bfloat16", "fp8")
+        self.gemm = {d: self._grid(arrays, f"gemm/{d}", _GEMM_AXES) for d in GEMM_DTYPES
                      if f"gemm/{d}/ms" in arrays or d == "bfloat16"}
         self.context = {d: self._grid(arrays, f"context/{d}", _CONTEXT_AXES) for d in ("bfloat16", "fp8")
                         if f"context/{d}/ms" in arrays or d == "bfloat16"}
@@ -85,6 +108,14 @@ class KernelTables:
                           for mode in ("graph", "eager")}
         # optional tables (a release may lack them; models that need them are priced by the roofline)
         self.moe = {d: self._moe(arrays, d) for d in MOE_DTYPES if f"moe/{d}/ms" in arrays}
+        # attention timed with a sliding window: (family, kv dtype, window) -> grid over the same axes
+        self.windowed = {}
+        for name in arrays:
+            parts = name.split("/")
+            if len(parts) == 5 and parts[0] == "window" and parts[4] == "ms" and parts[1].isdigit():
+                family, kvd, window = parts[2], parts[3], int(parts[1])
+                axes = _CONTEXT_AXES if family == "context" else _GENERATION_AXES
+                self.windowed[(family, kvd, window)] = self._grid(arrays, "/".join(parts[:4]), axes)
         self.mla = {(family, kvd, gemm): self._grid(arrays, f"{family}/{kvd}/{gemm}", axes)
                     for family, axes in MLA_FAMILIES.items() for kvd in ("bfloat16", "fp8")
                     for gemm in ("bfloat16", "fp8_block") if f"{family}/{kvd}/{gemm}/ms" in arrays}

@@ -42,6 +42,8 @@ from kvsim.perf.roofline import activation_bytes_per_token
 from kvsim.perf.server import ServerTerms, server_terms, vllm_capture_sizes
 
 _new = tuple.__new__  # builds a named tuple without its Python-level __new__ (once per fused decode run)
+# rows the tables keep for deployed formats and windows: describe() names them where the model reads them
+DEPLOYED_ROWS = ("window/", "gemm/fp8_block", "gemm/nvfp4", "moe/nvfp4", "moe/int4")
 
 
 class _Line:
@@ -235,19 +237,29 @@ class MeasuredStepModel:
         line.used.add(j)
         return self.layers * (line.a[j] + line.b[j] * s)
 
-    def prefill_attention_time(self, num_prefill: int, new_tokens: int, cached_tokens: int, pairs: int) -> float:
+    def prefill_attention_time(self, num_prefill: int, new_tokens: int, cached_tokens: int, pairs: int,
+                               batch=None) -> float:
         """Every layer's prefill attention: the no-cache table at the chunks' mean full length, times the
-        share of that length's query-key pairs the chunks compute."""
+        share of that length's query-key pairs the chunks compute; windowed layers by their own rows on the
+        pairs their window leaves (kvsim.batch.Batch.window_reads of `batch`; without it, the full pairs)."""
         if not num_prefill:
             return 0.0
         full = (new_tokens + cached_tokens) / num_prefill
         t, flag = self.kernels.context_s(num_prefill, full)
         key = (num_prefill, int(full).bit_length())  # shapes counted per power of two of the length
+        whole = num_prefill * full * (full + 1) / 2
+        share = pairs / whole if pairs < whole else 1.0
+        windows = self.kernels.windows
+        if not windows:
+            total = self.layers * t * share
+        else:
+            window_pairs = [batch.window_reads(plan.window)[1] if batch is not None else pairs for plan, _ in windows]
+            windowed, wflag = self.kernels.windowed_prefill_s(num_prefill, full, t, window_pairs)
+            total, flag = self.kernels.full_layers * t * share + windowed, flag or wflag
         self.priced["prefill_attention"].add(key)
         if flag:
             self.extrapolated["prefill_attention"].add(key)
-        whole = num_prefill * full * (full + 1) / 2
-        return self.layers * t * (pairs / whole if pairs < whole else 1.0)
+        return total
 
     # ---- a step -------------------------------------------------------------------------------
     def step_time(self, batch) -> float:
@@ -268,7 +280,7 @@ class MeasuredStepModel:
             t += self.decode_attention_time(nd, batch.decode_read_tokens)
         if np_:
             t += self.prefill_attention_time(np_, batch.num_prefill_tokens, batch.prefill_context_tokens,
-                                             batch.prefill_attn_pairs)
+                                             batch.prefill_attn_pairs, batch)
         overhead = self.terms.graph_step_overhead_s if padded and not np_ else self.piecewise_s
         gpu = t + overhead + swap
         host = self.host_step_s + self.host_per_seq_s * (np_ + nd)
@@ -377,12 +389,16 @@ class MeasuredStepModel:
         priced["decode_attention"] = sum(len(line.used) for line in self._lines.values())
         extrapolated["decode_attention"] = sum(line.extrapolated[j] for line in self._lines.values()
                                                for j in line.used)
-        return {"source": "measured", "vllm_version": self.tables.vllm_version,
+        out = {"source": "measured", "vllm_version": self.tables.vllm_version,
                 "tables": {"file": self.tables.path.name, "from": meta.get("source", {}),
-                           "kernels": {k: v.get("kernel_source") for k, v in meta.get("tables", {}).items()}},
+                           "kernels": {k: v.get("kernel_source") for k, v in meta.get("tables", {}).items()
+                                       if not k.startswith(DEPLOYED_ROWS) or k in self.kernels.tables_used}},
                 "extrapolated": {k: f"{extrapolated[k]} of {n} shapes" for k, n in priced.items() if n},
                 "any_extrapolated": any(extrapolated.values()), "estimates": list(self.kernels.notes),
                 "server_terms": self.terms.to_dict()}
+        if self.kernels.windows:  # how the windowed layers are priced (kvsim.perf.kernel_plan.window_plans)
+            out["windows"] = [f"{plan.part.part}: {plan.part.why}" for plan, _ in self.kernels.windows]
+        return out
 
 
 def measured_step_model(scenario, policy, model, gpu, calibration, settings, capacity) -> MeasuredStepModel | None:

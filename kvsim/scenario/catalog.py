@@ -39,8 +39,15 @@ _GPT_OSS = dict(sliding_window=128, attention_bias=True, quantization="mxfp4")
 _GPT_OSS_MOE = dict(router_bias=True, expert_bias=True)
 _GEMMA = dict(tie=True, sandwich_norms=True)
 # Vision encoders vLLM loads with the multimodal checkpoints (hf_config's ViT estimate from vision_config):
-# SigLIP (gemma-3: 27 layers of 1152) and Llama-4's (34 layers of 1408), each with its projector.
-GEMMA3_VISION_PARAMS, LLAMA4_VISION_PARAMS = 423_059_184, 832_082_304
+# SigLIP (gemma-3: 27 layers of 1152) and Llama-4's (34 layers of 1408), each with its projector; Kimi-K2.5's
+# MoonViT (27 layers of 1152) and its patch merger.
+GEMMA3_VISION_PARAMS, LLAMA4_VISION_PARAMS, KIMI_VISION_PARAMS = 423_059_184, 832_082_304, 471_143_920
+# Kimi-K2.5 as Moonshot ships it: DeepSeek-V3's layout with 64 heads and 384 experts, the routed experts int4
+# weight-only (compressed-tensors, a bf16 scale per 32), attention, the dense MLP and the shared expert bf16
+_KIMI_K25 = dict(mla=MlaSpec(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                             q_lora_rank=1536),
+                 moe=MoeSpec(384, 8, 2048, shared_expert_intermediate_size=2048, dense_layers=(0,), router_bias=True),
+                 quantization="int4", quantized=("experts",), quant_group_size=32, encoder_params=KIMI_VISION_PARAMS)
 
 # Shapes from each model's config.json on the Hugging Face Hub (copies in tests/fixtures/hf_configs/).
 MODELS: dict[str, ModelSpec] = {m.name: m for m in (
@@ -71,6 +78,10 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
             layer_types=_every(2, 46, SLIDING), sliding_window=4096, **_GEMMA),
     _preset("gemma-3-27b", 62, 5376, 32, 16, 128, 21504, 262208, 131072, 1000000.0, 1e-6, qk=True,
             layer_types=_every(6, 62, SLIDING), sliding_window=1024, encoder_params=GEMMA3_VISION_PARAMS, **_GEMMA),
+    _preset("Kimi-K2.5", 61, 7168, 64, 64, 192, 18432, 163840, 262144, 50000.0, 1e-5, **_KIMI_K25),
+    # MiniMax-M2.5 as shipped: 128x128-block fp8, q and k normed over all heads, every layer 256 experts
+    _preset("MiniMax-M2.5", 62, 3072, 48, 8, 128, 1536, 200064, 196608, 5000000.0, 1e-6, qk=True,
+            qk_norm_per_layer=True, moe=MoeSpec(256, 8, 1536, router_bias=True), quantization="fp8"),
 )}
 
 
@@ -103,6 +114,8 @@ def model_spec(scenario) -> ModelSpec:
     problem = moe_problem(spec, scenario)
     if problem:
         raise KvsimError(f"{scenario.source}: {problem}")
+    if cfg.dtype == "nvfp4":  # every linear layer NVFP4 (ModelOpt's default), activations 16-bit
+        return replace(spec, dtype="bfloat16", quantization="nvfp4", quantized=(), quant_group_size=0)
     return replace(spec, dtype=cfg.dtype)
 
 
@@ -204,6 +217,17 @@ def gpu_price(scenario, gpu: str) -> GpuPrice | None:
             if name.lower() == gpu.lower():
                 return GpuPrice(usd, cost.source or f"{scenario.source} [cost]", cost.date or "")
     return {k.lower(): v for k, v in GPU_PRICES.items()}.get(gpu.lower())
+
+
+def num_gpus(hardware) -> int:
+    """Every GPU a [hardware] section takes: tensor_parallel_size x data_parallel_size a replica."""
+    return hardware.tensor_parallel_size * hardware.data_parallel_size * hardware.num_replicas
+
+
+def hourly_price(scenario) -> tuple[float, GpuPrice] | None:
+    """($/hour of every GPU the scenario's [hardware] takes, the price of one), None without a price."""
+    price = gpu_price(scenario, scenario.hardware.gpu)
+    return None if price is None else (price.usd_per_hour * num_gpus(scenario.hardware), price)
 
 
 def gpu_spec(scenario) -> GpuSpec:

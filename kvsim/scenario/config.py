@@ -80,6 +80,16 @@ Label = Annotated[str, Field(min_length=1, max_length=L.MAX_NAME_CHARS), AfterVa
 PathText = Annotated[str, Field(min_length=1, max_length=L.MAX_PATH_CHARS), AfterValidator(_one_line(L.MAX_PATH_CHARS))]
 
 
+# a vLLM release as users write it: 0.16, 0.16.0, v0.16.1, 0.16.1rc2, 0.16.1.post1, 0.16.1.dev3
+_VLLM_VERSION = re.compile(r"v?\d{1,3}\.\d{1,3}(\.\d{1,3})?((rc|a|b)\d{1,4}|\.(post|dev)\d{1,4})?")
+
+
+def _vllm_version(value: str) -> str:
+    if not _VLLM_VERSION.fullmatch(value):
+        raise ValueError(f"{value[:40]!r} is not a vLLM release (write it as \"0.16.0\", \"0.16\" or \"v0.16.1rc1\")")
+    return value
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
@@ -93,9 +103,13 @@ class ModelConfig(_Section):
         "Path to a Hugging Face config.json (or the folder holding one), relative to the scenario file: "
         "a decoder-only model, dense or mixture-of-experts, with full, sliding-window, chunked-local or "
         "latent (MLA) attention (linear-attention and Mamba hybrids are refused). Give this or name."))
-    dtype: Literal["bfloat16", "float16", "float32", "fp8"] = Field("bfloat16", description=(
+    dtype: Literal["bfloat16", "float16", "float32", "fp8", "nvfp4"] = Field("bfloat16", description=(
         "Weight dtype: sets weight memory and the GEMM rate (fp8 uses the GPU's fp8 TFLOP/s). "
-        "vLLM: --dtype (fp8 weights: --quantization fp8)."))
+        "vLLM: --dtype (fp8 weights: --quantization fp8). nvfp4: every linear layer in NVFP4 (4-bit values, an "
+        "fp8 scale per 16), as a ModelOpt NVFP4 checkpoint ships them (FP4 GEMMs on B200, vLLM's Marlin "
+        "weight-only kernels on Hopper and Ampere); a checkpoint that keeps some layers in 16 bits (attention in "
+        "most MoE ones): give its config.json (hf_config), whose quantization_config says which. A preset or "
+        "config's own checkpoint format (fp8 blocks, MXFP4 or int4 experts) applies otherwise."))
     expert_skew: Annotated[float, Field(ge=0, le=3)] = Field(0.0, description=(
         "Mixture-of-experts routing: 0 balanced (each token's experts uniformly at random); else the tokens "
         "per expert drawn from a power law of this exponent (AIConfigurator's routing skew: 1.01 mild, 1.2 "
@@ -238,10 +252,12 @@ class EngineConfig(_Section):
     activation_reserve_gib: Optional[GiB] = Field(None, description=(
         "GiB per GPU set aside for activations. Default: estimated from the model and max_num_batched_tokens "
         "(vLLM measures it with a profiling forward pass)."))
-    vllm_version: Optional[Annotated[str, Field(pattern=r"^\d{1,3}\.\d{1,3}\.\d{1,3}$")]] = Field(None, description=(
-        "The vLLM release whose measured kernel timings (NVIDIA AIConfigurator's tables) price each step, "
-        "e.g. \"0.24.0\". Default: the newest shipped for the GPU (H100-SXM, H200, A100-80GB, B200); GPUs "
-        "without tables are priced by the roofline."))
+    vllm_version: Optional[Annotated[str, AfterValidator(_vllm_version)]] = Field(None, description=(
+        "The vLLM release you run, e.g. \"0.16.0\" (\"0.16\", \"v0.16.1rc2\" and \".post1\" forms read as their "
+        "release): its measured kernel timings (NVIDIA AIConfigurator's tables) price each step, or, for a "
+        "release with no tables on the GPU, the newest shipped release not newer than it (else the oldest), "
+        "and the answer is labelled estimated, naming the release that priced it. Default: the newest "
+        "shipped for the GPU (H100-SXM, H200, A100-80GB, B200); GPUs without tables are priced by the roofline."))
     async_scheduling: Optional[bool] = Field(None, description=(
         "The scheduler plans step n+1 while the GPU runs step n, so a request arriving during a step first "
         "runs a step later. vLLM: --async-scheduling / --no-async-scheduling. Default: the priced release's "

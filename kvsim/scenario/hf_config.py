@@ -13,7 +13,10 @@ v0.11.0's model files read it, or one line naming the file and key at fault.
   `shared_expert_intermediate_size`) or `num_local_experts` (Mixtral, gpt-oss, Llama-4: one shared
   expert, `interleave_moe_layer_step`); expert size `moe_intermediate_size`, else `intermediate_size`.
 - Multi-head latent attention: `kv_lora_rank` with its rope, nope and v head sizes.
-- Weights as shipped: `quantization_config.quant_method` "fp8" or "mxfp4"; other methods are refused.
+- Weights as shipped: `quantization_config` (top level or text_config's) read by
+  kvsim.scenario.hf_quant: fp8 (block or per tensor), MXFP4, NVFP4, int4 weight-only, per role.
+- MiniMax-M2: every layer MoE (`num_local_experts`, expert size `intermediate_size`), RMSNorm on q and k
+  over all heads (`qk_norm_type` "per_layer"); `attn_type_list` 0 (lightning attention) is refused.
 - Linear-attention and Mamba hybrids (Qwen3-Next, Jamba, Falcon-H1, Nemotron-H) and DeepSeek's
   sparse-attention indexer are refused, naming the key.
 """
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from kvsim.errors import KvsimError
 from kvsim.scenario.files import read_json_object
+from kvsim.scenario.hf_quant import checkpoint_quant, with_modelopt_file
 from kvsim.scenario.limits import MAX_MODEL_LEN
 from kvsim.scenario.models import CHUNKED, FULL, LAYER_TYPES, SLIDING, MlaSpec, ModelSpec, MoeSpec
 
@@ -43,7 +47,6 @@ _UNSUPPORTED = {
     "mamba_n_heads": "Mamba layers", "hybrid_override_pattern": "Mamba layers (Nemotron-H)",
     "ssm_cfg": "state-space layers", "index_topk": "DeepSeek sparse attention (its indexer keeps a cache of its own)",
 }
-_QUANTIZED = {"fp8": "fp8", "mxfp4": "mxfp4"}  # quant_method -> ModelSpec.quantization
 # transformers' config-class defaults for keys the published configs leave out.
 _DEFAULTS = {
     "gemma3_text": {"vocab_size": 262208, "max_position_embeddings": 131072, "rope_theta": 1_000_000.0,
@@ -51,7 +54,7 @@ _DEFAULTS = {
     "gemma2": {"sliding_window": 4096},
 }
 _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text"}  # tie_word_embeddings defaults to true
-_QK_NORM = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"}
+_QK_NORM = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "minimax_m2"}
 _SANDWICH_NORMS = {"gemma2", "gemma3", "gemma3_text"}
 _QWEN = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}
 
@@ -103,7 +106,8 @@ def load_hf_config(path: Path, name: str | None = None) -> ModelSpec:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    c = _Config(read_json_object(path, "model config (model.hf_config)"), str(path))
+    raw = with_modelopt_file(read_json_object(path, "model config (model.hf_config)"), path.parent)
+    c = _Config(raw, str(path))
     _refuse_unsupported(c)
     hidden, heads = c.get("hidden_size"), c.get("num_attention_heads")
     kv_heads = c.get("num_key_value_heads", int, heads)
@@ -118,6 +122,8 @@ def load_hf_config(path: Path, name: str | None = None) -> ModelSpec:
     moe = _moe(c, layers)
     dense_size = c.raw("intermediate_size_mlp") and c.get("intermediate_size_mlp", bound="intermediate_size")
     layer_types = _layer_types(c, layers)
+    quant = _quantization(c, layers, moe)
+    qk_norm = c.model_type in _QK_NORM and c.get("use_qk_norm", bool, True)
     return ModelSpec(
         name=name or (path.parent.name if path.name == "config.json" and path.parent.name else path.stem),
         num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -125,12 +131,13 @@ def load_hf_config(path: Path, name: str | None = None) -> ModelSpec:
         vocab_size=c.get("vocab_size"), max_position_embeddings=c.get("max_position_embeddings"),
         rope_theta=c.get("rope_theta", float, 10000.0), rms_norm_eps=c.get("rms_norm_eps", float, 1e-5),
         tie_word_embeddings=c.get("tie_word_embeddings", bool, c.model_type in _TIED_BY_DEFAULT),
-        qk_norm=c.model_type in _QK_NORM,
+        qk_norm=qk_norm, qk_norm_per_layer=qk_norm and c.raw("qk_norm_type") == "per_layer",
         layer_types=layer_types if any(t != FULL for t in layer_types) else (),
         sliding_window=c.get("sliding_window") if SLIDING in layer_types else 0,
         attention_chunk_size=c.get("attention_chunk_size") if CHUNKED in layer_types else 0,
         attention_bias=c.get("attention_bias", bool, False), sandwich_norms=c.model_type in _SANDWICH_NORMS,
-        mla=mla, moe=moe, quantization=_quantization(c), encoder_params=_encoder_params(c, hidden))
+        mla=mla, moe=moe, quantization=quant.format if quant else "", quantized=quant.roles if quant else (),
+        quant_group_size=quant.group_size if quant else 0, encoder_params=_encoder_params(c, hidden))
 
 
 def _refuse_unsupported(c: _Config) -> None:
@@ -138,6 +145,10 @@ def _refuse_unsupported(c: _Config) -> None:
         if c.cfg.get(key) not in (None, 0, False):
             raise KvsimError(f"{c.src}: {key}: {what} are not supported (kvsim models full, sliding-window, "
                              f"chunked-local and latent attention)")
+    kinds = c.cfg.get("attn_type_list")  # MiniMax: 1 softmax attention, 0 lightning (linear) attention
+    if isinstance(kinds, list) and any(k == 0 for k in kinds):
+        raise KvsimError(f"{c.src}: attn_type_list: lightning (linear) attention layers are not supported (kvsim "
+                         f"models full, sliding-window, chunked-local and latent attention)")
 
 
 def _layer_types(c: _Config, layers: int) -> tuple[str, ...]:
@@ -153,10 +164,13 @@ def _layer_types(c: _Config, layers: int) -> tuple[str, ...]:
     if c.model_type == "gemma2":
         return tuple(SLIDING if (i + 1) % 2 else FULL for i in range(layers))
     if c.model_type == "gemma3_text":
-        pattern = c.get("sliding_window_pattern")
+        key = "_sliding_window_pattern" if c.raw("_sliding_window_pattern") is not None else "sliding_window_pattern"
+        pattern = c.get(key, bound="num_hidden_layers")
         return tuple(SLIDING if (i + 1) % pattern else FULL for i in range(layers))
     if c.raw("attention_chunk_size") is not None:  # Llama-4: NoPE layers (no_rope_layers 0) keep full attention
-        rope = c.int_list("no_rope_layers", layers) or [int((i + 1) % 4 != 0) for i in range(layers)]
+        # an empty no_rope_layers (Llama-4-Scout's published config) means the default, as in transformers
+        given = c.raw("no_rope_layers")
+        rope = c.int_list("no_rope_layers", layers) if given else [int((i + 1) % 4 != 0) for i in range(layers)]
         return tuple(CHUNKED if r else FULL for r in rope)
     if c.raw("sliding_window") is None:
         return (FULL,) * layers
@@ -189,7 +203,8 @@ def _moe(c: _Config, layers: int) -> MoeSpec | None:
     size = c.get("moe_intermediate_size") if c.raw("moe_intermediate_size") is not None else c.get("intermediate_size")
     return MoeSpec(n_routed_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=size,
                    shared_expert_intermediate_size=_shared_size(c, size), dense_layers=_dense_layers(c, layers),
-                   router_bias=c.model_type == "gpt_oss" or c.raw("topk_method") == "noaux_tc",
+                   router_bias=c.model_type == "gpt_oss" or c.raw("topk_method") == "noaux_tc"
+                   or c.raw("use_routing_bias") is True,
                    expert_bias=c.model_type == "gpt_oss")
 
 
@@ -221,15 +236,12 @@ def _dense_layers(c: _Config, layers: int) -> tuple[int, ...]:
     return ()
 
 
-def _quantization(c: _Config) -> str:
-    q = c.top.get("quantization_config")
-    if q is None:
-        return ""
-    method = q.get("quant_method") if isinstance(q, dict) else None
-    if method not in _QUANTIZED:
-        raise KvsimError(f"{c.src}: quantization_config.quant_method: {str(method)[:40]!r} checkpoints are not "
-                         f"supported (kvsim reads {', '.join(_QUANTIZED)}; or give the unquantised config)")
-    return _QUANTIZED[method]
+def _quantization(c: _Config, layers: int, moe: MoeSpec | None):
+    """The checkpoint's weight format and the roles it covers (kvsim.scenario.hf_quant), or None."""
+    dense = set(moe.dense_layers) if moe else set(range(layers))
+    sparse = [i for i in range(layers) if i not in dense]
+    role_layers = {"attn": range(layers), "mlp": sorted(dense), "shared": sparse, "experts": sparse}
+    return checkpoint_quant(c.top, c.cfg if c.cfg is not c.top else {}, c.src, role_layers)
 
 
 def _encoder_params(c: _Config, text_hidden: int) -> int:
@@ -240,6 +252,8 @@ def _encoder_params(c: _Config, text_hidden: int) -> int:
     if not isinstance(v, dict) or c.cfg is c.top:
         return 0
     sub = _Config(v, f"{c.src}: vision_config")
+    if v.get("vt_hidden_size") is not None:
+        return _moonvit_params(sub, text_hidden)
     h, inter = sub.get("hidden_size"), sub.get("intermediate_size")
     layers = sub.get("num_hidden_layers") if v.get("num_hidden_layers") is not None else sub.get("depth")
     patch, image = sub.get("patch_size", int, 14), sub.get("image_size", int, 224)
@@ -247,3 +261,19 @@ def _encoder_params(c: _Config, text_hidden: int) -> int:
     embed = 3 * patch * patch * h + h + (image // patch) ** 2 * h + 2 * h
     out = v.get("projector_output_dim") if isinstance(v.get("projector_output_dim"), int) else h
     return layers * per_layer + embed + out * text_hidden
+
+
+def _moonvit_params(v: _Config, text_hidden: int) -> int:
+    """Kimi-K2.5's MoonViT (`vt_*` keys): ViT layers as above, patch and learnt 2D position embeddings
+    (init_pos_emb_height x width), a final LayerNorm, and the patch merger (LayerNorm, then two linears from
+    merge_kernel_size's patches into the language model's hidden size): an estimate, as above."""
+    h, inter = v.get("vt_hidden_size", bound="hidden_size"), v.get("vt_intermediate_size", bound="intermediate_size")
+    layers = v.get("vt_num_hidden_layers", bound="num_hidden_layers")
+    patch = v.get("patch_size", int, 14, bound="head_dim")
+    grid = v.get("init_pos_emb_height", int, 64, bound="head_dim") * v.get("init_pos_emb_width", int, 64,
+                                                                            bound="head_dim")
+    merge = v.int_list("merge_kernel_size") or [2, 2]
+    m = h * merge[0] * merge[-1]
+    per_layer = 4 * h * h + 4 * h + 2 * h * inter + inter + h + 4 * h
+    return layers * per_layer + 3 * patch * patch * h + h + grid * h + 2 * h + 2 * h + m * m + m + m * text_hidden \
+        + text_hidden

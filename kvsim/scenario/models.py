@@ -7,10 +7,10 @@ multi-head latent attention (DeepSeek-V2/V3). Its MLP is dense (`intermediate_si
 `moe`, routed experts plus optional shared experts, except the layers `MoeSpec.dense_layers` names.
 
 Parameters are counted once per tensor (`tie_word_embeddings`: embed_tokens is lm_head) and grouped
-by how vLLM shards them (`ParamGroups`); bytes follow the checkpoint as shipped (`quantization`:
-"fp8" block-quantised linears with a float32 scale per 128x128 block, DeepSeek-V3; "mxfp4" experts,
-4-bit values with an 8-bit scale per 32, gpt-oss), else the weights dtype for the linear layers and
-16 bits for embeddings, norms and routers (vLLM's online fp8 quantises Linear layers only).
+by how vLLM shards them (`ParamGroups`); bytes follow the checkpoint as shipped (`quantization`, a
+format of `QUANT_FORMATS`, applied to the linear layers of the roles in `quantized`: attention,
+dense MLPs, shared experts, routed experts), else the weights dtype for the linear layers, and 16
+bits for embeddings, lm_head, norms and routers (vLLM's quantisation methods leave them unquantised).
 """
 
 from __future__ import annotations
@@ -22,7 +22,20 @@ FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attenti
 LAYER_TYPES = (FULL, SLIDING, CHUNKED)
 FP8_BLOCK = 128  # DeepSeek-V3's weight_block_size: one float32 scale per 128 x 128 block
 MXFP4_GROUP = 32  # OCP MX: one 8-bit (e8m0) scale per 32 4-bit values
-QUANT_BYTES = {"fp8": 1 + 4 / FP8_BLOCK**2, "mxfp4": 0.5 + 1 / MXFP4_GROUP}  # bytes per parameter, scales included
+NVFP4_GROUP = 16  # NVFP4: one fp8 (e4m3) scale per 16 4-bit values, and a float32 one per tensor
+INT4_GROUP = 128  # w4a16 (GPTQ, AWQ, compressed-tensors pack-quantized): a 16-bit scale per group, 128 unless given
+# Checkpoint weight formats -> bytes per parameter, scales included (int4: with a scale per INT4_GROUP)
+QUANT_FORMATS = {
+    "fp8": 1 + 4 / FP8_BLOCK**2,  # 128x128-block fp8 (DeepSeek-V3, Qwen3-*-FP8, MiniMax-M2, Kimi-K2)
+    "fp8_tensor": 1.0,  # fp8 with a scale per tensor or output channel (ModelOpt FP8, compressed-tensors FP8)
+    "mxfp4": 0.5 + 1 / MXFP4_GROUP,  # OCP MXFP4 (gpt-oss's experts)
+    "nvfp4": 0.5 + 1 / NVFP4_GROUP,  # NVIDIA NVFP4 (ModelOpt and compressed-tensors w4a4)
+    "int4": 0.5 + 2 / INT4_GROUP,  # int4 weight-only, w4a16 (Kimi-K2.5's experts, GPTQ, AWQ)
+}
+QUANT_BYTES = QUANT_FORMATS  # the name kvsim used before int4 and nvfp4
+# Linear layers by role: attention projections, dense MLPs, shared experts, routed experts
+QUANT_ROLES = ("attn", "mlp", "shared", "experts")
+DEFAULT_QUANTIZED = {"mxfp4": ("experts",)}  # a format's roles when a spec does not say (others: every role)
 
 
 @dataclass(slots=True, frozen=True)
@@ -100,6 +113,7 @@ class ModelSpec:
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
     qk_norm: bool = False  # Qwen3 / gemma-3: RMSNorm weights on q and k per head
+    qk_norm_per_layer: bool = False  # MiniMax-M2: those norms over all heads' q and k (a weight per element)
     dtype: str = "bfloat16"  # weights dtype (from ModelConfig.dtype)
     layer_types: tuple[str, ...] = ()  # per layer, as transformers' layer_types; () = every layer full
     sliding_window: int = 0
@@ -108,7 +122,9 @@ class ModelSpec:
     sandwich_norms: bool = False  # gemma-2/3: norms before and after attention and MLP (4 a layer)
     mla: MlaSpec | None = None
     moe: MoeSpec | None = None
-    quantization: str = ""  # as shipped: "", "fp8" (128x128 blocks) or "mxfp4" (experts only)
+    quantization: str = ""  # as shipped: "" or a format of QUANT_FORMATS
+    quantized: tuple[str, ...] = ()  # the QUANT_ROLES it applies to (): DEFAULT_QUANTIZED or every role
+    quant_group_size: int = 0  # int4: values per 16-bit scale (0: INT4_GROUP)
     encoder_params: int = 0  # vision encoder + projector of a multimodal checkpoint
 
     def layer_type(self, layer: int) -> str:
@@ -179,7 +195,8 @@ class ModelSpec:
     def _small_params_per_layer(self, moe_layer: bool) -> int:
         """Norms, biases and the router of one layer: replicated, kept in 16 bits."""
         h = self.hidden_size
-        n = (4 if self.sandwich_norms else 2) * h + (2 * self.head_dim if self.qk_norm else 0)
+        qk = (self.num_attention_heads + self.num_key_value_heads if self.qk_norm_per_layer else 2) * self.head_dim
+        n = (4 if self.sandwich_norms else 2) * h + (qk if self.qk_norm else 0)
         if self.mla:
             n += self.mla.kv_lora_rank + self.mla.q_lora_rank  # kv_a_layernorm, q_a_layernorm
         if self.attention_bias:
@@ -214,19 +231,27 @@ class ModelSpec:
         """Bytes per activation element: fp8 models still compute in 16-bit, fp32 models in fp32."""
         return 4 if self.dtype == "float32" else 2
 
-    def linear_bytes(self, experts: bool = False) -> float:
-        """Bytes per parameter of a linear layer (experts: a routed expert's), scales included."""
-        if self.quantization == "fp8" or (self.quantization == "mxfp4" and experts):
-            return QUANT_BYTES[self.quantization]
-        return DTYPE_BYTES[self.dtype]
+    def weight_format(self, role: str) -> str:
+        """The checkpoint format of one role's linear layers (QUANT_ROLES), or "" for the weights dtype."""
+        if not self.quantization:
+            return ""
+        roles = self.quantized or DEFAULT_QUANTIZED.get(self.quantization, QUANT_ROLES)
+        return self.quantization if role in roles else ""
+
+    def linear_bytes(self, role: str = "attn") -> float:
+        """Bytes per parameter of one role's linear layers (QUANT_ROLES), scales included."""
+        fmt = self.weight_format(role)
+        if fmt == "int4" and self.quant_group_size:
+            return 0.5 + 2 / self.quant_group_size
+        return QUANT_FORMATS[fmt] if fmt else DTYPE_BYTES[self.dtype]
 
     def group_bytes(self) -> ParamGroups:
         """param_groups in bytes (float: quantisation scales are fractions of a byte a parameter)."""
-        p, a, lin = self.param_groups(), self.activation_bytes, self.linear_bytes()
-        return ParamGroups(embed=p.embed * a, lm_head=p.lm_head * a, attn=p.attn * lin, attn_kv=p.attn_kv * lin,
-                           attn_replicated=p.attn_replicated * lin, dense_mlp=p.dense_mlp * lin,
-                           shared_experts=p.shared_experts * lin, experts=p.experts * self.linear_bytes(True),
-                           small=p.small * a, encoder=p.encoder * a)
+        p, a, attn = self.param_groups(), self.activation_bytes, self.linear_bytes("attn")
+        return ParamGroups(embed=p.embed * a, lm_head=p.lm_head * a, attn=p.attn * attn, attn_kv=p.attn_kv * attn,
+                           attn_replicated=p.attn_replicated * attn, dense_mlp=p.dense_mlp * self.linear_bytes("mlp"),
+                           shared_experts=p.shared_experts * self.linear_bytes("shared"),
+                           experts=p.experts * self.linear_bytes("experts"), small=p.small * a, encoder=p.encoder * a)
 
     @property
     def weight_bytes(self) -> int:
@@ -234,8 +259,9 @@ class ModelSpec:
 
     @property
     def gemm_dtype(self) -> str:
-        """The GEMMs' input dtype: fp8 weights run fp8 GEMMs; MXFP4 experts are dequantised to 16 bits."""
-        return "fp8" if self.dtype == "fp8" or self.quantization == "fp8" else "bfloat16"
+        """The GEMMs' input dtype (the roofline's peak): fp8 weights run fp8 GEMMs; 4-bit formats are priced at
+        the 16-bit peak (weight-only kernels dequantise; the datasheets give no FP4 dense peak kvsim keeps)."""
+        return "fp8" if self.dtype == "fp8" or self.quantization in ("fp8", "fp8_tensor") else "bfloat16"
 
     # ---- FLOPs -------------------------------------------------------------------------------
     @property

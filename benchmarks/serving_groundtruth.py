@@ -267,18 +267,20 @@ def stage_band(row: dict, max_num_seqs: int = 128) -> str:
 
 
 def residuals_by_cell(rows: list[dict]) -> dict:
-    """{band: {metric: {group: [errors]}}} with "any" pooled over bands and stat groups."""
+    """{band: {metric: {group: ([errors], {runs})}}} with "any" pooled over bands and stat groups."""
     from kvsim.results.intervals import METRICS as IMETRICS, STAT_GROUP
 
     cells: dict = {}
-    for r in rows:
+    for i, r in enumerate(rows):
         band = stage_band(r)
         for key, err in r["error"].items():
             metric, stat = key.split("_")
             if metric not in IMETRICS or (metric == "itl" and stat == "mean"):
                 continue
             for b, g in ((band, STAT_GROUP[stat]), ("any", "any")):
-                cells.setdefault(b, {}).setdefault(metric, {}).setdefault(g, []).append(err)
+                errs, runs = cells.setdefault(b, {}).setdefault(metric, {}).setdefault(g, ([], set()))
+                errs.append(err)
+                runs.add(i)
     return cells
 
 
@@ -306,7 +308,7 @@ def cmd_intervals(args) -> None:
         if not rows:
             continue
         cells = residuals_by_cell(rows)
-        out["intervals"][basis] = {b: {m: {g: residual_interval(errs) for g, errs in groups.items()}
+        out["intervals"][basis] = {b: {m: {g: residual_interval(errs, len(runs)) for g, (errs, runs) in groups.items()}
                                        for m, groups in metrics.items()} for b, metrics in cells.items()}
         out.setdefault("stages", {})[basis] = {b: sum(1 for r in rows if stage_band(r) == b) for b in ("light", "busy")}
     DATA.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")

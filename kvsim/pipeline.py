@@ -34,6 +34,7 @@ from kvsim.perf.disaggregation import disaggregation, pool_basis
 from kvsim.perf.measured import request_overhead_s
 from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
 from kvsim.results.disaggregation import DisaggregationObserver
+from kvsim.results.intervals import summary_intervals
 from kvsim.results.metrics import Metrics
 from kvsim.results.verdict import judge
 from kvsim.results.writer import ResultsWriter
@@ -196,7 +197,15 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     if source.closed_loop:
         _clients_figures(summary, source)
     summary["verdict"] = judge(summary).as_dict()
+    _error_bars(summary, basis or pricing_basis(scenario, model, gpu), settings)
     return summary, sim
+
+
+def _error_bars(summary: dict, basis: PricingBasis, settings: EngineSettings) -> None:
+    """The range real runs like this one fell in around kvsim's figures (kvsim.results.intervals)."""
+    bars = summary_intervals(summary, basis.to_dict(), settings.max_num_seqs, settings.num_replicas)
+    if bars is not None:
+        summary["prediction_intervals"] = bars
 
 
 def _clients_figures(summary: dict, source: ClosedLoop) -> None:
@@ -247,6 +256,7 @@ def simulate_disaggregated(scenario, policy, metrics: Metrics,
     if source.closed_loop:
         _clients_figures(summary, source)
     summary["verdict"] = judge(summary).as_dict()
+    _error_bars(summary, pool_basis(dis.decode), settings)
     return summary, sim
 
 

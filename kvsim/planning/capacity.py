@@ -47,6 +47,7 @@ from kvsim.planning.points import CLIENTS, FIGURES, base_rate, check_fits, evalu
 from kvsim.planning.safe import LONG_RUN, SafeCheck, first_candidate, safe_rates
 from kvsim.planning.search import Search, expected_points, run_searches
 from kvsim.planning.sensitivity import KNEE_GROWTH, STEP_COST_MARGIN, check_scale, scalable, widen, with_step_scale
+from kvsim.results.intervals import rate_interval
 from kvsim.scenario.workload import expected_count
 
 DEFAULT_REQUESTS = 3000
@@ -106,10 +107,16 @@ class PolicyCapacity:
     # the first seed's knee with every step STEP_COST_MARGIN cheaper / dearer (None: not searched)
     knee_faster_steps: Optional[float] = None
     knee_slower_steps: Optional[float] = None
+    # where the real safe rate would fall, given real steps' error near the knee (kvsim.results.intervals)
+    safe_rate_interval: Optional[dict] = None
 
     def row(self) -> dict:
         """A flat row: the answer and the SLO figures at safe_rate."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("at_safe_rate", "seed_max_rates")}
+        nested = ("at_safe_rate", "seed_max_rates", "safe_rate_interval")
+        out = {k: v for k, v in asdict(self).items() if k not in nested}
+        iv = self.safe_rate_interval or {}
+        out.update(safe_rate_real_low=iv.get("low"), safe_rate_real_high=iv.get("high"),
+                   safe_rate_interval=iv.get("text"))
         out["seed_max_rates"] = " ".join(f"{r:.6g}" for r in self.seed_max_rates)
         out.update({f"at_safe_{k}": v for k, v in self.at_safe_rate.items()})
         return out
@@ -300,9 +307,20 @@ def step_cost_knees(executor, scenario, answers: list[PolicyCapacity], seed: int
             integer=integer)
         knees[scale] = [f.mean_rate for f in found]
         rows += [{**r, "phase": f"step_cost_x{scale:g}"} for r in points]
+    basis = _basis_dict(scenario)
     for i, a in enumerate(todo):
-        widen(a, a.seed_max_rates[0], knees[1.0 - STEP_COST_MARGIN][i], knees[1.0 + STEP_COST_MARGIN][i])
+        fast, slow = knees[1.0 - STEP_COST_MARGIN][i], knees[1.0 + STEP_COST_MARGIN][i]
+        widen(a, a.seed_max_rates[0], fast, slow)
+        a.safe_rate_interval = rate_interval(a.safe_rate, a.seed_max_rates[0], fast, slow, basis, STEP_COST_MARGIN)
     return rows
+
+
+def _basis_dict(scenario) -> dict:
+    from kvsim.pipeline import run_meta  # a disaggregated policy's basis is its pools'
+    from kvsim.scenario.catalog import gpu_spec, model_spec
+
+    model, gpu = model_spec(scenario), gpu_spec(scenario)
+    return run_meta(scenario, model, gpu)["pricing_basis"]
 
 
 def _margin(record: dict) -> float:

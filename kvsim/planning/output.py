@@ -137,6 +137,11 @@ def plan_lines(result) -> list[str]:
             lines.append("tied with it (95% intervals overlap, the seeds cannot tell them apart): "
                          + ", ".join(f"{p.policy} (safe {p.safe_rate:.3g}, CI {p.ci_low:.3g}–{p.ci_high:.3g})"
                                      for p in groups[0][1:]))
+    for p in result.policies:
+        iv = p.safe_rate_interval
+        if iv and p.safe_rate > 0:
+            lines.append(f"{p.policy}: safe rate {p.safe_rate:.3g} {unit}; on real runs like this "
+                         f"{iv['low']:.3g}–{iv['high']:.3g} {unit} ({iv['text']})")
     return lines
 
 

@@ -111,6 +111,23 @@ def verdict_lines(summaries: dict[str, dict], meta: dict | None = None) -> list[
         lines.append(f"{len(passing)} of {len(verdicts)} policies meet the SLO" + (f": {', '.join(passing)}" if passing else ""))
     for name, v in verdicts.items():
         lines.append(f"{'✓' if v.sustainable else '✗'} {name}: {v.summary_text()}; binds: {v.binding_detail}")
+    lines += error_bar_lines(summaries, (meta.get("slo") or {}).get("percentile", 99.0))
+    return lines
+
+
+def error_bar_lines(summaries: dict[str, dict], percentile: float = 99.0) -> list[str]:
+    """Per policy with error bars (kvsim.results.intervals): its TTFT, TPOT and E2E at the SLO's percentile
+    (p50, p90 or p99, the nearest kept) with the range real runs like it fell in around kvsim's figures."""
+    from kvsim.results.intervals import figure_text
+
+    stat = min(("p50", "p90", "p99"), key=lambda k: abs(float(k[1:]) - percentile))
+    lines = []
+    for name, s in summaries.items():
+        bars = s.get("prediction_intervals")
+        texts = [t for m in ("ttft", "tpot", "e2e") if (t := figure_text(s, m, stat))]
+        if bars and texts:
+            lines.append(f"  {name}, held-out error bars ({bars['basis']} pricing, {bars['band']} load): "
+                         + "; ".join(texts))
     return lines
 
 

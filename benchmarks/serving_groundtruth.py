@@ -25,7 +25,8 @@ fitted release). Each experiment's stages become kvsim scenarios as faithfully a
 - figures: TTFT, TPOT and E2E (mean, p50, p90, p99) and ITL's upper percentiles, stated as inference-perf
   states them (its TPOT and ITL count every line of the stream: kvsim.calibrate.inference_perf).
 
-`fit` fits the server terms (kvsim.calibrate.server_fit) on stages capped at `--cap` requests, then
+`fit` fits the server terms (kvsim.calibrate.server_fit), from the terms shipped before any serving fit
+(BEFORE_FIT), on stages capped at `--cap` requests, then
 evaluates at full size: in sample (the all-data terms) and leave-one-experiment-out (each experiment's
 stages simulated with terms fitted to the other eight). Errors are predicted / measured - 1; a stage is
 "overloaded" when kvsim's verdict says the engine fell behind its arrivals.
@@ -65,6 +66,16 @@ METRICS = ("ttft", "tpot", "e2e")
 STATS = ("mean", "p50", "p90", "p99")
 HEADLINE = ("mean", "p50", "p99")  # 9 figures a stage: 135 over the 15 stages, as the issue counts them
 VLLM_KV_BLOCKS_LLAMA2_7B = 7463  # logged by vLLM for Llama-2-7B at TP 1 (../shared/groundtruth/README.md)
+# Where every fit starts: the server terms shipped before any serving fit (main 7d38f5d: the API server's
+# 10.2 ms from vLLM PR #54628, nothing beyond a step's kernels), so a fit does not depend on what ships now.
+BEFORE_FIT = {"api_server_s": 0.0102, "piecewise_layer_s": 0.0, "seq_gpu_s": 0.0, "step_overhead_s": 0.0,
+              "graph_step_overhead_s": 0.0}
+
+
+def start_terms():
+    from kvsim.perf.server import shipped_terms
+
+    return replace(shipped_terms("H100-SXM")[0], **BEFORE_FIT)
 
 
 def model_configs(folder: Path) -> dict:
@@ -199,12 +210,11 @@ def cmd_evaluate(args) -> None:
 
 def cmd_fit(args) -> None:
     from kvsim.calibrate.server_fit import fit_terms, leave_groups_out
-    from kvsim.perf.server import shipped_terms
 
     names = args.terms_to_fit.split(",")
     with tempfile.TemporaryDirectory(prefix="kvsim-gt-") as tmp:
         cases = groundtruth_cases(Path(tmp), args.vllm_version)
-        start = shipped_terms("H100-SXM")[0]
+        start = start_terms()
         iterations = 3
         if args.reuse:  # the terms an earlier fit found: hold out and evaluate again, no refit
             start = replace(start, **{n: load_results()["fits"][args.vllm_version]["terms"][n] for n in names})
@@ -239,13 +249,12 @@ def cmd_fit(args) -> None:
 def cmd_select(args) -> None:
     """Which terms the data supports: each candidate set fitted on capped stages, judged held out."""
     from kvsim.calibrate.server_fit import error_rows, fit_terms, leave_groups_out, summary
-    from kvsim.perf.server import shipped_terms
 
     doc = load_results()
     table = doc.setdefault("selection", {}).setdefault(args.vllm_version, {})
     with tempfile.TemporaryDirectory(prefix="kvsim-gt-") as tmp:
         cases = groundtruth_cases(Path(tmp), args.vllm_version)
-        start = shipped_terms("H100-SXM")[0]
+        start = start_terms()
         for names in (s.split(",") for s in args.sets):
             fit = fit_terms(cases, start, names, args.cap)
             held = leave_groups_out(cases, fit, args.cap)

@@ -66,7 +66,7 @@ def cards(result, colors: dict, tied: dict, usd_per_hour: float | dict | None, o
 
 
 def real_range(p, unit: str) -> str:
-    """'real 11.2–13.0 req/s (-9…+6% on held-out runs like this ...)' of a plan answer, '' without one."""
+    """'on real runs like this 11.2–13.0 req/s (...)' of a plan answer (kvsim.results.intervals), '' without one."""
     iv = p.safe_rate_interval
     if not iv or p.safe_rate <= 0:
         return ""

@@ -62,8 +62,6 @@ PROVENANCE = {
     "elementwise_bandwidth": "mem_bw_empirical_scaling_factor = 0.8, " + AIC_YAML,
     "piecewise_layer_s": "0: a step outside a full CUDA graph is priced by its kernels and step_overhead_s alone "
                          "(no serving data fitted yet)",
-    "seq_gpu_s": "0: the GPU's work a step per sequence beyond the tables is the sampler's estimate alone "
-                 "(sampler_bytes_per_vocab; no serving data fitted yet)",
     "sampler_bytes_per_vocab": "the roofline's estimate (kvsim/perf/roofline.py LOGITS_BYTES_PER_VOCAB): 16-bit "
                                "logits written and read, an fp32 copy written and read, per sampled row",
     "api_server_s": "10.2 ms: vLLM PR #54628 (vLLM 0.28.1rc1) measured vllm bench serve's client TTFT against "
@@ -161,7 +159,10 @@ WHAT = {"api_server_s": "the API server on every request's TTFT and E2E (HTTP, t
         "piecewise_layer_s": "a step outside a full CUDA graph, per layer, beyond its kernels (vLLM V1's "
                              "cudagraph_mode FULL_AND_PIECEWISE, the default since v0.11: a mixed prefill + decode "
                              "step replays piecewise graphs, attention run eagerly between them; "
-                             "docs.vllm.ai/en/latest/design/cuda_graphs)"}
+                             "docs.vllm.ai/en/latest/design/cuda_graphs); chosen over a fixed cost per piecewise "
+                             "step, a cost per scheduled sequence and a full-graph step's cost, each of which "
+                             "predicted the held-out experiments worse (the term selection in "
+                             "benchmarks/results/serving_groundtruth.md)"}
 
 
 def fitted_releases(gpu: str) -> dict:

@@ -155,9 +155,9 @@ def test_a_head_count_past_the_tables_is_the_timed_kernel_over_more_sequences():
 # ---- a step and runs of steps -------------------------------------------------------------------------
 def test_a_step_is_the_sum_of_its_kernels():
     # synchronous scheduling: the host's work a step (5e-4 s + 1e-5 s a sequence) adds to the GPU's
-    # a sequence costs the GPU 2e-6 s a step beyond the tables; a step outside a full graph 1e-5 s a layer more
+    # a step outside a full graph costs 1e-5 s a layer more
     terms = ServerTerms(graph_step_overhead_s=1e-3, step_overhead_s=2e-3, host_step_s=5e-4, host_per_seq_s=1e-5,
-                        seq_gpu_s=2e-6, piecewise_layer_s=1e-5)
+                        piecewise_layer_s=1e-5)
     sm = pricer(model=LLAMA70, tp=4, terms=terms, overlap=False)
     k = sm.kernels
     vocab = -(-LLAMA70.vocab_size // 4)  # a rank's share of a sampled row's logits, all-gathered eagerly
@@ -168,7 +168,7 @@ def test_a_step_is_the_sum_of_its_kernels():
     gather, _ = k.allreduce_s(100 * vocab, False)
     line = sm.decode_line(100)
     want = (80 * (gemm + 2 * ar) + ar + sm.elementwise_fixed_s + 104 * sm.elementwise_s_per_token
-            + head + gather + 100 * (sm.sampler_s_per_seq + 2e-6) + 80 * line(2000.0) + 1e-3 + 5e-4 + 100 * 1e-5)
+            + head + gather + 100 * sm.sampler_s_per_seq + 80 * line(2000.0) + 1e-3 + 5e-4 + 100 * 1e-5)
     assert sm.step_time(Batch(num_decode_seqs=100, decode_context_tokens=200_000)) == pytest.approx(want, rel=1e-12)
     # a mixed step of 600 tokens (past the largest capture size, 512) runs eagerly: eager all-reduce, no padding
     gemm, _ = k.layer_gemms(600)
@@ -180,7 +180,7 @@ def test_a_step_is_the_sum_of_its_kernels():
     b = Batch(num_prefill_seqs=1, num_prefill_tokens=590, prefill_context_tokens=500,
               prefill_attn_pairs=590 * 500 + 590 * 591 // 2, num_decode_seqs=10, decode_context_tokens=10 * 300)
     want = (80 * (gemm + 2 * ar) + ar + sm.elementwise_fixed_s + 600 * sm.elementwise_s_per_token + head + gather
-            + 11 * (sm.sampler_s_per_seq + 2e-6) + 80 * sm.decode_line(10)(300.0) + 80 * ctx * share + 2e-3 + 80 * 1e-5)
+            + 11 * sm.sampler_s_per_seq + 80 * sm.decode_line(10)(300.0) + 80 * ctx * share + 2e-3 + 80 * 1e-5)
     assert sm.step_time(b) == pytest.approx(want + 5e-4 + 11 * 1e-5, rel=1e-12)
     assert sm.step_time(Batch()) == 0.0
     # async scheduling overlaps the host's work with the GPU's: the longer of the two

@@ -27,10 +27,10 @@ from kvsim.errors import KvsimError
 
 # Where each fittable term may go (seconds), and the nudge its Jacobian column takes.
 BOUNDS = {"api_server_s": (0.0, 0.1), "graph_step_overhead_s": (0.0, 0.01), "step_overhead_s": (0.0, 0.02),
-          "piecewise_layer_s": (0.0, 5e-4), "seq_gpu_s": (0.0, 2e-4), "host_step_s": (0.0, 0.02),
+          "piecewise_layer_s": (0.0, 5e-4), "host_step_s": (0.0, 0.02),
           "host_per_seq_s": (0.0, 2e-4)}
 NUDGE = {"api_server_s": 1e-3, "graph_step_overhead_s": 3e-4, "step_overhead_s": 5e-4,
-         "piecewise_layer_s": 1e-5, "seq_gpu_s": 5e-6, "host_step_s": 5e-4, "host_per_seq_s": 5e-6}
+         "piecewise_layer_s": 1e-5, "host_step_s": 5e-4, "host_per_seq_s": 5e-6}
 FIT_METRICS = ("ttft", "tpot", "e2e", "itl")
 LOSS_SCALE = 0.05  # soft-L1 knee: log errors beyond ~5% count linearly, not squared
 

@@ -14,8 +14,8 @@
                  bytes / (0.8 x HBM) + 3 us a kernel (`ServerTerms`)
     sampler      the logits' bytes per sampled row over HBM (the roofline's estimate)
     beyond       a fixed cost per step (full-CUDA-graph decode steps and the others apart), per layer of a
-                 step outside a full graph (piecewise graphs run attention eagerly between their pieces),
-                 per scheduled sequence (`ServerTerms`, fitted to serving runs)
+                 step outside a full graph (piecewise graphs run attention eagerly between their pieces)
+                 (`ServerTerms`, fitted to serving runs)
     host         the engine's CPU work, a fixed cost per step and per sequence, overlapped with the GPU's
                  under async scheduling
 
@@ -208,7 +208,7 @@ class MeasuredStepModel:
         if t is None:
             head, flag = self.kernels.lm_head_gemm(seqs)
             self._note("lm_head", seqs, flag)
-            t = head + seqs * (self.sampler_s_per_seq + self.terms.seq_gpu_s)
+            t = head + seqs * self.sampler_s_per_seq
             if self.tp > 1:
                 gather, gflag = self.kernels.allreduce_s(seqs * self.logits_part, False)
                 self._note("allreduce", (seqs, "logits"), gflag)

@@ -37,7 +37,6 @@ class ServerTerms:
     graph_step_overhead_s: float = 1.2e-4  # GPU: a CUDA-graph (pure decode) step beyond its kernels
     step_overhead_s: float = 1.2e-4  # GPU: a piecewise-graph or eager (prefill, mixed) step beyond its kernels
     piecewise_layer_s: float = 0.0  # the same step, per layer: the eager attention between its graph pieces
-    seq_gpu_s: float = 0.0  # GPU: a step's work per scheduled sequence beyond the tables (sampling, inputs)
     host_step_s: float = 1.0e-3  # CPU: the engine's work a step (schedule, prepare inputs, launch, outputs)
     host_per_seq_s: float = 3.3e-6  # CPU: the same work per scheduled sequence
     host_tp_step_s: float = 0.0  # CPU: more a step under tensor parallelism (inputs to the workers, outputs back)

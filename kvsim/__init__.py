@@ -81,8 +81,9 @@ def deploy(scenario, target_rate, *, gpus=None, tensor_parallel=(1, 2, 4, 8), po
            headroom=True, disaggregated=False):
     """The cheapest deployments (GPU, tensor parallelism, replicas, KV policy) that meet the SLO at
     `target_rate` req/s (`kvsim plan --target-rate`): every seed and a run four times longer
-    sustain it. `policy`: a name or a list of candidates (default: every policy; each GPU and TP
-    degree keeps the one whose replica sustains the most).
+    sustain it. `policy`: a name or a list of candidates (default: every policy `vllm serve` can run,
+    kvsim.scenario.layout.serve_problem; each GPU and TP degree keeps the one whose replica sustains the
+    most).
 
     Candidates: `gpus` (default: every preset) × `tensor_parallel` degrees; prices from the
     scenario's [cost] section, else kvsim.scenario.catalog.GPU_PRICES. Returns a
@@ -91,19 +92,21 @@ def deploy(scenario, target_rate, *, gpus=None, tensor_parallel=(1, 2, 4, 8), po
     (`gpu`, `tensor_parallel_size`, `num_replicas`, `num_gpus`, `policy`, `replica_rate`,
     `safe_rate`/`mean_rate`/`ci_low`/`ci_high`/`headroom` (searched unless `headroom=False`),
     `usd_per_hour`, `usd_per_m_input`, `usd_per_m_output`, `price_source`, `binding`,
-    `binding_detail`, `at_target`: figures at the target rate; `.answer()`: the line to act on);
-    `.skipped` layouts with the reason; `.points`; `.to_frame()`, `.points_frame()`, `.to_dict()`.
+    `binding_detail`, `at_target`: figures at the target rate, `vllm_flags`: one replica's `vllm serve`
+    flags; `.answer()`: the line to act on); `.skipped` layouts with the reason and its `kind`; `.points`; `.to_frame()`, `.points_frame()`, `.to_dict()`.
     Every policy is served aggregated here, on [hardware]'s layout searched.
 
     `disaggregated=True` (`kvsim plan --target-rate` on a scenario with [disaggregation]) searches
     prefill and decode instance counts per pool layout instead: `gpus` and `tensor_parallel` (default:
-    the scenario's pools' own) for each pool, `policy` one name (default: the first served
-    disaggregated), `max_replicas` per pool; `top` and `headroom` do not apply. Returns a
+    the scenario's pools' own) for each pool, `policy` a name or a list (default: every policy served
+    disaggregated; the aggregated side takes every policy, served aggregated), `max_replicas` per pool; `top` and `headroom` do not apply. Returns a
     `kvsim.planning.disagg.PDPlan`: `.deployments` (each pool layout's cheapest passing counts,
     cheapest first: `PDDeployment` with `num_prefill`, `num_decode`, both pools' GPU and TP, cost,
     `prefill_binding`/`decode_binding` at the target and whether one instance fewer of each fails),
     `.aggregated` (the `DeployResult` of the same GPUs and TP degrees), `.verdict()` (aggregated or
-    disaggregated, which ratio, by how much), `.to_frame()`, `.to_dict()`.
+    disaggregated, which ratio, by how much), `.table()` (the comparison as records: policy, pools,
+    $, TTFT/TPOT/ITL at the SLO's percentile), `.to_frame()`, `.to_dict()`. `$/hour` everywhere counts
+    every GPU (kvsim.scenario.layout.hourly_cost: TP × DP × replicas, or both pools).
     """
     from kvsim.planning.deploy import deploy as run_deploy
     from kvsim.planning.disagg import aggregated, pd_deploy

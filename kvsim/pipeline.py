@@ -24,18 +24,22 @@ from kvsim.backends import load_backend
 from kvsim.errors import KvsimError, check_int
 from kvsim.engine.arrivals import ClosedLoop, RequestStream
 from kvsim.engine.disaggregated import DisaggregatedSimulation
-from kvsim.engine.kv_transfer import HeldBlocks, KvLink
+from kvsim.engine.connector import make_connected_replica
+from kvsim.engine.kv_transfer import KvLink, NixlConsumer, NixlProducer
 from kvsim.engine.replica import ALLOCATORS, make_replica
 from kvsim.engine.router import make_router
+from kvsim.engine.tiers import offload_tiers
 from kvsim.engine.settings import EngineSettings, engine_settings
 from kvsim.engine.simulator import Simulation
 from kvsim.perf.basis import PricingBasis, pricing_basis
 from kvsim.perf.disaggregation import disaggregation, pool_basis
 from kvsim.perf.measured import request_overhead_s
 from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
+from kvsim.perf.offload import offload_settings
 from kvsim.results.disaggregation import DisaggregationObserver
 from kvsim.results.intervals import summary_intervals
 from kvsim.results.metrics import Metrics
+from kvsim.results.offload import offload_summary
 from kvsim.results.verdict import judge
 from kvsim.results.writer import ResultsWriter
 from kvsim.scenario.catalog import gpu_spec, model_spec
@@ -181,9 +185,12 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
         return simulate_disaggregated(scenario, policy, metrics, on_progress)
     capacity, settings = resolve_policy(scenario, policy, model, gpu, basis)
     backend_cls = load_backend(scenario.backend.name, scenario.source)
-    replicas = [make_replica(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings),
-                             metrics.interval) for i in range(settings.num_replicas)]
-    sim = Simulation(replicas, metrics, make_router(settings, replicas, replicas[0].backend.num_blocks), on_progress)
+    tiers = offload_tiers(scenario, policy, model, gpu, capacity, metrics.interval)
+    make = make_replica if tiers is None else tiers.make_replica
+    replicas = [make(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings), metrics.interval)
+                for i in range(settings.num_replicas)]
+    sim = Simulation(replicas, metrics, make_router(settings, replicas, replicas[0].backend.num_blocks,
+                                                    tiers.settings.tokens if tiers else 0), on_progress)
     source = arrival_source(scenario, settings.max_model_len, metrics.request_overhead_s)
     try:
         end = sim.run(source)
@@ -196,6 +203,8 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
                               extra=_run_figures(sim, settings, policy, described), num_replicas=len(replicas))
     if source.closed_loop:
         _clients_figures(summary, source)
+    if tiers is not None:
+        summary["kv_offload"] = offload_summary(tiers, end, summary)
     summary["verdict"] = judge(summary).as_dict()
     _error_bars(summary, basis or pricing_basis(scenario, model, gpu), settings)
     return summary, sim
@@ -219,15 +228,17 @@ def _clients_figures(summary: dict, source: ClosedLoop) -> None:
 
 
 def _pool_replicas(pool, role_index: int, first: int, interval: float) -> tuple[list, EngineSettings]:
-    """A pool's replicas (time-series ids from `first`) and its engine settings; a prefill pool's
-    allocators hold a finished request's blocks until its KV has left (kv_transfer.HeldBlocks)."""
+    """A pool's replicas (time-series ids from `first`) and its engine settings; a prefill instance's KV
+    connector holds a finished request's blocks until its KV has left (kv_transfer.NixlProducer), a decode
+    instance's reads it (NixlConsumer)."""
     settings = engine_settings(pool.scenario, pool.policy, pool.limits, pool.capacity.bytes_per_block)  # synchronous
     backend_cls = load_backend(pool.scenario.backend.name, pool.scenario.source)
     replicas = []
     for i in range(pool.num_replicas):
         backend = backend_cls(pool.scenario, pool.policy, pool.model, pool.gpu, pool.capacity, settings)
         allocator = ALLOCATORS[settings.allocator](settings, backend.num_blocks)
-        rep = make_replica(i, settings, backend, interval, HeldBlocks(allocator) if role_index == 0 else allocator)
+        connector = (lambda sched: NixlProducer(sched.allocator)) if role_index == 0 else NixlConsumer
+        rep = make_connected_replica(i, settings, backend, interval, connector, allocator)
         rep.record.replica = first + i
         replicas.append(rep)
     return replicas, settings
@@ -294,6 +305,9 @@ def check_deployments(scenario, model, gpu, policies) -> None:
     aggregated = [p for p in policies if not scenario.disaggregated(p)]
     if aggregated:
         check_fits(scenario, model, gpu, aggregated)
+    for p in aggregated:
+        if scenario.offloaded(p):  # the offload tiers' keys, checked before any output
+            offload_settings(scenario, p, model, gpu, resolve_policy(scenario, p, model, gpu)[0])
     if len(aggregated) < len(policies):
         if scenario.backend.name != "analytic":
             raise KvsimError(f"{scenario.source}: backend.name: disaggregated serving is simulated on the analytic "

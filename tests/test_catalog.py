@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from kvsim.errors import KvsimError
-from kvsim.scenario.catalog import GPUS, MODELS, gpu_spec, hourly_price, load_hf_config, model_spec, num_gpus
+from kvsim.scenario.catalog import GPUS, MODELS, gpu_spec, load_hf_config, model_spec
+from kvsim.scenario.layout import hardware_gpus, hourly_cost
 from kvsim.scenario.config import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,12 +156,12 @@ def test_unknown_gpu_names_key(tmp_path):
 def test_the_hourly_price_pays_for_every_gpu_tp_times_dp_times_replicas(tmp_path):
     """scenarios/moe.toml serves on 2 H100s as DP 2 + EP at TP 1: two GPUs' price, not one."""
     moe = load_scenario(ROOT / "scenarios" / "moe.toml")
-    assert num_gpus(moe.hardware) == 2
-    usd, price = hourly_price(moe)
-    assert usd == pytest.approx(2 * 2.99) and price.usd_per_hour == 2.99
+    assert hardware_gpus(moe.hardware) == 2
+    cost = hourly_cost(moe)
+    assert cost.usd_per_hour == pytest.approx(2 * 2.99) and cost.num_gpus == 2
     wide = scenario(tmp_path, "name = 'Qwen3-30B-A3B'", "gpu = 'H200'\ntensor_parallel_size = 2\n"
                     "data_parallel_size = 2\nenable_expert_parallel = true\nnum_replicas = 3")
-    assert num_gpus(wide.hardware) == 12 and hourly_price(wide)[0] == pytest.approx(12 * 3.79)
+    assert hardware_gpus(wide.hardware) == 12 and hourly_cost(wide).usd_per_hour == pytest.approx(12 * 3.79)
     (tmp_path / "priced.toml").write_text((tmp_path / "scen.toml").read_text()
                                           + "[cost]\ngpu_hour_usd = { H200 = 2.0 }\n")
-    assert hourly_price(load_scenario(tmp_path / "priced.toml"))[0] == pytest.approx(24.0)  # the scenario's own price
+    assert hourly_cost(load_scenario(tmp_path / "priced.toml")).usd_per_hour == pytest.approx(24.0)  # the scenario's own price

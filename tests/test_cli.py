@@ -208,3 +208,10 @@ def test_python_dash_m_entry_point(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "out" / "good" / "summary.json").is_file()
+
+
+def test_plan_disaggregated_without_a_disaggregation_section_is_one_line(capsys):
+    """`plan --target-rate R --disaggregated` on a scenario with no pools or link was an internal error
+    (AttributeError in at_load); it is bad input naming the flag, and nothing is simulated."""
+    code, _, err = run_cli(capsys, "plan", ROOT / "scenarios" / "chat.toml", "--target-rate", "14", "--disaggregated")
+    assert_one_line_error(code, err, "--disaggregated", "[disaggregation]")

@@ -251,7 +251,7 @@ def test_bad_model_config_and_settings_are_one_error_line():
     widget(at, "selectbox", "policies.0.enable_prefix_caching").set_value(None)
     widget(at, "selectbox", "model.name").set_value("Llama-3.1-70B").run()
     message = one_error(at)
-    assert message.startswith("scenarios/chat.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at tp=1) "
+    assert message.startswith("scenarios/chat.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at TP 1) "
                               "does not fit on H100-SXM")
     at.switch_page("views/memory.py").run()  # the same line as `kvsim memory` and `kvsim run` print
     assert one_error(at) == message

@@ -83,7 +83,7 @@ def test_a_model_that_does_not_fit_shows_its_memory_and_the_layouts_that_fit_bes
     at = small(open_app())
     widget(at, "selectbox", "model.name").set_value("Llama-3.1-70B")
     answer(at)
-    assert one_error(at).startswith("scenarios/chat.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at tp=1) "
+    assert one_error(at).startswith("scenarios/chat.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at TP 1) "
                                     "does not fit on H100-SXM")
     assert [b.label for b in at.button if b.key.startswith("kvsim.answer.fix")] == [
         "Use 1 × MI300X (TP 1), $2.49/h", "Use 1 × B200 (TP 1), $5.99/h", "Use 2 × H100-SXM (TP 2), $5.98/h"]
@@ -150,7 +150,7 @@ def test_a_data_parallel_layout_is_priced_for_every_gpu_at_the_rate_it_says():
     at.sidebar.selectbox(key="kvsim.shipped").set_value("moe")
     at.switch_page("views/memory.py").run()
     assert_clean(at)
-    assert any(c.value.startswith("Qwen3-30B-A3B on 2 × H100-SXM (TP 1 DP 2 EP × 1 replica), max_model_len")
+    assert any(c.value.startswith("Qwen3-30B-A3B on 2 × H100-SXM as TP 1 × DP 2 + EP × 1 replica, max_model_len")
                for c in at.caption)
 
 
@@ -202,7 +202,7 @@ def test_run_all_on_a_model_that_does_not_fit_is_its_error_and_captions_follow_t
     widget(at, "selectbox", "model.name").set_value("Qwen3-8B")
     widget(at, "selectbox", "hardware.gpu").set_value("A100-80GB").run()
     assert_clean(at)
-    assert at.caption[0].value.startswith("Qwen3-8B on 1 × A100-80GB (TP 1 × 1 replica)")
+    assert at.caption[0].value.startswith("Qwen3-8B on 1 × A100-80GB as TP 1 × 1 replica")
     toml = downloaded_toml(at)
     assert 'description = "Qwen3-8B on 1 × A100-80GB (TP 1 × 1 replica) (from chat.toml, changed in the dashboard)"' \
         in toml and "Llama-3.1-8B" not in toml

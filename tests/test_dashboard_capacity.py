@@ -161,7 +161,7 @@ def test_a_model_that_does_not_fit_is_one_line_and_the_deployment_search_still_o
     at = capacity_page({("selectbox", "model.name"): "Llama-3.1-70B"})
     message = one_error(at)
     assert not at.get("progress")  # no bar left behind by the failed search
-    assert message.startswith("scenarios/chat.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at tp=1) "
+    assert message.startswith("scenarios/chat.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at TP 1) "
                               "does not fit on H100-SXM")
     at.multiselect(key="kvsim.capacity.gpus").set_value([])
     [submit] = [b for b in at.button if b.label == "Search deployments"]

@@ -71,7 +71,8 @@ def test_a_pd_search_finds_what_brute_force_over_the_grid_finds():
     (found,) = result.deployments
     from kvsim.planning.disagg import _PDSearch  # the search's own point tasks, for brute force
 
-    search = _PDSearch(InlineExecutor(), sc, "paged", 22.0, [sc.workload.seed], 150, None, 3, lambda *a: None)
+    search = _PDSearch(InlineExecutor(), sc, 22.0, [sc.workload.seed], 150, None, 3, lambda *a: None)
+    lay = (*lay, "paged")  # a layout names its policy too
 
     def passes(p, d):
         short = evaluate_pd(*search.task(lay, p, d, sc.workload.seed, False))

@@ -143,7 +143,7 @@ def test_every_request_and_block_accounted_for(seed, prefill, decode, util, laye
     d = disaggregation(sc, sc.policies[0])
     assert tr["bytes_all_links"] == tr["blocks"] * d.total_bytes_per_block
     assert _blocks_in_use(sim) == [0] * (prefill + decode)
-    assert all(not rep.allocator.held for rep in sim.prefill)
+    assert all(not rep.scheduler.connector.held for rep in sim.prefill)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

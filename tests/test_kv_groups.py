@@ -194,7 +194,7 @@ def test_render_shows_groups_and_naive_rows():
     sc = make("gemma-3-27b", engine={"max_model_len": 32768})
     head, grp, seqs = render_memory(sc, MODELS["gemma-3-27b"], GPUS["H100-SXM"])
     assert grp.row_count == 7 and "8 padding" in str(head.columns[1]._cells[-1])
-    assert seqs.row_count == 2  # the policy and its decoding / naive row
+    assert seqs.row_count == 3  # the policy, its "fit decoding" and its "fit, no window" rows
 
 
 def test_run_simulates_sliding_window_models_and_refuses_swap_for_them():

@@ -115,7 +115,7 @@ def test_70b_on_one_h100_does_not_fit():
         kv_capacity(sc, sc.policies[0], LLAMA70, H100)
     msg = str(err.value)
     assert "\n" not in msg
-    assert msg == ("scenarios/x.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at tp=1) does not fit on "
+    assert msg == ("scenarios/x.toml: model Llama-3.1-70B (131.4 GiB of weights per GPU at TP 1) does not fit on "
                    "H100-SXM (79.2 GiB × 0.90 = 71.3 GiB): raise hardware.tensor_parallel_size or pick a larger GPU")
 
 

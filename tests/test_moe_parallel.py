@@ -181,4 +181,4 @@ def test_plan_searches_tp_dp_and_ep_for_moe_models_only():
     assert _hardware(sc, "H200", 4, 1) == {"gpu": "H200", "tensor_parallel_size": 4, "num_replicas": 1}
     d = Deployment("H200", dp_ep, 2, dp_ep * 2, "paged", True, 1.0, None, None, None, None, None, 1.0, 0.0, 0.0, "")
     assert (d.tensor_parallel_size, d.data_parallel_size, d.enable_expert_parallel, d.num_gpus) == (1, 8, True, 16)
-    assert d.answer().startswith("16 × H200 as TP 1 DP 8 EP × 2 replicas") and d.layout == dp_ep
+    assert d.answer().startswith("16 × H200 as TP 1 × DP 8 + EP × 2 replicas") and d.layout == dp_ep

@@ -52,7 +52,9 @@ def test_plan_finds_the_closed_form_knee_within_its_resolution(tmp_path):
     (answer,) = result.policies
     knee = closed_form_knee()  # 10.0203 req/s on 200 requests
     assert abs(answer.mean_rate / knee - 1) <= 0.02, (answer.mean_rate, knee)
-    assert answer.seed_max_rates[0] == answer.seed_max_rates[1]  # nothing random: seeds agree
+    # nothing random: every seed would give the same requests, so one is simulated and the plan says so
+    assert len(answer.seed_max_rates) == answer.replications == 1 and result.meta["seeds_asked"] == 2
+    assert "draws nothing at random" in result.meta["replications_note"]
     # the knee re-searched with every step 5% cheaper and dearer: the closed forms at 0.95 and 1.05 x STEP_S
     fast, slow = closed_form_knee(scale=0.95), closed_form_knee(scale=1.05)
     assert abs(answer.knee_faster_steps / fast - 1) <= 0.02 and abs(answer.knee_slower_steps / slow - 1) <= 0.02
@@ -322,4 +324,5 @@ def test_the_deployment_search_says_when_its_winner_is_estimated():
     assert lines[3].startswith("cheapest: 2 × MI300X") and lines[3].endswith("; estimated")
     assert lines[4].startswith("ESTIMATED: the cheapest rests on no measured kernels or calibration for MI300X")
     assert lines[4].endswith("Cheapest measured: " + h100.answer())
-    assert len(deploy_lines(DeployResult(20.0, meta, [h100, mi]))) == 4  # a measured winner needs no warning
+    measured = deploy_lines(DeployResult(20.0, meta, [h100, mi]))
+    assert len(measured) == 5 and measured[4].startswith("run it: ")  # a measured winner needs no warning

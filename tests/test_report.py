@@ -258,7 +258,7 @@ def test_report_opens_with_the_verdict_and_draws_the_slo(tmp_path):
         writer.commit("demo", summaries, meta)
     page = (tmp_path / "res" / "report.html").read_text()
     head = page[:page.index("<table>")]
-    assert "Llama-3.1-8B on H100-SXM, TP 2 × 3 replicas; poisson 4 req/s" in head
+    assert "Llama-3.1-8B on 6 × H100-SXM as TP 2 × 3 replicas; poisson 4 req/s" in head
     assert "SLO at p90: TTFT ≤ 2000 ms, TPOT ≤ 100 ms" in head and "policies meet the SLO" in head
     assert '"type":"log"' in page  # TTFT axis
     assert "SLO TTFT \\u2264 2000 ms" in page and "SLO TPOT \\u2264 100 ms" in page  # bound lines on the CDFs

@@ -86,3 +86,26 @@ def test_least_loaded_round_robin_and_one_replica():
     assert make_router(settings, reps[:1], 100).route(None) == 0
     capacity = make_router(settings, reps, 1000).view.capacity
     assert capacity == 1000 * 16 // ROUTER_BLOCK_TOKENS  # the replica's KV cache, in router blocks
+
+
+def test_tier_aware_affinity_scores_cpu_hits_as_llm_ds_precise_scorer():
+    """Replica 0 sent group 0's 6-block prompt long ago (its GPU view dropped it, its CPU view keeps it);
+    replica 1 holds 4 of those blocks in its GPU view: 6 x 0.8 = 4.8 beats 4 x 1.0, and 3 blocks in a CPU
+    (2.4) lose to 4 in a GPU."""
+    from kvsim.engine.router import CPU_WEIGHT, GPU_WEIGHT
+
+    reps = [replica(0), replica(1)]
+    router = PrefixAffinity(reps, capacity_blocks=6, enable_prefix_caching=True, cpu_capacity_blocks=100)
+    router.view.add(0, router.view.chain(prompt(0, 6)))
+    router.cpu_view.add(0, router.view.chain(prompt(0, 6)))
+    router.view.add(0, router.view.chain(prompt(2, 6)))  # pushes group 0 out of replica 0's GPU view
+    router.view.add(1, router.view.chain(prompt(0, 4)))
+    chain = router.view.chain(prompt(0, 6))
+    assert router.view.match(chain)[:2] == [1, 4] and router.cpu_view.match(chain)[:2] == [6, 0]
+    assert 1 * GPU_WEIGHT + 5 * CPU_WEIGHT > 4 * GPU_WEIGHT
+    assert router.route(prompt(0, 6, 7)) == 0
+    assert router.route(prompt(1, 3, 8)) in (0, 1)  # only the shared first block anywhere
+    cpu_only = PrefixAffinity(reps, capacity_blocks=100, enable_prefix_caching=True, cpu_capacity_blocks=100)
+    cpu_only.cpu_view.add(0, cpu_only.view.chain(prompt(0, 3)))
+    cpu_only.view.add(1, cpu_only.view.chain(prompt(0, 4)))
+    assert cpu_only.route(prompt(0, 3, 9)) == 1  # 3 blocks (all in the GPU view) beat 3 x 0.8

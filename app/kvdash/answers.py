@@ -1,6 +1,6 @@
 """What the Answer page says, computed from the library's answers (`kvsim.plan`, `kvsim.deploy`): a
 card per policy and the line that answers a target rate, each $ figure for every GPU the layout takes
-(TP x DP a replica, every replica: kvsim.scenario.catalog.hourly_price) and said at which rate it is
+(TP x DP a replica, every replica: kvsim.scenario.layout.hourly_cost) and said at which rate it is
 priced. What to change when the scenario cannot run is kvdash.diagnosis. No Streamlit here but the
 caches: the page draws.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import streamlit as st
 
 from kvdash import plans
-from kvsim.scenario.catalog import hourly_price, num_gpus
+from kvsim.scenario import layout
 from kvsim.scenario.config import scenario_from_toml
 
 CLI = plans.DEFAULT  # `kvsim plan`'s own defaults: the page's numbers are the command line's
@@ -95,18 +95,16 @@ def _views(scenario, policy=None) -> list:
 
 
 def hourly_cost(scenario, policy=None) -> tuple[float, str] | None:
-    """($/hour of every GPU the scenario takes, the price's source), or None without a price
-    (kvsim.scenario.catalog.hourly_price: TP x DP a replica, every replica); for a policy served
-    disaggregated, of its prefill and decode pools' GPUs."""
-    prices = [hourly_price(view) for view in _views(scenario, policy)]
-    if any(price is None for price in prices):
-        return None
-    return sum(usd for usd, _ in prices), prices[0][1].source
+    """($/hour of every GPU the scenario takes, the price's source), or None without a price: the
+    library's one figure (kvsim.scenario.layout.hourly_cost: TP x DP a replica, every replica; for a
+    policy served disaggregated, its prefill and decode pools' GPUs)."""
+    cost = layout.hourly_cost(scenario, policy)
+    return None if cost is None else (cost.usd_per_hour, cost.source)
 
 
 def gpus_text(scenario, policy=None) -> str:
     """What `hourly_cost` pays for: '2 × H100-SXM'; a disaggregated policy's pools: '1 × H100-SXM + 2 × H200'."""
-    return " + ".join(f"{num_gpus(v.hardware)} × {v.hardware.gpu}" for v in _views(scenario, policy))
+    return " + ".join(f"{layout.hardware_gpus(v.hardware)} × {v.hardware.gpu}" for v in _views(scenario, policy))
 
 
 @st.cache_data(max_entries=32, show_spinner=False)

@@ -18,6 +18,7 @@ import streamlit as st
 import kvsim
 from kvdash.source import temp_dir
 from kvsim.results.figures import report_figures
+from kvsim.results.offload_report import offload_figures
 from kvsim.scenario.config import scenario_from_toml
 from kvsim.scenario.workload import expected_count
 
@@ -43,6 +44,7 @@ def run_to_memory(toml_text: str, source: str, base_dir: Path, progress=None) ->
         out = Path(tmp) / "results"
         result = kvsim.run(scenario, out_dir=out, progress=progress)
         figures = report_figures(result.summaries, out / "requests.csv", out / "timeseries.csv", result.meta)
+        figures += [{"data": f.data, "layout": f.layout} for f in offload_figures(result.summaries, result.meta)]
         files = {name: (out / name).read_bytes() for name, _ in DOWNLOADS if (out / name).is_file()}
     return RunResult(toml_text, result.summaries, files, figures, time.perf_counter() - t0, result.meta)
 

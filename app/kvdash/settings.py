@@ -20,10 +20,10 @@ import tomli_w
 from kvdash import errors, fields
 from kvdash.source import Base, Waiting, choose_base, toml_value
 from kvsim.errors import KvsimError
-from kvsim.planning.parallel import Parallel
-from kvsim.scenario.catalog import GPUS, MODELS, num_gpus
+from kvsim.scenario.catalog import GPUS, MODELS
 from kvsim.scenario.config import (ArrivalConfig, PrefixConfig, Scenario, SloConfig, scenario_from_dict,
                                    scenario_from_toml)
+from kvsim.scenario.layout import hardware_text
 from kvsim.scenario.overrides import apply_overrides
 
 # ---- which widgets the page shows: each is a scenario key, as `--set` and the TOML file name it
@@ -277,13 +277,10 @@ def build(base: Base, overrides: list[str], unset: list[str], chosen: list[str])
 
 
 def layout_text(scenario: Scenario) -> str:
-    """e.g. 'Llama-3.1-8B on 4 × H100-SXM (TP 2 × 2 replicas)', 'Qwen3-30B-A3B on 2 × H100-SXM (TP 1 DP 2
-    EP × 1 replica)': every GPU, and the layout as `kvsim plan` names it (kvsim.planning.parallel)."""
-    hw = scenario.hardware
+    """e.g. 'Llama-3.1-8B on 4 × H100-SXM as TP 2 × 2 replicas', 'Qwen3-30B-A3B on 2 × H100-SXM as TP 1 × DP 2 +
+    EP × 1 replica': every GPU, and the layout as `kvsim plan` names it (kvsim.scenario.layout.hardware_text)."""
     model = scenario.model.name or Path(scenario.model.hf_config or "model").parent.name
-    layout = Parallel(hw.tensor_parallel_size, hw.data_parallel_size, hw.enable_expert_parallel)
-    return (f"{model} on {num_gpus(hw)} × {hw.gpu} (TP {layout} × {hw.num_replicas} "
-            f"replica{'s' if hw.num_replicas > 1 else ''})")
+    return f"{model} on {hardware_text(scenario.hardware)}"
 
 
 def workload_text(scenario: Scenario) -> str:

@@ -22,7 +22,7 @@ import math
 from typing import Callable, Optional
 
 from kvsim.engine.interfaces import ArrivalSource, EngineObserver, Router, TransferObserver
-from kvsim.engine.kv_transfer import KvLink, KvTransfer, RemoteKvReceiver, stalled
+from kvsim.engine.kv_transfer import KvLink, KvTransfer, NixlConsumer, stalled
 from kvsim.engine.replica import Replica
 from kvsim.engine.simulator import Simulation
 from kvsim.sequence import Sequence, SequenceStatus
@@ -30,8 +30,8 @@ from kvsim.sequence import Sequence, SequenceStatus
 
 class DisaggregatedSimulation(Simulation):
     """One policy's run on a prefill pool and a decode pool (`Simulation`'s arrivals and accounting).
-    The prefill replicas' allocators are `kv_transfer.HeldBlocks`; `num_layers` paces layer-wise
-    streaming (`layerwise`)."""
+    The prefill replicas' KV connectors are `kv_transfer.NixlProducer`s, the decode replicas'
+    `NixlConsumer`s; `num_layers` paces layer-wise streaming (`layerwise`)."""
 
     def __init__(self, prefill: list[Replica], decode: list[Replica], observer: EngineObserver,
                  routers: tuple[Router, Router], link: KvLink, transfers: TransferObserver, layerwise: bool,
@@ -39,7 +39,7 @@ class DisaggregatedSimulation(Simulation):
         super().__init__(prefill + decode, observer, routers[0], on_progress)
         self.prefill, self.decode, self.decode_router = prefill, decode, routers[1]
         self.link, self.transfers, self.layerwise, self.num_layers = link, transfers, layerwise, num_layers
-        self.receivers = [RemoteKvReceiver(rep.scheduler) for rep in decode]
+        self.receivers = [rep.scheduler.connector for rep in decode]
         self.pending: dict[Sequence, KvTransfer] = {}  # prefill sequence -> its transfer, until it is done
         self.prefill_ends = [math.inf] * len(prefill)  # the end of each prefill instance's step (inf: idle)
         self.reads = [{} for _ in decode]  # per decode instance: its reads in flight -> their end
@@ -59,7 +59,7 @@ class DisaggregatedSimulation(Simulation):
             self.start_wakes(env)
         env.run()
         stuck = sum(rep.scheduler.num_unfinished for rep in self.replicas) + len(self.pending)
-        if stuck or not source.exhausted or any(rep.allocator.held for rep in self.prefill):
+        if stuck or not source.exhausted or any(rep.scheduler.connector.held for rep in self.prefill):
             raise RuntimeError(f"simulation ended with {stuck} requests unaccounted for")
         return max(self.last_dispatch if self.closed else env.now, *(rep.clock for rep in self.replicas))
 
@@ -86,10 +86,10 @@ class DisaggregatedSimulation(Simulation):
 
     # ---- prefill instances -----------------------------------------------------------------
     def _prefill_loop(self, rep: Replica):
-        env, observer, held = self.env, self.observer, rep.allocator
+        env, observer, held = self.env, self.observer, rep.scheduler.connector
         while True:
             sched = rep.scheduler
-            if not sched.num_unfinished or (held.num_held_blocks and stalled(sched, held)):
+            if not sched.num_unfinished or (held.num_held_blocks and stalled(sched, rep.allocator)):
                 self.prefill_ends[rep.index] = math.inf
                 rep.clock = env.now
                 rep.idle = env.event()  # an arrival or a released block wakes it
@@ -135,24 +135,21 @@ class DisaggregatedSimulation(Simulation):
         _wake(self.decode[tr.dst])
 
     # ---- decode instances ------------------------------------------------------------------
-    def _decode_loop(self, rep: Replica, receiver: RemoteKvReceiver):
+    def _decode_loop(self, rep: Replica, receiver: NixlConsumer):
         env, observer = self.env, self.observer
         while True:
             sched = rep.scheduler
             if sched.num_unfinished == receiver.num_pending or stalled(sched, rep.allocator):
-                self._start_reads(receiver, sched.max_num_batched_tokens, False, env.now)
+                sched.admit_arrivals(sched.max_num_batched_tokens, False)
+                self._start_reads(receiver, env.now)
                 rep.clock = env.now
                 rep.idle = env.event()  # a hand-off or a read's end wakes it
                 yield rep.idle
                 continue
             now = env.now
-            step = rep.begin(now, self._decode_horizon(rep, receiver, now))
-            batch = step.batch
-            limit = self._start_reads(receiver, sched.max_num_batched_tokens - batch.num_tokens, bool(batch.preempted),
-                                      now)
-            if limit and not step.admission_limit:  # arrivals wait for this instance's blocks, seats or budget
-                step.admission_limit = limit
-            if step.admission_limit:
+            step = rep.begin(now, self._decode_horizon(rep, receiver, now))  # admits arrivals as it schedules
+            self._start_reads(receiver, now)
+            if step.admission_limit:  # requests (arrivals too) wait for this instance's blocks, seats or budget
                 observer.on_held_back(step)
             yield env.timeout(step.end - now)
             finished = rep.complete(step)
@@ -160,12 +157,12 @@ class DisaggregatedSimulation(Simulation):
             if finished:
                 self._ended(finished, step.end)
 
-    def _decode_horizon(self, rep: Replica, receiver: RemoteKvReceiver, now: float) -> float:
+    def _decode_horizon(self, rep: Replica, receiver: NixlConsumer, now: float) -> float:
         """Before when a decode instance's fused run must end: the next moment a request could reach it
         or its reads could end (now: requests wait for its blocks, so it runs step by step). An idle
         prefill instance starts on the next arrival; in a closed loop that may be one another
         instance's step releases (`Simulation.arrival_bound`)."""
-        if receiver.arriving:
+        if receiver.waiting:
             return now
         ends = self.prefill_ends
         horizon = min(ends)
@@ -174,14 +171,12 @@ class DisaggregatedSimulation(Simulation):
         reads = self.reads[rep.index] if receiver.num_receiving else None
         return min(horizon, *reads.values()) if reads else horizon
 
-    def _start_reads(self, receiver: RemoteKvReceiver, budget: int, blocked: bool, now: float) -> str:
-        """The reads of the arrivals the receiver admits now; returns what held the others back."""
-        started, limit = receiver.admit(budget, blocked)
-        for tr in started:
+    def _start_reads(self, receiver: NixlConsumer, now: float) -> None:
+        """The reads of the arrivals the decode instance admitted."""
+        for tr in receiver.take_started():
             self.link.schedule(tr, now)
             if tr.prefill_end >= 0:
                 self._complete_at(tr)
-        return limit
 
     def _complete_at(self, tr: KvTransfer) -> None:
         """The decode instance will have the whole KV at `tr.end`."""
@@ -195,7 +190,7 @@ class DisaggregatedSimulation(Simulation):
         del self.reads[tr.dst][tr]
         del self.pending[tr.prefill_seq]
         prefill = self.prefill[tr.src]
-        prefill.allocator.release(tr.prefill_seq)
+        prefill.scheduler.connector.release(tr.prefill_seq)
         _wake(prefill)
         self.receivers[tr.dst].arrived(tr)
         _wake(self.decode[tr.dst])

@@ -11,6 +11,7 @@ observer or arrival source is a new class satisfying one of these, not a new bra
 | `ArrivalSource` | releases requests, is told when they end | `arrivals.RequestStream` (open loop), `arrivals.ClosedLoop` (a `ClosedLoopSource`) |
 | `Router` | picks a replica for each request | `router.LeastLoaded`, `router.RoundRobin`, `router.PrefixAffinity`, `router.MostFreeBlocks` |
 | `TransferObserver` | is told of each KV transfer of a disaggregated deployment | `kvsim.results.disaggregation.DisaggregationObserver` |
+| `KVConnector` | between a replica's scheduler and everything outside its GPU KV cache | `kv_transfer.NixlProducer` / `NixlConsumer` (disaggregated prefill and decode), `offload.OffloadingConnector` (vLLM's native CPU and disk tiers), `lmcache.LMCacheConnector` |
 
 The records that cross them: `kvsim.batch.Batch` (the scheduler's plan of a step, the backend's
 input), `kvsim.batch.DecodeShape` and `kvsim.perf.pricing.DecodeRunPrice` (a run of decode steps and
@@ -21,6 +22,7 @@ step did, for the observer) and `settings.EngineSettings` (one policy's engine, 
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import TYPE_CHECKING, Optional, Protocol, Sequence as Seq, runtime_checkable
 
 if TYPE_CHECKING:
@@ -134,3 +136,38 @@ class TransferObserver(Protocol):
     instance has the whole KV; the record is the request's own (kept until it finishes)."""
 
     def on_transfer(self, transfer: KvTransfer) -> None: ...
+
+
+@runtime_checkable
+class KVConnector(Protocol):
+    """Between one replica's scheduler and whatever holds KV outside its GPU cache, called where vLLM's
+    scheduler calls its KVConnectorBase_V1 (vLLM v0.26.0, vllm/v1/core/sched/scheduler.py), by
+    kvsim.engine.connector.ConnectedScheduling and ConnectedReplica:
+
+    - at admission of a request with nothing computed, after the local prefix-cache lookup:
+      `get_num_new_matched_tokens(seq, num_computed_tokens)` -> (tokens the connector can provide
+      beyond them, whether they arrive asynchronously); None tokens: it cannot tell yet, the request
+      is skipped this step (vLLM's retry);
+    - after the blocks were allocated (the external tokens' too): `update_state_after_alloc(seq, n)`;
+      an asynchronous request then waits outside the queues (vLLM's WAITING_FOR_REMOTE_KVS) until
+      `get_finished(now)` hands it back, its KV in place, at a step boundary;
+    - after a step is planned: `build_connector_meta(batch, start, end)` starts its transfers (loads
+      at the start, stores of the blocks it computes at the end) and returns the seconds a
+      synchronous connector adds to the step;
+    - when a request finishes: `request_finished(seq)` True means the connector frees its blocks
+      later (vLLM's delayed free: a store or a remote read still reads them).
+
+    `waiting` holds requests that reach the engine through the connector (a decode instance's
+    hand-offs), admitted after the scheduler's own queue; `next_event` is when the connector next
+    changes what the scheduler may do (a load's end; inf: never), which bounds fused decode runs and
+    waits.
+    """
+
+    waiting: deque
+    next_event: float
+
+    def get_num_new_matched_tokens(self, seq: Sequence, num_computed_tokens: int) -> tuple[Optional[int], bool]: ...
+    def update_state_after_alloc(self, seq: Sequence, num_external_tokens: int) -> None: ...
+    def build_connector_meta(self, batch: Batch, start: float, end: float) -> float: ...
+    def get_finished(self, now: float) -> list: ...  # sequences whose KV arrived by now, in admission order
+    def request_finished(self, seq: Sequence) -> bool: ...

@@ -1,13 +1,16 @@
 """Moving a request's prompt KV from a prefill instance to a decode instance, as vLLM v0.11.0's
 NixlConnector does (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py).
 
-- Prefill side (`HeldBlocks`, a KVAllocator around the instance's own): the prefill request runs
-  with max_tokens = 1 and finishes FINISHED_LENGTH_CAPPED; `request_finished` then delays the free of
-  its blocks until the decode side has read them (or VLLM_NIXL_ABORT_REQUEST_TIMEOUT passes), so
-  they stay in use, still reachable by the instance's prefix cache, until `release`.
-- Decode side (`RemoteKvReceiver`, one per decode instance): the request arrives with
-  do_remote_prefill. In the scheduler's waiting loop `get_num_new_matched_tokens` counts every
-  prompt token the local prefix cache does not hold as external, the blocks are allocated
+Both sides are KVConnectors (kvsim.engine.interfaces), called by the instance's scheduler where vLLM's
+calls its connector (kvsim.engine.connector):
+
+- Prefill side (`NixlProducer`): the prefill request runs with max_tokens = 1 and finishes
+  FINISHED_LENGTH_CAPPED; `request_finished` then delays the free of its blocks until the decode side
+  has read them (or VLLM_NIXL_ABORT_REQUEST_TIMEOUT passes), so they stay in use, still reachable by
+  the instance's prefix cache, until `release`.
+- Decode side (`NixlConsumer`, one per decode instance): the request arrives with do_remote_prefill
+  (`arrive`). In the scheduler's waiting loop `get_num_new_matched_tokens` counts every prompt token
+  the local prefix cache does not hold, but the last, as external, the blocks are allocated
   (`allocate_slots` for them, no tokens scheduled, no budget or sequence slot taken) and the request
   waits in WAITING_FOR_REMOTE_KVS while the workers read the blocks the local cache did not hit
   (`get_unhashed_block_ids`: a decode-side prefix hit is not moved). Once the read is done the
@@ -16,25 +19,24 @@ NixlConnector does (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.
 - The link (`KvLink`): each transfer's bytes cross the prefill instance's links and the decode
   instance's; a link serves one transfer at a time, in the order they start (`schedule`).
 
-The receiver admits arrivals after the scheduler's own pass of a step, in order, while the step's
-token budget has room, fewer than max_num_seqs run and nothing waits before them (vLLM's waiting
-queue is one FCFS queue; a request that cannot get blocks stops it). Differences from vLLM, each
-small: vLLM allocates the block of the last prompt token with the others, kvsim when that token is
-computed (it differs for one prompt length in `block_size`); vLLM caches the received blocks for
-prefix hits when the read completes, kvsim when they are allocated; vLLM keeps the requests waiting
-for remote KV at the head of its queue and reverses their order on every pass, kvsim puts each at
-the head as its KV arrives.
+The decode instance admits arrivals (the connector's `waiting`) after the scheduler's own queue, in
+order, while the step's token budget has room, fewer than max_num_seqs run and nothing waits before
+them (vLLM's waiting queue is one FCFS queue; a request that cannot get blocks stops it).
+Differences from vLLM, each small: vLLM allocates the block of the last prompt token with the others,
+kvsim when that token is computed (it differs for one prompt length in `block_size`); vLLM caches the
+received blocks for prefix hits when the read completes, kvsim when they are allocated; vLLM keeps the
+requests waiting for remote KV at the head of its queue and reverses their order on every pass, kvsim
+puts each at the head as its KV arrives; the time series' `waiting` counts the arrivals not yet
+admitted as vLLM's does not (they wait in the connector, as before issue 28).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
-from kvsim.engine.scheduler import KV_CACHE, MAX_NUM_SEQS, TOKEN_BUDGET
-from kvsim.sequence import Sequence, SequenceStatus
-
-FINISHED = SequenceStatus.FINISHED
+from kvsim.sequence import Sequence
 
 
 @dataclass(slots=True, eq=False)
@@ -81,84 +83,99 @@ class KvLink:
         tr.data_end = self.egress[tr.src] = self.ingress[tr.dst] = start + tr.link_s
 
 
-class HeldBlocks:
-    """A prefill instance's KVAllocator: the instance's own allocator (`inner`), except that a finished
-    request's blocks stay in use until `release` (vLLM's delayed free, until the decode side has read
-    them). A preempted request's are freed at once. Everything else is the inner allocator's."""
+class NixlProducer:
+    """A prefill instance's KVConnector (the NixlConnector's producer side): the instance serves its
+    requests from its own cache; a finished request's blocks stay in use (and in its prefix cache)
+    until `release`, when the decode side has read them (vLLM's delayed free). A preempted request's
+    are freed at once."""
 
-    __slots__ = ("inner", "held", "num_held_blocks")
+    __slots__ = ("allocator", "held", "num_held_blocks", "waiting", "next_event")
 
-    def __init__(self, inner):
-        self.inner = inner
+    def __init__(self, allocator):
+        self.allocator = allocator
         self.held: set[Sequence] = set()
         self.num_held_blocks = 0
+        self.waiting: deque = deque()  # none: requests reach a prefill instance through its router
+        self.next_event = math.inf
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    def get_num_new_matched_tokens(self, seq: Sequence, num_computed_tokens: int) -> tuple[int, bool]:
+        return 0, False
 
-    def deallocate(self, seq: Sequence) -> None:
-        if seq.status is FINISHED:
-            self.held.add(seq)
-            self.num_held_blocks += len(seq.block_table)
-        else:
-            self.inner.deallocate(seq)
+    def update_state_after_alloc(self, seq: Sequence, num_external_tokens: int) -> None:
+        pass
+
+    def build_connector_meta(self, batch, start: float, end: float) -> float:
+        return 0.0
+
+    def get_finished(self, now: float) -> list:
+        return []
+
+    def request_finished(self, seq: Sequence) -> bool:
+        self.held.add(seq)
+        self.num_held_blocks += len(seq.block_table)
+        return True
 
     def release(self, seq: Sequence) -> None:
         """The decode side has read the KV: free the blocks."""
         self.held.remove(seq)
         self.num_held_blocks -= len(seq.block_table)
-        self.inner.deallocate(seq)
+        self.allocator.deallocate(seq)
 
 
-class RemoteKvReceiver:
-    """One decode instance's requests whose KV comes over the link: arrived and waiting for blocks
-    (`arriving`, in order), then reading (`num_receiving`), then handed to the scheduler."""
+class NixlConsumer:
+    """A decode instance's KVConnector (the NixlConnector's consumer side): its requests arrive with
+    their prompt computed elsewhere (`arrive`, then `waiting` in order); at admission every prompt
+    token but the last that the local prefix cache does not hold is external and arrives
+    asynchronously (`num_receiving` while the read runs); `arrived` hands the request to the
+    scheduler with every prompt token but the last computed."""
 
-    __slots__ = ("scheduler", "allocator", "arriving", "num_receiving")
+    __slots__ = ("scheduler", "waiting", "num_receiving", "started", "transfers", "next_event")
 
     def __init__(self, scheduler):
-        self.scheduler, self.allocator = scheduler, scheduler.allocator
-        self.arriving: deque[KvTransfer] = deque()
+        self.scheduler = scheduler
+        self.waiting: deque[Sequence] = deque()
         self.num_receiving = 0
+        self.started: list[KvTransfer] = []  # reads allocated since the simulation last took them
+        self.transfers: dict[Sequence, KvTransfer] = {}  # arrived, not yet admitted
+        self.next_event = math.inf  # the simulation runs the reads on its link (kvsim.engine.disaggregated)
 
     @property
     def num_pending(self) -> int:
-        return len(self.arriving) + self.num_receiving
+        return len(self.waiting) + self.num_receiving
 
     def arrive(self, tr: KvTransfer) -> None:
-        self.arriving.append(tr)
+        self.waiting.append(tr.seq)
+        self.transfers[tr.seq] = tr
         self.scheduler.add_remote(tr.seq)
 
-    def admit(self, budget: int, blocked: bool) -> tuple[list[KvTransfer], str]:
-        """Allocate blocks for arrivals in order while the step's `budget` (tokens left) has room, fewer
-        than max_num_seqs run and nothing waits before them (`blocked`); returns those whose read starts
-        and what held the rest back (a Scheduler.admission_limit; "" when none is left)."""
-        sched, alloc, started = self.scheduler, self.allocator, []
-        if not self.arriving:
-            return started, ""
-        if blocked or sched.waiting or sched.swapped:
-            return started, sched.admission_limit or KV_CACHE
-        bs = alloc.block_size
-        while self.arriving:
-            if budget <= 0:
-                return started, TOKEN_BUDGET
-            if sched.num_running >= sched.max_num_seqs:
-                return started, MAX_NUM_SEQS
-            tr = self.arriving[0]
-            seq = tr.seq
-            hits = alloc.get_computed_blocks(seq)
-            hit_tokens = len(hits) * bs
-            num_new = seq.num_tokens - 1 - hit_tokens  # the last prompt token is computed here
-            if not alloc.can_allocate(seq, num_new, hits):
-                return started, KV_CACHE
-            self.arriving.popleft()
-            alloc.allocate(seq, num_new, hits)
-            tr.decode_hit_tokens, tr.tokens = hit_tokens, seq.num_tokens - hit_tokens
-            tr.blocks = alloc.blocks_for(seq.num_tokens) - len(hits)
-            seq.num_cached_tokens -= hit_tokens  # counted by the transfer: the request's hits are its prefill's
-            self.num_receiving += 1
-            started.append(tr)
-        return started, ""
+    def get_num_new_matched_tokens(self, seq: Sequence, num_computed_tokens: int) -> tuple[int, bool]:
+        if seq not in self.transfers:  # a request of this instance's own queue (preempted: recomputed here)
+            return 0, False
+        return seq.num_tokens - 1 - num_computed_tokens, True  # the last prompt token is computed here
+
+    def update_state_after_alloc(self, seq: Sequence, num_external_tokens: int) -> None:
+        tr = self.transfers.pop(seq, None)
+        if tr is None:
+            return
+        hit_tokens = seq.num_computed_tokens  # the decode cache's prefix hits are not moved
+        tr.decode_hit_tokens, tr.tokens = hit_tokens, seq.num_tokens - hit_tokens
+        tr.blocks = self.scheduler.allocator.blocks_for(seq.num_tokens) - hit_tokens // self.scheduler.allocator.block_size
+        seq.num_cached_tokens -= hit_tokens  # counted by the transfer: the request's hits are its prefill's
+        self.num_receiving += 1
+        self.started.append(tr)
+
+    def take_started(self) -> list[KvTransfer]:
+        started, self.started = self.started, []
+        return started
+
+    def build_connector_meta(self, batch, start: float, end: float) -> float:
+        return 0.0
+
+    def get_finished(self, now: float) -> list:
+        return []
+
+    def request_finished(self, seq: Sequence) -> bool:
+        return False
 
     def arrived(self, tr: KvTransfer) -> None:
         """The read is done: every prompt token but the last is computed; the scheduler takes it over."""

@@ -47,14 +47,16 @@ def contiguous_allocator(settings: EngineSettings, num_blocks: int) -> Contiguou
 ALLOCATORS = {"paged": paged_allocator, "contiguous": contiguous_allocator}
 
 
-def make_replica(index: int, settings: EngineSettings, backend, interval: float, allocator=None) -> Replica:
-    """Replica `index` of a policy: its allocator sized by the backend (or `allocator`), and its scheduler."""
+def make_replica(index: int, settings: EngineSettings, backend, interval: float, allocator=None,
+                 scheduler_class=None, replica_class=None) -> Replica:
+    """Replica `index` of a policy: its allocator sized by the backend (or `allocator`), and its scheduler
+    (`scheduler_class(base)` makes the class from the allocator's base: kvsim.engine.connector)."""
     if allocator is None:
         allocator = ALLOCATORS[settings.allocator](settings, backend.num_blocks)
-    scheduler_class = WindowedScheduler if getattr(allocator, "window", 0) else Scheduler
-    scheduler = scheduler_class(allocator, settings, use_cohort=backend.fuses_decode_runs,
-                                track_longest=backend.prices_longest_decode)
-    return Replica(index, scheduler, backend, interval, settings.async_scheduling)
+    base = WindowedScheduler if getattr(allocator, "window", 0) else Scheduler
+    scheduler = (base if scheduler_class is None else scheduler_class(base))(
+        allocator, settings, use_cohort=backend.fuses_decode_runs, track_longest=backend.prices_longest_decode)
+    return (replica_class or Replica)(index, scheduler, backend, interval, settings.async_scheduling)
 
 
 class Replica:
@@ -97,7 +99,7 @@ class Replica:
                     seq.preempted_s += now - seq.preempted_at
                     seq.preempted_at = -1.0
         elif not batch.cohort_size:
-            raise RuntimeError("scheduler made no progress with work queued")
+            return self.wait_for(batch, now, next_arrival)
         if batch.preempted:
             for seq in batch.preempted:
                 seq.preempted_at = now
@@ -117,6 +119,11 @@ class Replica:
         step.end = now + duration
         step.admission_limit = sched.admission_limit  # "" when nothing waits for capacity
         return step
+
+    def wait_for(self, batch: Batch, now: float, next_arrival: float) -> StepRecord:
+        """Nothing could be scheduled with work queued: an engine without a KV connector never gets here
+        (kvsim.engine.connector.ConnectedReplica waits for its transfers)."""
+        raise RuntimeError("scheduler made no progress with work queued")
 
     def _decode_run(self, batch: Batch, now: float, budget_s: float) -> tuple[int, float, float]:
         """As many identical steps as start before the next arrival and end by the next finish,

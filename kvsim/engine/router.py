@@ -38,6 +38,7 @@ from kvsim.sequence import Sequence
 # requests + SLACK
 AFFINITY_LOAD_FACTOR, AFFINITY_LOAD_SLACK = 2, 8
 ROUTER_BLOCK_TOKENS = 512
+GPU_WEIGHT, CPU_WEIGHT = 1.0, 0.8  # llm-d-kv-cache-manager's default backend weights (gpu, cpu)
 _load = attrgetter("scheduler.num_unfinished")
 
 
@@ -80,9 +81,18 @@ def _free_blocks(rep) -> tuple[int, int, int]:
 
 
 class PrefixAffinity:
-    def __init__(self, replicas: list, capacity_blocks: int, enable_prefix_caching: bool, block_size: int = 16):
+    """`cpu_capacity_blocks` > 0: the replicas offload KV to a CPU tier of that many router blocks, and
+    the router keeps a view of it too, scoring tiers as llm-d's precise prefix-cache scorer does
+    (llm-d-kv-cache-manager's LongestPrefixScorer): a replica's score is the sum, over the longest prefix
+    of the prompt it holds in any tier, of each block's weight in the best tier holding it (GPU
+    GPU_WEIGHT, CPU CPU_WEIGHT)."""
+
+    def __init__(self, replicas: list, capacity_blocks: int, enable_prefix_caching: bool, block_size: int = 16,
+                 cpu_capacity_blocks: int = 0):
         self.replicas = replicas
         self.view = PrefixView(len(replicas), capacity_blocks, block_size) if enable_prefix_caching else None
+        self.cpu_view = PrefixView(len(replicas), cpu_capacity_blocks, block_size) \
+            if enable_prefix_caching and cpu_capacity_blocks > 0 else None
 
     def route(self, seq: Sequence) -> int:
         replicas = self.replicas
@@ -91,9 +101,13 @@ class PrefixAffinity:
             return least.index
         chain = self.view.chain(seq)
         matched = self.view.match(chain)
+        if self.cpu_view is not None:
+            matched = [g * GPU_WEIGHT + max(0, c - g) * CPU_WEIGHT for g, c in zip(matched, self.cpu_view.match(chain))]
         best = max(replicas, key=lambda r: (matched[r.index], -_load(r)))
         target = best if _load(best) <= AFFINITY_LOAD_FACTOR * _load(least) + AFFINITY_LOAD_SLACK else least
         self.view.add(target.index, chain)
+        if self.cpu_view is not None:
+            self.cpu_view.add(target.index, chain)
         return target.index
 
 
@@ -157,12 +171,13 @@ ROUTERS = {"least_loaded": LeastLoaded, "round_robin": RoundRobin, "prefix_affin
            "most_free_blocks": MostFreeBlocks}
 
 
-def make_router(settings, replicas: list, num_blocks: int):
+def make_router(settings, replicas: list, num_blocks: int, cpu_tokens: int = 0):
     """The scenario's router over `replicas` (each with `index` and `scheduler`), whose KV caches
-    hold `num_blocks` blocks each."""
+    hold `num_blocks` blocks each (and offload to CPU tiers of `cpu_tokens` tokens each)."""
     if len(replicas) == 1:
         return OneReplica()
     if settings.router == "prefix_affinity":
         capacity = num_blocks * settings.block_size // ROUTER_BLOCK_TOKENS
-        return PrefixAffinity(replicas, capacity, settings.enable_prefix_caching, settings.block_size)
+        return PrefixAffinity(replicas, capacity, settings.enable_prefix_caching, settings.block_size,
+                              cpu_tokens // ROUTER_BLOCK_TOKENS)
     return ROUTERS[settings.router](replicas)

@@ -109,6 +109,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return self.num_unfinished > 0
 
+    def free(self, seq: Sequence) -> None:
+        """A finished sequence's blocks (kvsim.engine.connector: a KV connector may free them later)."""
+        self.allocator.deallocate(seq)
+
     def _enter_running(self, seq: Sequence) -> None:
         seq.status = RUNNING
         self.num_running += 1
@@ -309,8 +313,9 @@ class Scheduler:
                 finished.sort(key=_run_order)
             self.num_running -= len(finished)
             self.num_unfinished -= len(finished)
+            free = self.free
             for seq in finished:
-                self.allocator.deallocate(seq)
+                free(seq)
         return emitted, finished
 
     # ---- runs of identical decode steps ----------------------------------------------------

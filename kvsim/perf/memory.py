@@ -40,6 +40,7 @@ from kvsim.errors import KvsimError
 from kvsim.perf.kv_groups import SLIDING_SPEC, KvCacheLayout, kv_cache_layout, simulation_problem, vllm_block_size
 from kvsim.perf.weights import weights_per_gpu
 from kvsim.scenario.catalog import GPUS, GpuSpec, ModelSpec, tp_problem
+from kvsim.scenario.layout import hardware_layout
 from kvsim.scenario.limits import MAX_KV_BLOCKS, MAX_TENSOR_PARALLEL
 
 from kvsim.scenario.defaults import engine_limits, max_model_len  # noqa: F401  (max_model_len: re-exported)
@@ -232,13 +233,13 @@ def check_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, cap: KvCapa
     """Raise KvsimError (one line) when the KV cache is empty or cannot hold one max_model_len sequence
     (vLLM's start-up check: the bytes such a request needs in every layer, `max_memory_usage_bytes`)."""
     hw, src = scenario.hardware, scenario.source
-    tp, util = hw.tensor_parallel_size, hw.gpu_memory_utilization
+    util, at = hw.gpu_memory_utilization, hardware_layout(hw)
     on_gpu = f"{gpu.name} ({gpu.cuda_memory_gib:.1f} GiB × {util:.2f} = {cap.budget / GiB:.1f} GiB)"
     if cap.weights >= cap.budget:
-        raise KvsimError(f"{src}: model {model.name} ({cap.weights / GiB:.1f} GiB of weights per GPU at tp={tp}) "
+        raise KvsimError(f"{src}: model {model.name} ({cap.weights / GiB:.1f} GiB of weights per GPU at {at}) "
                          f"does not fit on {on_gpu}: raise hardware.tensor_parallel_size or pick a larger GPU")
     if cap.kv <= 0:
-        raise KvsimError(f"{src}: model {model.name} leaves no room for the KV cache on {on_gpu} at tp={tp}: "
+        raise KvsimError(f"{src}: model {model.name} leaves no room for the KV cache on {on_gpu} at {at}: "
                          f"{cap.weights / GiB:.1f} GiB weights + {cap.activations / GiB:.1f} GiB activations + "
                          f"{cap.reserve / GiB:.1f} GiB non-torch: raise hardware.tensor_parallel_size or "
                          f"hardware.gpu_memory_utilization, or lower engine.max_num_batched_tokens")
@@ -247,7 +248,7 @@ def check_capacity(scenario, policy, model: ModelSpec, gpu: GpuSpec, cap: KvCapa
     needed = layout.max_memory_usage_bytes(limits.max_model_len, limits.max_num_batched_tokens)
     if cap.num_blocks * cap.bytes_per_block < needed:
         raise KvsimError(f"{src}: policy {policy.name}: the KV cache holds {cap.max_tokens} tokens "
-                         f"({cap.kv / GiB:.1f} GiB, kv_cache_dtype {policy.kv_cache_dtype}) on {gpu.name} at tp={tp}, "
+                         f"({cap.kv / GiB:.1f} GiB, kv_cache_dtype {policy.kv_cache_dtype}) on {gpu.name} at {at}, "
                          f"fewer than max_model_len {limits.max_model_len}: lower engine.max_model_len, raise "
                          f"hardware.tensor_parallel_size or hardware.gpu_memory_utilization")
 

@@ -21,7 +21,9 @@ every step 5% slower than priced, and the interval is widened by how far the fir
 moves when every step costs 5% less or more (`knee_faster_steps`, `knee_slower_steps`).
 
 Two policies *tie* when their 95% intervals overlap: the data cannot tell them apart, and `ties`
-says so rather than naming a winner.
+says so rather than naming a winner. Within a group of ties the first (`best`) is the one that gives
+the user most: the highest safe rate, or for a closed loop (tied concurrencies are a tie of whole
+clients) the most requests/s completed at its safe concurrency.
 
 Requests per point: the scenario's own count, capped at `DEFAULT_REQUESTS` (3000). A short
 window hides overload (the first requests find an empty engine, and a queue needs time to grow
@@ -43,7 +45,8 @@ import numpy as np
 
 from kvsim.errors import check_int
 from kvsim.planning.executors import make_executor, run_all
-from kvsim.planning.points import CLIENTS, FIGURES, base_rate, check_fits, evaluate_point, load_unit, mean_or_none
+from kvsim.planning.points import (CLIENTS, FIGURES, REQ_RATE, base_rate, check_fits, evaluate_point, load_unit,
+                                   mean_or_none, replications, run_length, windowed)
 from kvsim.planning.safe import LONG_RUN, SafeCheck, first_candidate, safe_rates
 from kvsim.planning.search import Search, expected_points, run_searches
 from kvsim.planning.sensitivity import KNEE_GROWTH, STEP_COST_MARGIN, check_scale, scalable, widen, with_step_scale
@@ -109,6 +112,9 @@ class PolicyCapacity:
     knee_slower_steps: Optional[float] = None
     # where the real safe rate would fall, given real steps' error near the knee (kvsim.results.intervals)
     safe_rate_interval: Optional[dict] = None
+    # seeds whose knees make the interval; 1: no seed-to-seed variance behind it (kvsim.planning.points.replications),
+    # [ci_low, ci_high] is then only the search's resolution and the step-cost band
+    replications: int = 0
 
     def row(self) -> dict:
         """A flat row: the answer and the SLO figures at safe_rate."""
@@ -122,9 +128,16 @@ class PolicyCapacity:
         return out
 
 
-def ties(answers: list) -> list[list]:
+def served_rps(answer) -> float:
+    """Requests/s completed at the answer's safe load (the safe check's seeds' mean; 0 when unknown)."""
+    return (getattr(answer, "at_safe_rate", None) or {}).get("throughput_rps") or 0.0
+
+
+def ties(answers: list, unit: str = REQ_RATE) -> list[list]:
     """The answers ranked by safe rate (then mean), grouped where 95% intervals overlap with the
-    group's first: the data cannot tell those apart. Works on PolicyCapacity and on Deployment."""
+    group's first: the data cannot tell those apart. Within a group, what the user gets ranks them:
+    for a closed loop (`unit` clients) the requests/s completed at the safe concurrency first. Works
+    on PolicyCapacity and on Deployment."""
     ranked = sorted(answers, key=lambda a: (-a.safe_rate, -a.mean_rate))
     groups: list[list] = []
     for a in ranked:
@@ -132,7 +145,16 @@ def ties(answers: list) -> list[list]:
             groups[-1].append(a)
         else:
             groups.append([a])
+    if unit == CLIENTS:
+        groups = [sorted(g, key=lambda a: (-served_rps(a), -a.safe_rate, -a.mean_rate)) for g in groups]
     return groups
+
+
+def best(result) -> Optional[PolicyCapacity]:
+    """The plan's answer: the first of the first group of `ties` among policies with a safe rate (None
+    when no policy has one). The terminal's "best" and the dashboard's starred card."""
+    groups = ties([p for p in result.policies if p.safe_rate > 0], result.meta.get("load_unit") or REQ_RATE)
+    return groups[0][0] if groups else None
 
 
 class Frames:
@@ -227,7 +249,7 @@ def summarize(label: str, searches: list[Search], check: Optional[SafeCheck], r0
                           safe / r0 - 1.0 if r0 else math.inf, all(r["sustainable"] for r in at_r0),
                           binding, detail, safe_figures(check) if check is not None and check.done and safe else {},
                           long_requests if check is not None else 0,
-                          float(np.mean(his)) if len(his) == len(searches) else None)
+                          float(np.mean(his)) if len(his) == len(searches) else None, replications=len(searches))
 
 
 class Ticker:
@@ -286,7 +308,7 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
                  for rate, seed, rec in check.tried]
     r0 = start if headroom_rate is None else headroom_rate
     answers = [summarize(label, searches[label], checks.get(label), r0, resolution,
-                         LONG_RUN * num_requests(label)) for label in labels]
+                         run_length(scenario, LONG_RUN * num_requests(label))) for label in labels]
     return answers, rows
 
 
@@ -366,6 +388,13 @@ def _text(record: dict) -> str:
     return "unbounded" if m is None else f"{m:+.0%}"
 
 
+def trace_rows_of(scenario) -> Optional[int]:
+    """Rows of a trace replayed with its times (None for other arrivals)."""
+    from kvsim.planning.points import trace_rows
+
+    return trace_rows(scenario) if scenario.workload.arrival.process == "trace" else None
+
+
 def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, resolution: float = 0.02,
          num_requests: Optional[int] = None, workers: Optional[int] = None, ray: Optional[str] = None,
          executor=None, progress: Optional[Callable[[int, int], None]] = None, tune: bool = False) -> PlanResult:
@@ -383,7 +412,8 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
     r0 = base_rate(scenario, n)  # a trace: the mean rate of the rows each point replays; a closed loop: its clients
     trace_rate = r0 if scenario.workload.arrival.process == "trace" else None
     integer = unit == CLIENTS
-    seed_list = [scenario.workload.seed + i for i in range(seeds)]
+    kept, why = replications(scenario, n, seeds)  # a replayed trace: its windows; nothing random: one
+    seed_list = [scenario.workload.seed + i for i in range(kept)]
     tick = Ticker(progress, len(chosen) * (seeds * (expected_points(resolution) + 1) + LONG_RUN + 8))
     own = executor is None
     executor = executor or make_executor(workers, ray)
@@ -407,9 +437,12 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
     model, gpu = model_spec(scenario), gpu_spec(scenario)
     meta = {"model": model.name, "gpu": gpu.name, "pricing_basis": run_meta(scenario, model, gpu)["pricing_basis"],
             "safe_check_step_time_scale": check_scale(scenario), "step_cost_margin": STEP_COST_MARGIN,
-            "tensor_parallel_size": hw.tensor_parallel_size, "num_replicas": hw.num_replicas,
+            "tensor_parallel_size": hw.tensor_parallel_size, "data_parallel_size": hw.data_parallel_size,
+            "enable_expert_parallel": hw.enable_expert_parallel, "num_replicas": hw.num_replicas,
             "arrival": scenario.workload.arrival.model_dump(), "scenario_rate": r0,
             "slo": scenario.slo.model_dump(), "seeds": seed_list, "num_requests": n, "resolution": resolution,
             "stability_tolerance": STABILITY_TOLERANCE, "policy_order": [p.name for p in scenario.policies],
-            "long_run_requests": LONG_RUN * n, "load_unit": unit}
+            "long_run_requests": run_length(scenario, LONG_RUN * n), "load_unit": unit,
+            "seeds_asked": seeds, "replications_note": why, "trace_rows": trace_rows_of(scenario),
+            "trace_windows": windowed(scenario)}
     return PlanResult(scenario.name or "scenario", meta, answers, rows, tuning)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from kvsim.errors import KvsimError
@@ -15,8 +16,8 @@ def _positive(kind):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        if not 0 < value < math.inf:  # nan and inf are no rate, resolution or count
+            raise argparse.ArgumentTypeError(f"must be positive{' and finite' if kind is float else ''}, got {text}")
         return value
     return parse
 
@@ -36,7 +37,8 @@ def add_commands(sub) -> None:
                                        "the cheapest deployments")
     add_scenario_arguments(plan)
     plan.add_argument("--policy", action="append", help="only this policy (repeatable; with --target-rate: the "
-                                                        "candidate policies, default every one)")
+                                                        "candidate policies, default every one vllm serve can run; "
+                                                        "--disaggregated: every one served disaggregated)")
     plan.add_argument("--seeds", type=_positive(int), default=3, help="seeds per rate (default 3)")
     plan.add_argument("--resolution", type=_positive(float), default=0.02,
                       help="relative rate resolution of the search (default 0.02: ±2%%)")
@@ -113,13 +115,14 @@ def cmd_plan(args, console) -> int:
                   ray=args.ray, progress=bar)
     try:
         pd = args.disaggregated if args.disaggregated is not None else scenario.disaggregation is not None
+        if pd and scenario.disaggregation is None:
+            raise KvsimError(f"--disaggregated: {scenario.source} has no [disaggregation] section (its pools and "
+                             "link; see scenarios/disaggregated.toml, or --set disaggregation.link.preset=NAME)")
         if args.target_rate is not None and pd:
             from kvsim.planning.disagg import pd_deploy
 
-            if args.policy and len(args.policy) > 1:
-                raise KvsimError("--disaggregated: give at most one --policy (the one searched)")
             result = pd_deploy(scenario, args.target_rate, gpus=args.gpu, tensor_parallel=args.tp,
-                               policy=args.policy[0] if args.policy else None, max_replicas=args.max_replicas, **common)
+                               policy=args.policy, max_replicas=args.max_replicas, **common)
         elif args.target_rate is not None:
             from kvsim.planning.disagg import aggregated
 
@@ -134,13 +137,11 @@ def cmd_plan(args, console) -> int:
         if args.target_rate is not None and pd:
             _print_lines(console, output.pd_lines(result))
             console.print(output.pd_table(result))
-            _print_skipped(console, "pool layouts", [f"{s['pool']} {s['gpu']} TP{s['tensor_parallel_size']}: {s['reason']}"
-                                                     for s in result.skipped])
+            _print_skipped(console, output.skipped_line(result.skipped, "pool layouts"))
         elif args.target_rate is not None:
             _print_lines(console, output.deploy_lines(result))
             console.print(output.deploy_table(result))
-            _print_skipped(console, "layouts", [f"{s['gpu']} TP{s['tensor_parallel_size']} {s['policy']}: {s['reason']}"
-                                                for s in result.skipped])
+            _print_skipped(console, output.skipped_line(result.skipped))
         else:
             _print_lines(console, output.plan_lines(result))
             console.print(output.plan_table(result))
@@ -153,10 +154,10 @@ def cmd_plan(args, console) -> int:
     return 0
 
 
-def _print_skipped(console, what: str, reasons: list[str]) -> None:
-    """One dim line: the layouts a search left out and why."""
-    if reasons:
-        console.print(f"[dim]{len(reasons)} {what} left out: " + "; ".join(reasons) + "[/dim]", highlight=False)
+def _print_skipped(console, line: str) -> None:
+    """One dim line: how many layouts a search left out, by why."""
+    if line:
+        console.print(line, style="dim", markup=False, highlight=False)
 
 
 def cmd_sweep(args, console) -> int:

@@ -2,9 +2,11 @@
 policy) that meet the scenario's SLO at R requests/s, with their cost per hour and per million tokens.
 
 1. Layouts: every candidate GPU × tensor-parallel degree × policy (default: every policy of the
-   scenario) whose KV cache holds one max_model_len sequence beside the weights
+   scenario that `vllm serve` can run, kvsim.scenario.layout.serve_problem: the answer is a
+   deployment to start) whose KV cache holds one max_model_len sequence beside the weights
    (kvsim.perf.memory.kv_capacity) and that splits the attention heads evenly; the rest are listed
-   with the reason.
+   with the reason and its kind (`SKIP_KINDS`). When none is left there is nothing to simulate: the
+   request is bad input (one line naming the flags), not an answer.
 2. One replica of each layout: its maximum sustainable rate r1 (the plan search,
    kvsim/planning/capacity.py, with the first seed only and a coarse `SCOUT_RESOLUTION`). Each GPU
    and TP degree keeps the policy with the highest r1 (the scenario's order breaks ties); r1 also
@@ -28,16 +30,20 @@ loop of its requests at R, Poisson, as `vllm bench serve --request-rate R` runs 
 --max-concurrency (`rate_based`); vllm bench's semaphore over an arrival process keeps its clients;
 multi-turn sessions are refused (plan their concurrency instead).
 
-Cost: `$/hour` is the GPU price (kvsim.scenario.catalog.gpu_price: the scenario's [cost], else the
-presets) × GPUs. `$/M input` and `$/M output` charge that hour to the input (resp. output) tokens
-served at R: hourly cost / (R × mean tokens per request × 3600) × 10^6, each on its own (they are
-not shares of one bill). Points with n replicas replay min(n, 2) × the per-point request count:
-more requests for more replicas, within a bounded cost.
+Cost: `$/hour` is the GPU price × every GPU (kvsim.scenario.layout: replicas × TP × DP).
+`$/M input` and `$/M output` charge that hour to the input (resp. output) tokens served at R:
+hourly cost / (R × mean tokens per request × 3600) × 10^6, each on its own (they are not shares of
+one bill). Every point at the target replays `REQUEST_SCALE_CAP` × the per-point request count,
+whatever the layout: the runs are as long for one replica as for many, so no layout passes a
+shorter check than another (a longer run queues longer: one replica passing 4,000 requests could
+fail the 8,000 a larger layout was checked with). Each deployment carries the `vllm serve` flags
+of its replicas (`vllm_flags`).
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from itertools import islice
 from typing import Callable, Iterable, Optional
@@ -49,12 +55,13 @@ from kvsim.planning.capacity import (Frames, PolicyCapacity, Ticker, capacity_se
                                      default_requests, mean_figures, point_row)
 from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.parallel import Parallel, candidates, hardware_keys
-from kvsim.planning.points import at_load, base_rate, evaluate_point
+from kvsim.planning.points import at_load, base_rate, evaluate_point, replications, run_length
 from kvsim.planning.sensitivity import check_scale, with_step_scale
 from kvsim.planning.replicas import ReplicaCount
 from kvsim.planning.safe import LONG_RUN
 from kvsim.planning.search import expected_points
 from kvsim.scenario.catalog import GPUS, GpuSpec, gpu_price, gpu_spec, model_spec, tp_problem
+from kvsim.scenario.layout import deployment_text, layout_cost, layout_text, serve_flags, serve_problem
 from kvsim.scenario import limits
 from kvsim.scenario.config import HardwareConfig, scenario_from_dict
 
@@ -67,6 +74,11 @@ SCOUT_REQUESTS = 1000  # the scout only picks the policy and where step 3 starts
 # worker count: which layouts a round visits decides what the cost cutoff prunes, so the points
 # simulated (points.csv) would otherwise depend on the machine.
 LAYOUTS_PER_ROUND = 4
+# Why a layout was left out, by kind (a skipped entry's "kind"), as the summary line counts them.
+SKIP_KINDS = {"tensor_parallel": "split the model's heads unevenly", "no_price": "have no price",
+              "not_vllm": "use a policy vllm serve cannot run", "does_not_fit": "do not fit",
+              "no_rate": "meet the SLO at no rate", "max_replicas": "need more than --max-replicas",
+              "dearer": "cost more than those listed"}
 # the [hardware] keys that override a GPU preset's datasheet figures
 _GPU_OVERRIDES = tuple(f for f in GpuSpec.__dataclass_fields__ if f != "name" and f in HardwareConfig.model_fields)
 
@@ -98,6 +110,7 @@ class Deployment:
     pricing_why: str = ""
     data_parallel_size: int = 1  # a MoE model's DP attention ranks a replica (kvsim.planning.parallel)
     enable_expert_parallel: bool = False
+    vllm_flags: str = ""  # `vllm serve` flags of one replica (kvsim.scenario.layout.serve_flags)
 
     def __post_init__(self):
         if isinstance(self.tensor_parallel_size, Parallel):
@@ -114,10 +127,16 @@ class Deployment:
     def label(self) -> str:
         return f"{self.gpu} TP{self.layout}×{self.num_replicas}"
 
-    def answer(self) -> str:
-        """e.g. '12 × H100-SXM as TP 4 × 3 replicas, $35.88/h (policy paged-fp8)'."""
-        return (f"{self.num_gpus} × {self.gpu} as TP {self.layout} × {self.num_replicas} "
-                f"replica{'s' if self.num_replicas > 1 else ''}, ${self.usd_per_hour:,.2f}/h (policy {self.policy})")
+    @property
+    def layout_name(self) -> str:
+        """The replica's layout, e.g. 'TP 4', 'TP 1 × DP 2 + EP'."""
+        return layout_text(self.tensor_parallel_size, self.data_parallel_size, self.enable_expert_parallel)
+
+    def answer(self, policy: Optional[str] = None) -> str:
+        """e.g. '12 × H100-SXM as TP 4 × 3 replicas, $35.88/h (policy paged-fp8)' (`policy`: its label, if not the name)."""
+        where = deployment_text(self.gpu, self.tensor_parallel_size, self.num_replicas, self.data_parallel_size,
+                                self.enable_expert_parallel)
+        return f"{where}, ${self.usd_per_hour:,.2f}/h (policy {policy or self.policy})"
 
     def row(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "at_target"}
@@ -141,7 +160,12 @@ class DeployResult(Frames):
     def to_dict(self) -> dict:
         return {"target_rate": self.target_rate, "meta": self.meta,
                 "deployments": [{**asdict(d), "label": d.label} for d in self.deployments],
-                "skipped": self.skipped, "points": self.points}
+                "skipped": self.skipped, "skipped_by_kind": skip_counts(self.skipped), "points": self.points}
+
+
+def skip_counts(skipped: list[dict]) -> dict[str, int]:
+    """How many layouts were left out of each kind (SKIP_KINDS), most first."""
+    return dict(Counter(s.get("kind", "other") for s in skipped).most_common())
 
 
 def _hardware(scenario, gpu: str, tp: int, replicas: int) -> dict:
@@ -153,7 +177,7 @@ def _hardware(scenario, gpu: str, tp: int, replicas: int) -> dict:
 
 
 def layouts(scenario, policies: list[str], gpus, tps) -> tuple[list[tuple[str, int, str]], list[dict]]:
-    """(feasible (gpu, tp, policy) layouts, skipped ones with the reason)."""
+    """(feasible (gpu, tp, policy) layouts, skipped ones with the reason and its kind)."""
     from kvsim.perf.memory import kv_capacity
 
     ok, skipped = [], []
@@ -161,11 +185,11 @@ def layouts(scenario, policies: list[str], gpus, tps) -> tuple[list[tuple[str, i
         update={"tensor_parallel_size": 1})}))
     for gpu in gpus:
         for tp in candidates(base, tps):  # a MoE model's: TP x DP x EP
-            reason = tp_problem(base, getattr(tp, "tp", tp))
+            reason, kind = tp_problem(base, getattr(tp, "tp", tp)), "tensor_parallel"
             if not reason and gpu_price(scenario, gpu) is None:
-                reason = "no price (set cost.gpu_hour_usd)"
+                reason, kind = "no price (set cost.gpu_hour_usd)", "no_price"
             if reason:
-                skipped.append({"gpu": gpu, **hardware_keys(tp), "policy": "*", "reason": reason})
+                skipped.append({"gpu": gpu, **hardware_keys(tp), "policy": "*", "reason": reason, "kind": kind})
                 continue
             for policy in policies:
                 sc = at_load(scenario, base_rate(scenario), policies=[policy],
@@ -175,8 +199,31 @@ def layouts(scenario, policies: list[str], gpus, tps) -> tuple[list[tuple[str, i
                     ok.append((gpu, tp, policy))
                 except KvsimError as exc:
                     skipped.append({"gpu": gpu, **hardware_keys(tp), "policy": policy,
-                                    "reason": str(exc).split(": ", 1)[-1]})
+                                    "reason": str(exc).split(": ", 1)[-1], "kind": "does_not_fit"})
     return ok, skipped
+
+
+def served_policies(scenario, names) -> tuple[list[str], list[dict]]:
+    """The candidate policies `vllm serve` can run (of `names`, default every policy of the scenario),
+    and the others as skipped entries; one line naming --policy when none is left."""
+    from kvsim.pipeline import chosen_policies
+
+    chosen = chosen_policies(scenario, names)  # an unknown name is one line
+    ok = [p.name for p in chosen if not serve_problem(p)]
+    skipped = [{"gpu": "*", "tensor_parallel_size": "*", "policy": p.name, "reason": serve_problem(p),
+                "kind": "not_vllm"} for p in chosen if serve_problem(p)]
+    if not ok:
+        raise KvsimError("--policy: no candidate policy vllm serve can run, so no deployment to recommend: "
+                         + "; ".join(f"{s['policy']}: {s['reason']}" for s in skipped))
+    return ok, skipped
+
+
+def no_layout(skipped: list[dict], gpus, tps) -> KvsimError:
+    """The one-line error when no candidate layout is left to simulate: the flags and why."""
+    reasons = list(dict.fromkeys(s["reason"] for s in skipped))
+    flags = (f"--gpu {' '.join(gpus)} " if gpus else "") + f"--tp {' '.join(str(t) for t in tps)}"
+    return KvsimError(f"{flags}: no candidate layout can serve the model, nothing to simulate: "
+                      + "; ".join(reasons[:4]) + (f"; and {len(reasons) - 4} more" if len(reasons) > 4 else ""))
 
 
 def layout_basis(scenario, gpu: str, tp) -> tuple[str, str]:
@@ -203,12 +250,9 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
            top: int = 3, max_replicas: int = MAX_REPLICAS, workers: Optional[int] = None, ray: Optional[str] = None,
            executor=None, progress: Optional[Callable[[int, int], None]] = None, headroom: bool = True) -> DeployResult:
     """The cheapest layouts meeting the SLO at `target_rate`; `policy`: a name or a list of the
-    candidate policies (default: every policy of the scenario); `headroom=False` skips step 4 (no
+    candidate policies (default: every policy of the scenario `vllm serve` can run); `headroom=False` skips step 4 (no
     deployment's own safe rate). See the module docstring."""
-    from kvsim.pipeline import chosen_policies
-
-    if isinstance(target_rate, bool) or not isinstance(target_rate, (int, float)) or not target_rate > 0:
-        raise KvsimError(f"--target-rate must be positive, got {target_rate!r}")
+    check_target_rate(target_rate)
     check_search_args(seeds, resolution, num_requests)
     check_int(top, "--top", 1, limits.MAX_REPLICAS)
     check_int(max_replicas, "--max-replicas", 1, limits.MAX_REPLICAS)
@@ -218,18 +262,22 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
     for tp in tensor_parallel:
         check_int(tp, "--tp", 1, limits.MAX_TENSOR_PARALLEL)
     names = [policy] if isinstance(policy, str) else policy
-    policies = [p.name for p in chosen_policies(scenario, names)]  # an unknown name is one line
+    policies, not_served = served_policies(scenario, names)
     known = {g.lower(): g for g in GPUS}
     unknown = [g for g in (gpus or []) if g.lower() not in known]
     if unknown:
         raise KvsimError(f"--gpu: unknown GPU {', '.join(unknown)} (presets: {', '.join(GPUS)})")
-    gpus = [known[g.lower()] for g in gpus] if gpus else list(GPUS)
+    asked, gpus = gpus or [], [known[g.lower()] for g in gpus] if gpus else list(GPUS)
     closed = scenario.workload.arrival.process == "immediate"
     scenario = rate_based(scenario)
     n_req = num_requests or default_requests(scenario)
     trace_rate = base_rate(scenario, n_req) if scenario.workload.arrival.process == "trace" else None
-    seed_list = [scenario.workload.seed + i for i in range(seeds)]
+    kept, why = replications(scenario, n_req * REQUEST_SCALE_CAP, seeds)  # a replayed trace: its windows
+    seed_list = [scenario.workload.seed + i for i in range(kept)]
     ok, skipped = layouts(scenario, policies, gpus, tensor_parallel)
+    if not ok:
+        raise no_layout(skipped, asked, tensor_parallel)
+    skipped = not_served + skipped
     per_check = seeds + LONG_RUN
     tick = Ticker(progress, len(ok) * expected_points(SCOUT_RESOLUTION)
                   + len({lay[:2] for lay in ok}) * 2 * per_check
@@ -252,12 +300,25 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
     deployments.sort(key=lambda d: (d.usd_per_hour, -(d.safe_rate or 0.0), d.num_gpus, d.gpu, d.tensor_parallel_size))
     for d in deployments:
         d.pricing, d.pricing_why = layout_basis(scenario, d.gpu, d.layout)
+        policy = next(p for p in scenario.policies if p.name == d.policy)
+        d.vllm_flags = serve_flags(scenario, policy, d.tensor_parallel_size, d.data_parallel_size,
+                                   d.enable_expert_parallel)
     meta = {"model": model_spec(scenario).name, "policies": policies, "slo": scenario.slo.model_dump(),
-            "seeds": seed_list, "num_requests": n_req, "long_run_requests": LONG_RUN * n_req,
+            "seeds": seed_list, "num_requests": n_req * REQUEST_SCALE_CAP,
+            "long_run_requests": run_length(scenario, LONG_RUN * REQUEST_SCALE_CAP * n_req),
             "resolution": resolution, "gpus": gpus, "tensor_parallel": list(tensor_parallel),
             "mean_prompt_tokens": prompt, "mean_output_tokens": output, "top": top, "headroom": headroom,
-            "scout": search.scout, "from_closed_loop": closed}
+            "scout": search.scout, "from_closed_loop": closed, "seeds_asked": seeds, "replications_note": why,
+            "safe_check_step_time_scale": check_scale(scenario)}
     return DeployResult(target_rate, meta, deployments, skipped, search.points)
+
+
+def check_target_rate(target_rate) -> None:
+    """One line for a target rate no search can meet: not a finite positive number."""
+    if isinstance(target_rate, bool) or not isinstance(target_rate, (int, float)) or not target_rate > 0:
+        raise KvsimError(f"--target-rate must be positive, got {target_rate!r}")
+    if target_rate == math.inf:
+        raise KvsimError(f"--target-rate must be finite (requests/s), got {target_rate!r}")
 
 
 def rate_based(scenario):
@@ -292,10 +353,12 @@ class _Search:
         return {"hardware": _hardware(self.scenario, lay[0], lay[1], replicas)}
 
     def requests(self, n: int) -> int:
-        return self.n_req * min(n, REQUEST_SCALE_CAP)
+        """Requests a point at the target replays: the same for every replica count (module docstring)."""
+        return self.n_req * REQUEST_SCALE_CAP
 
-    def skip(self, lay, reason: str) -> None:
-        self.skipped.append({"gpu": lay[0], **hardware_keys(lay[1]), "policy": lay[2], "reason": reason})
+    def skip(self, lay, reason: str, kind: str) -> None:
+        self.skipped.append({"gpu": lay[0], **hardware_keys(lay[1]), "policy": lay[2], "reason": reason,
+                             "kind": kind})
 
     def run(self, ok: list) -> list[Deployment]:
         best = self.best_policies(ok)
@@ -322,10 +385,10 @@ class _Search:
         best = {}
         for lay, ans in chosen.values():
             if ans.mean_rate <= 0:
-                self.skip(lay, "one replica meets the SLO at no rate tried, so no replica count can")
+                self.skip(lay, "one replica meets the SLO at no rate tried, so no replica count can", "no_rate")
             elif self.target / ans.mean_rate > self.max_replicas:
                 self.skip(lay, f"one replica sustains about {ans.mean_rate:.3g} req/s: more than "
-                               f"{self.max_replicas} replicas needed")
+                               f"{self.max_replicas} replicas needed", "max_replicas")
             else:
                 best[lay] = ans
         return best
@@ -357,7 +420,7 @@ class _Search:
         """Step 3: each layout's fewest passing replica count, or its proof of being dearer."""
         states = []
         for lay, ans in best.items():
-            price = gpu_price(self.scenario, lay[0]).usd_per_hour * lay[1]
+            price = layout_cost(self.scenario, lay[0], int(lay[1])).usd_per_hour  # one replica: TP x DP GPUs
             states.append(ReplicaCount(lay, price, math.ceil(self.target / ans.mean_rate)))
         queue = sorted(states, key=lambda st: (st.price * st.guess, st.lay))
         active: list = []
@@ -369,7 +432,7 @@ class _Search:
                 self.skip(st.lay, f"pruned: fails with {st.failed} replica{'s' if st.failed != 1 else ''}, so at least "
                                   f"${st.price * st.lo:,.2f}/h, dearer than {self.top} passing deployments"
                           if st.failed else f"pruned: at least ${st.price:,.2f}/h, dearer than {self.top} passing "
-                                            "deployments")
+                                            "deployments", "dearer")
             while queue and len(active) < width:
                 active.append(queue.pop(0))
             todo = [(st, st.next_check(cutoff, self.max_replicas)) for st in active]
@@ -392,18 +455,18 @@ class _Search:
         for st in states:
             if not st.pinned:
                 if st.passed is None and st.lo > self.max_replicas:
-                    self.skip(st.lay, f"fails with {self.max_replicas} replicas (--max-replicas)")
+                    self.skip(st.lay, f"fails with {self.max_replicas} replicas (--max-replicas)", "max_replicas")
                 continue
             cost = st.price * st.passed
             if cost > cutoff * (1 + 1e-12):
                 self.skip(st.lay, f"passes with {st.passed} replicas at ${cost:,.2f}/h, dearer than {self.top} "
-                                  "cheaper deployments")
+                                  "cheaper deployments", "dearer")
                 continue
-            price = gpu_price(self.scenario, st.lay[0])
+            price = layout_cost(self.scenario, st.lay[0], int(st.lay[1]) * st.passed)
             ans = best[st.lay]
             deployments.append(Deployment(
-                st.lay[0], st.lay[1], st.passed, st.lay[1] * st.passed, st.lay[2], True, ans.mean_rate, None, None,
-                None, None, None, cost, math.nan, math.nan, f"{price.source} ({price.date})".replace(" ()", ""),
+                st.lay[0], st.lay[1], st.passed, price.num_gpus, st.lay[2], True, ans.mean_rate, None, None,
+                None, None, None, price.usd_per_hour, math.nan, math.nan, price.source,
                 ans.binding, ans.binding_detail, mean_figures(st.records[st.passed])))
         chosen = sorted(deployments, key=lambda d: (d.usd_per_hour, d.num_gpus, d.gpu))[:self.top]
         if chosen and self.headroom:

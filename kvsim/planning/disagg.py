@@ -2,12 +2,16 @@
 on which GPU at which tensor parallelism each, meet the SLO at R for the least money, beside the
 cheapest aggregated deployment of the same GPUs (kvsim/planning/deploy.py).
 
-1. Pool layouts: every candidate (GPU, TP) for the prefill pool × every one for the decode pool
-   whose decode TP is a multiple of the prefill TP (vLLM v0.11.0's NixlConnector) and whose pools
-   fit (kvsim.perf.disaggregation); the rest are listed with the reason. Candidates default to the
-   scenario's own pools' GPUs and TP degrees (`gpus`, `tensor_parallel` widen them).
+1. Pool layouts: every candidate policy (`policies`, default every policy the scenario serves
+   disaggregated, else its paged ones; only those `vllm serve` can run) × every candidate (GPU, TP)
+   for the prefill pool × every one for the decode pool whose decode TP is a multiple of the prefill
+   TP (vLLM v0.11.0's NixlConnector) and whose pools fit (kvsim.perf.disaggregation); the rest are
+   listed with the reason. Candidates default to the scenario's own pools' GPUs and TP degrees
+   (`gpus`, `tensor_parallel` widen them). No layout left: bad input, one line.
 2. Counts: a layout's (P, D) passes at R when every seed and a run `LONG_RUN` times longer are
-   sustainable there. More instances of either pool never lower what a deployment sustains, so the
+   sustainable there, under the aggregated search's rule (kvsim/planning/deploy.py): every step
+   STEP_COST_MARGIN dearer than priced (kvsim/planning/sensitivity.py) and every point as long
+   whatever the counts (REQUEST_SCALE_CAP × the per-point requests), so a tie stays a tie. More instances of either pool never lower what a deployment sustains, so the
    passing counts form a staircase, and the cheapest passing (P, D) lies on its corners
    (`Staircase`): B doubles until (B, B) passes, then a walk from P = 1 steps down in D while the
    point passes and right in P while it fails, simulating only points cheaper than the best found
@@ -16,6 +20,12 @@ cheapest aggregated deployment of the same GPUs (kvsim/planning/deploy.py).
 3. Each layout's cheapest (P, D), priced ($/hour: GPU price x TP x instances, both pools; $/M input
    and output tokens at R, each charging the whole hour), with each pool's binding constraint at R
    (what held its admission back, else its step time) and whether one instance fewer of it fails.
+   Beside them, the aggregated search (kvsim/planning/deploy.py) over the same GPUs and TP degrees
+   with every candidate policy served aggregated, so the comparison is of serving, not of KV settings
+   (fp8 KV on one side only would make either look cheaper); an aggregated row names the policy it
+   ran, "served aggregated" when the scenario serves that one disaggregated. `PDPlan.table()` is the
+   comparison as records (the terminal's table and the dashboard's), with TTFT, TPOT and ITL at the
+   SLO's percentile.
 
 Rounds simulate every layout's next point at once, so the answer does not depend on the executor.
 """
@@ -30,13 +40,17 @@ from typing import Callable, Iterable, Optional
 
 from kvsim.errors import KvsimError, check_int
 from kvsim.planning.capacity import Frames, Ticker, check_search_args, default_requests, mean_figures, point_row
-from kvsim.planning.deploy import DeployResult, deploy, layout_basis, rate_based, tokens_per_request
+from kvsim.planning.deploy import (REQUEST_SCALE_CAP, DeployResult, check_target_rate, deploy, layout_basis,
+                                   rate_based, tokens_per_request)
 from kvsim.planning.executors import make_executor, run_all
-from kvsim.planning.points import at_load, base_rate, point_record
+from kvsim.planning.points import at_load, base_rate, point_record, replications, run_length
 from kvsim.planning.safe import LONG_RUN
+from kvsim.planning.sensitivity import check_scale, with_step_scale
+from kvsim.results.verdict import LABELS, percentile_label
 from kvsim.scenario import limits
 from kvsim.scenario.catalog import GPUS, gpu_price, model_spec
 from kvsim.scenario.disaggregation import ROLES, pool_view
+from kvsim.scenario.layout import layout_cost, serve_problem
 
 MAX_INSTANCES = 64  # per pool
 
@@ -187,6 +201,30 @@ class PDPlan(Frames):
         agg = [{"kind": "aggregated", "label": d.label, **d.row()} for d in self.aggregated.deployments[:1]]
         return [d.row() for d in self.deployments] + agg
 
+    def table(self) -> list[dict]:
+        """The comparison as the terminal and the dashboard show it: a record per row (the best
+        disaggregated layouts, cheapest first, then the cheapest aggregated deployment), its keys the
+        column headers in order, latencies at the SLO's percentile at the target (the seeds' mean,
+        with every step STEP_COST_MARGIN dearer, as checked)."""
+        slo = self.meta["slo"]
+        q = percentile_label(slo.get("percentile", 99.0))
+        shown = ["ttft_ms", "tpot_ms", "itl_ms"] + (["e2e_ms"] if slo.get("e2e_ms") is not None else [])
+        out = []
+        for d in self.deployments:
+            out.append({"serving": "disaggregated", "policy": d.policy,
+                        "prefill": f"{d.num_prefill} × {d.prefill_gpu} TP {d.prefill_tp}",
+                        "decode": f"{d.num_decode} × {d.decode_gpu} TP {d.decode_tp}",
+                        **_common(d, shown, q),
+                        "prefill binds": (d.prefill_binding or "–") + (" (one fewer fails)" if d.prefill_tight else ""),
+                        "decode binds": (d.decode_binding or "–") + (" (one fewer fails)" if d.decode_tight else ""),
+                        "priced": d.pricing or "–"})
+        for a in self.aggregated.deployments[:1]:
+            out.append({"serving": "aggregated", "policy": self.aggregated_label(a.policy),
+                        "prefill": f"{a.num_replicas} × {a.gpu} {a.layout_name} (both phases)", "decode": "",
+                        **_common(a, shown, q), "prefill binds": a.binding or "–", "decode binds": "",
+                        "priced": a.pricing or "–"})
+        return out
+
     def estimated_note(self) -> str:
         """A warning when the answer's layout (the cheaper of the best of each kind) rests on estimated step
         prices, else ''."""
@@ -196,18 +234,22 @@ class PDPlan(Frames):
             return ""
         return f"ESTIMATED: the answer rests on {chosen.pricing_why}; treat it as a lead to measure, not an answer"
 
+    def aggregated_label(self, policy: str) -> str:
+        """An aggregated row's policy: its name, and "served aggregated" when the scenario serves it disaggregated."""
+        return policy + (", served aggregated" if policy in self.meta.get("served_disaggregated", ()) else "")
+
     def verdict(self) -> str:
         """Aggregated or disaggregated at the target, and by how much."""
         best, agg = self.best, self.aggregated.deployments[0] if self.aggregated.deployments else None
         if best is None and agg is None:
             return "neither a disaggregated nor an aggregated layout meets the SLO at the target rate"
         if best is not None and agg is not None and math.isclose(agg.usd_per_hour, best.usd_per_hour):
-            return (f"a tie at ${agg.usd_per_hour:,.2f}/h: aggregated {agg.answer()}, or disaggregated "
+            return (f"a tie at ${agg.usd_per_hour:,.2f}/h: aggregated {agg.answer(self.aggregated_label(agg.policy))}, or disaggregated "
                     f"{best.num_prefill}:{best.num_decode}: {best.answer()} (compare their latencies)")
         if best is None or (agg is not None and agg.usd_per_hour <= best.usd_per_hour):
             cheaper = "" if best is None else f", {1 - agg.usd_per_hour / best.usd_per_hour:.0%} cheaper than {best.answer()}"
-            return f"aggregated: {agg.answer()}{cheaper}"
-        other = "" if agg is None else f", {1 - best.usd_per_hour / agg.usd_per_hour:.0%} cheaper than aggregated {agg.answer()}"
+            return f"aggregated: {agg.answer(self.aggregated_label(agg.policy))}{cheaper}"
+        other = "" if agg is None else f", {1 - best.usd_per_hour / agg.usd_per_hour:.0%} cheaper than aggregated {agg.answer(self.aggregated_label(agg.policy))}"
         return f"disaggregated, {best.num_prefill}:{best.num_decode}: {best.answer()}{other}"
 
     def to_dict(self) -> dict:
@@ -217,6 +259,12 @@ class PDPlan(Frames):
                 "skipped": self.skipped, "points": self.points + self.aggregated.points}
 
 
+def _common(d, shown: list[str], q: str) -> dict:
+    """The columns a disaggregated and an aggregated row share: GPUs, prices, latencies at the target."""
+    return {"GPUs": d.num_gpus, "$/hour": d.usd_per_hour, "$/M in": d.usd_per_m_input, "$/M out": d.usd_per_m_output,
+            **{f"{LABELS[k]} {q} ms": d.at_target.get(f"{k}_at_pct") for k in shown}}
+
+
 def pool_layouts(scenario, policy: str, gpus, tps) -> tuple[list[tuple], list[dict]]:
     """(feasible (prefill gpu, tp, decode gpu, tp) layouts, skipped ones with the reason)."""
     from kvsim.perf.disaggregation import pool
@@ -224,13 +272,16 @@ def pool_layouts(scenario, policy: str, gpus, tps) -> tuple[list[tuple], list[di
     fits, skipped = {}, []
     for role, gpu, tp in product(ROLES, gpus, tps):  # the rate does not matter: 1 req/s, a trace as it is
         trial = at_load(scenario, 1.0, policies=[policy], trace_rate=1.0, overrides=_pools(scenario, {role: (gpu, tp, 1)}))
+        kind = "no_price"
         try:
             if gpu_price(scenario, gpu) is None:
                 raise KvsimError(f"{gpu}: no price (set cost.gpu_hour_usd)")
+            kind = "does_not_fit"
             pool(trial, trial.policies[0], role)
             fits[(role, gpu, tp)] = True
         except KvsimError as exc:
-            skipped.append({"pool": role, "gpu": gpu, "tensor_parallel_size": tp, "reason": str(exc).split(": ", 1)[-1]})
+            skipped.append({"pool": role, "gpu": gpu, "tensor_parallel_size": tp, "policy": policy,
+                            "reason": str(exc).split(": ", 1)[-1], "kind": kind})
     ok = [(gp, tp_p, gd, tp_d) for gp, tp_p, gd, tp_d in product(gpus, tps, gpus, tps)
           if fits.get(("prefill", gp, tp_p)) and fits.get(("decode", gd, tp_d)) and tp_d % tp_p == 0]
     return ok, skipped
@@ -245,33 +296,43 @@ def _pools(scenario, layout: dict) -> dict:
 
 
 def pd_deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None,
-              tensor_parallel: Optional[Iterable[int]] = None, policy: Optional[str] = None, seeds: int = 3,
+              tensor_parallel: Optional[Iterable[int]] = None, policy=None, seeds: int = 3,
               resolution: float = 0.02, num_requests: Optional[int] = None, max_replicas: int = MAX_INSTANCES,
               workers: Optional[int] = None, ray: Optional[str] = None, executor=None,
               progress: Optional[Callable[[int, int], None]] = None) -> PDPlan:
-    """The cheapest prefill:decode counts per pool layout meeting the SLO at `target_rate`, and the
-    cheapest aggregated deployment of the same GPUs and TP degrees (module docstring)."""
+    """The cheapest prefill:decode counts per pool layout and policy meeting the SLO at `target_rate`,
+    and the cheapest aggregated deployment of the same GPUs and TP degrees (module docstring);
+    `policy`: a name or a list of the candidates (default: every policy served disaggregated)."""
     from kvsim.pipeline import chosen_policies
 
-    if isinstance(target_rate, bool) or not isinstance(target_rate, (int, float)) or not target_rate > 0:
-        raise KvsimError(f"--target-rate must be positive, got {target_rate!r}")
+    check_target_rate(target_rate)
     check_search_args(seeds, resolution, num_requests)
     check_int(max_replicas, "--max-replicas", 1, limits.MAX_REPLICAS)
-    name = _policy(scenario, policy, chosen_policies)
+    names, agg_names, skipped = _policies(scenario, [policy] if isinstance(policy, str) else policy, chosen_policies)
     closed = scenario.workload.arrival.process == "immediate"
     scenario = rate_based(scenario)  # a closed loop as its open loop at the rate (deploy's rule)
     gpus, tps = _candidates(scenario, gpus, tensor_parallel)
     n_req = num_requests or default_requests(scenario)
     trace_rate = base_rate(scenario, n_req) if scenario.workload.arrival.process == "trace" else None
-    seed_list = [scenario.workload.seed + i for i in range(seeds)]
-    ok, skipped = pool_layouts(scenario, name, gpus, tps)
+    kept, why = replications(scenario, n_req * REQUEST_SCALE_CAP, seeds)  # a replayed trace: its windows
+    seed_list = [scenario.workload.seed + i for i in range(kept)]
+    ok = []
+    for name in names:
+        fit, left_out = pool_layouts(scenario, name, gpus, tps)
+        ok += [(*lay, name) for lay in fit]
+        skipped += left_out
+    if not ok:
+        raise KvsimError(f"--gpu {' '.join(gpus)} --tp {' '.join(map(str, tps))}: no prefill and decode pools can "
+                         "serve the model, nothing to simulate: "
+                         + "; ".join(dict.fromkeys(f"{s['pool']} {s['gpu']} TP {s['tensor_parallel_size']}: "
+                                                   f"{s['reason']}" for s in skipped if s.get("pool"))))
     own = executor is None
     executor = executor or make_executor(workers, ray)
     tick = Ticker(progress, len(ok) * 4 * (seeds + 1))
     try:
-        search = _PDSearch(executor, scenario, name, target_rate, seed_list, n_req, trace_rate, max_replicas, tick)
+        search = _PDSearch(executor, scenario, target_rate, seed_list, n_req, trace_rate, max_replicas, tick)
         found = search.run(ok)
-        agg = deploy(aggregated(scenario), target_rate, gpus=gpus, tensor_parallel=tps, policy=name, seeds=seeds,
+        agg = deploy(aggregated(scenario), target_rate, gpus=gpus, tensor_parallel=tps, policy=agg_names, seeds=seeds,
                      resolution=resolution, num_requests=num_requests, top=1, max_replicas=max_replicas,
                      executor=executor, progress=lambda done, total: tick(), headroom=False)
     finally:
@@ -282,11 +343,16 @@ def pd_deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None,
         d.pricing, d.pricing_why = _pools_basis(scenario, d)
         d.usd_per_m_input = d.usd_per_hour / (target_rate * 3600 * prompt) * 1e6 if prompt else math.inf
         d.usd_per_m_output = d.usd_per_hour / (target_rate * 3600 * output) * 1e6 if output else math.inf
-    found.sort(key=lambda d: (d.usd_per_hour, d.num_gpus, d.label))
-    meta = {"model": model_spec(scenario).name, "policy": name, "slo": scenario.slo.model_dump(), "seeds": seed_list,
-            "num_requests": n_req, "long_run_requests": LONG_RUN * n_req, "gpus": gpus, "tensor_parallel": tps,
+    found.sort(key=lambda d: (d.usd_per_hour, d.num_gpus, d.label, names.index(d.policy)))
+    meta = {"model": model_spec(scenario).name, "policies": names, "aggregated_policies": agg_names,
+            "served_disaggregated": [p.name for p in scenario.policies if scenario.disaggregated(p)],
+            "safe_check_step_time_scale": check_scale(scenario), "slo": scenario.slo.model_dump(), "seeds": seed_list,
+            "num_requests": n_req * REQUEST_SCALE_CAP,
+            "long_run_requests": run_length(scenario, LONG_RUN * REQUEST_SCALE_CAP * n_req),
+            "gpus": gpus, "tensor_parallel": tps,
             "mean_prompt_tokens": prompt, "mean_output_tokens": output, "link": pools_section(scenario)["link"],
-            "kv_transfer": pools_section(scenario)["kv_transfer"], "from_closed_loop": closed}
+            "kv_transfer": pools_section(scenario)["kv_transfer"], "from_closed_loop": closed, "seeds_asked": seeds,
+            "replications_note": why}
     return PDPlan(target_rate, meta, found, agg, skipped + search.skipped, search.points)
 
 
@@ -301,19 +367,26 @@ def _pools_basis(scenario, d: PDDeployment) -> tuple[str, str]:
     return basis.label, basis.why
 
 
-def _policy(scenario, policy, chosen) -> str:
-    """The policy searched: the named one, else the first served disaggregated (else the first paged one)."""
-    if policy is not None:
-        named = chosen(scenario, [policy])[0]
-        if named.allocator != "paged":
-            raise KvsimError(f"--policy: {named.name} uses the {named.allocator} allocator; disaggregated serving "
-                             "needs the paged one")
-        return named.name
-    found = next((p.name for p in scenario.policies if scenario.disaggregated(p)), None) or \
-        next((p.name for p in scenario.policies if p.allocator == "paged"), None)
-    if found is None:
-        raise KvsimError(f"{scenario.source}: policies: disaggregated serving needs a policy with the paged allocator")
-    return found
+def _policies(scenario, names, chosen) -> tuple[list[str], list[str], list[dict]]:
+    """(the policies searched disaggregated, those searched aggregated, the ones left out): the named
+    ones for both, else every policy the scenario serves disaggregated (else its paged ones) and every
+    policy served aggregated (the scenario's aggregated ones and those, like for like); only what
+    `vllm serve` can run, the rest left out with the reason."""
+    if names is not None:
+        pd = agg = chosen(scenario, names)
+    else:
+        pd = [p for p in scenario.policies if scenario.disaggregated(p)] or \
+            [p for p in scenario.policies if p.allocator == "paged"]
+        agg = list(scenario.policies)
+    skipped = [{"gpu": "*", "tensor_parallel_size": "*", "policy": p.name, "reason": serve_problem(p), "kind": "not_vllm"}
+               for p in dict.fromkeys(pd + agg) if serve_problem(p)]
+    pd = [p.name for p in pd if not serve_problem(p)]
+    if not pd:
+        raise KvsimError(("--policy" if names is not None else f"{scenario.source}: policies") + ": disaggregated "
+                         "serving needs a policy vllm serve runs with its NixlConnector (paged allocator, a vLLM "
+                         "--kv-cache-dtype): " + ("; ".join(f"{s['policy']}: {s['reason']}" for s in skipped)
+                                                 or "none given"))
+    return pd, [p.name for p in agg if not serve_problem(p)] or pd, skipped
 
 
 def _candidates(scenario, gpus, tensor_parallel) -> tuple[list[str], list[int]]:
@@ -339,8 +412,8 @@ def _candidates(scenario, gpus, tensor_parallel) -> tuple[list[str], list[int]]:
 class _PDSearch:
     """Step 2 over every layout at once, then step 3."""
 
-    def __init__(self, executor, scenario, policy, target, seeds, n_req, trace_rate, max_count, tick):
-        self.executor, self.scenario, self.policy, self.target, self.seeds = executor, scenario, policy, target, seeds
+    def __init__(self, executor, scenario, target, seeds, n_req, trace_rate, max_count, tick):
+        self.executor, self.scenario, self.target, self.seeds = executor, scenario, target, seeds
         self.n_req, self.trace_rate, self.max_count, self.tick = n_req, trace_rate, max_count, tick
         self.points: list[dict] = []
         self.skipped: list[dict] = []
@@ -350,7 +423,8 @@ class _PDSearch:
         return _pools(self.scenario, {"prefill": (lay[0], lay[1], p), "decode": (lay[2], lay[3], d)})
 
     def run(self, layouts: list[tuple]) -> list[PDDeployment]:
-        stairs = {lay: Staircase(*(gpu_price(self.scenario, g).usd_per_hour * tp for g, tp in (lay[:2], lay[2:])),
+        """`layouts`: (prefill gpu, tp, decode gpu, tp, policy) each."""
+        stairs = {lay: Staircase(*(layout_cost(self.scenario, g, tp).usd_per_hour for g, tp in (lay[:2], lay[2:4])),
                                  self.max_count) for lay in layouts}
         active = dict(stairs)
         while active:
@@ -364,6 +438,7 @@ class _PDSearch:
     def _found(self, lay, st: Staircase) -> bool:
         if st.best is None:
             self.skipped.append({"pool": "both", "gpu": f"{lay[0]}/{lay[2]}", "tensor_parallel_size": f"{lay[1]}/{lay[3]}",
+                                 "policy": lay[4], "kind": "max_replicas",
                                  "reason": f"fails with {st.bound} prefill and {st.bound} decode instances (--max-replicas)"})
         return st.best is not None
 
@@ -385,7 +460,8 @@ class _PDSearch:
                 known.setdefault("seeds", []).append(rec)
             self.points.append({**point_row(_label(lay), seed, self.target, "at_target_long" if long else "at_target",
                                             rec, "layout"), "num_prefill": p, "num_decode": d,
-                                "prefill_binding": rec["prefill_binding"], "decode_binding": rec["decode_binding"]})
+                                "policy": lay[4], "prefill_binding": rec["prefill_binding"],
+                                "decode_binding": rec["decode_binding"]})
         for lay, (p, d) in todo.items():
             known = self.records[(lay, p, d)]
             seeds_ok = all(r["sustainable"] for r in known["seeds"])
@@ -393,16 +469,20 @@ class _PDSearch:
                 stairs[lay].record((p, d), seeds_ok and known["long"]["sustainable"])
 
     def task(self, lay, p, d, seed, long) -> tuple:
-        n = self.n_req * min(max(p, d), 2) * (LONG_RUN if long else 1)
-        return (self.scenario, self.policy, self.target, seed, n, self.trace_rate, self.overrides(lay, p, d))
+        """One point at the target, as deploy's check runs it: as many requests whatever the counts, every
+        step STEP_COST_MARGIN dearer than priced (module docstring, step 2)."""
+        n = self.n_req * REQUEST_SCALE_CAP * (LONG_RUN if long else 1)
+        return (self.scenario, lay[4], self.target, seed, n, self.trace_rate,
+                with_step_scale(self.overrides(lay, p, d), check_scale(self.scenario)))
 
     def deployment(self, lay: tuple, st: Staircase) -> PDDeployment:
         p, d = st.best
         recs = self.records[(lay, p, d)]["seeds"]
-        price_p, price_d = gpu_price(self.scenario, lay[0]), gpu_price(self.scenario, lay[2])
-        sources = dict.fromkeys(f"{pr.source} ({pr.date})".replace(" ()", "") for pr in (price_p, price_d))
+        prefill, decode = layout_cost(self.scenario, lay[0], p * lay[1]), layout_cost(self.scenario, lay[2], d * lay[3])
+        sources = dict.fromkeys((prefill.source, decode.source))
         link = [r["link_busy_fraction"] for r in recs if r["link_busy_fraction"] is not None]
-        return PDDeployment(lay[0], lay[1], p, lay[2], lay[3], d, self.policy, p * lay[1] + d * lay[3], st.cost((p, d)),
+        return PDDeployment(lay[0], lay[1], p, lay[2], lay[3], d, lay[4], prefill.num_gpus + decode.num_gpus,
+                            prefill.usd_per_hour + decode.usd_per_hour,
                             math.nan, math.nan, "; ".join(sources), _most(recs, "prefill_binding"),
                             _most(recs, "decode_binding"), st.results.get((p - 1, d)) is False,
                             st.results.get((p, d - 1)) is False, sum(link) / len(link) if link else None,
@@ -410,7 +490,7 @@ class _PDSearch:
 
 
 def _label(lay: tuple) -> str:
-    return f"{lay[0]} TP{lay[1]} / {lay[2]} TP{lay[3]}"
+    return f"{lay[0]} TP{lay[1]} / {lay[2]} TP{lay[3]}"  # the policy is a column of its own
 
 
 def _most(records: list[dict], key: str) -> Optional[str]:

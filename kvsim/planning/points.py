@@ -6,6 +6,12 @@
 (arrival process immediate) `rate` is its concurrency, `max_concurrency` clients. `evaluate_point`
 runs one policy of it (a pure function of its arguments: any worker gives the same record) and
 `point_record` (kvsim.results.verdict.flat_record) keeps the figures a capacity answer needs.
+
+Seeds are independent replications of the workload. A trace replayed with its own times and lengths
+draws nothing at random (`seed_invariant`), so there the k-th seed after the scenario's replays the
+k-th window of `num_requests` rows (`workload.trace.skip_rows`), time-compressed by that window's own
+mean rate; `replications` says how many such windows the trace holds, and how many seeds a plan can
+simulate that differ at all.
 """
 
 from __future__ import annotations
@@ -35,6 +41,55 @@ def load_unit(scenario) -> str:
     return SESSION_RATE if wl.sessions is not None else REQ_RATE
 
 
+def seed_invariant(scenario) -> bool:
+    """Whether every seed gives the same requests: arrivals from a trace, deterministic or all at once,
+    lengths fixed or from a trace, no shared-prefix groups, fixed think times and session turns."""
+    wl = scenario.workload
+    fixed = ("fixed", "trace")
+    if wl.arrival.process not in ("trace", "deterministic", "immediate") or wl.prefix is not None:
+        return False
+    if wl.prompt_len.dist not in fixed or wl.output_len.dist not in fixed:
+        return False
+    if wl.think_time_s is not None and wl.think_time_s.dist != "fixed":
+        return False
+    return wl.sessions is None or wl.sessions.turns.dist in fixed
+
+
+def windowed(scenario) -> bool:
+    """Whether a plan's seeds are windows of the trace: a trace replayed with its times, nothing random."""
+    return scenario.workload.arrival.process == "trace" and seed_invariant(scenario)
+
+
+def trace_rows(scenario) -> int:
+    """Rows the scenario's trace holds (after max_requests and skip_rows)."""
+    from kvsim.scenario.traces import load_trace
+
+    return len(load_trace(scenario))
+
+
+def replications(scenario, num_requests: int, seeds: int) -> tuple[int, str]:
+    """(how many of `seeds` differ, why fewer): all of them when the workload draws at random; for a
+    windowed trace the disjoint windows of `num_requests` rows it holds (at most `seeds`, at least 1);
+    1 for any other workload that draws nothing at random."""
+    if not seed_invariant(scenario):
+        return seeds, ""
+    if not windowed(scenario):
+        return 1, "the workload draws nothing at random, so every seed gives the same requests"
+    rows = trace_rows(scenario)
+    windows = max(1, min(seeds, rows // num_requests))
+    if windows >= seeds:
+        return seeds, ""
+    return windows, (f"a replayed trace has nothing a seed could change: each seed replays its own window of "
+                     f"{num_requests:,} rows, and the trace's {rows:,} rows hold {windows}")
+
+
+def run_length(scenario, num_requests: int) -> int:
+    """Requests a point of `num_requests` replays: a trace replayed with its times ends at its last row."""
+    if scenario.workload.arrival.process != "trace":
+        return num_requests
+    return min(num_requests, trace_rows(scenario))
+
+
 def base_rate(scenario, num_requests: Optional[int] = None) -> float:
     """The scenario's own load: a closed loop's clients, the configured rate, or a trace's mean rate
     over the first `num_requests` rows (default: the requests it replays) at its own time_scale."""
@@ -60,6 +115,9 @@ def at_load(scenario, rate: float, seed: Optional[int] = None, num_requests: Opt
     of section updates merged in first (e.g. {"hardware": {"gpu": "H200"}}; "policies": keys set on
     every policy)."""
     data = scenario.model_dump()  # None stays None (an absent SLO bound), not the default
+    window = seed is not None and seed != scenario.workload.seed and windowed(scenario)
+    if window:  # this seed's own rows of the trace, at that window's own mean rate (module docstring)
+        data["workload"]["trace"]["skip_rows"] += (seed - scenario.workload.seed) * (num_requests or 0)
     for section, values in (overrides or {}).items():
         if section == "policies":  # the same keys on every policy
             for p in data["policies"]:
@@ -71,7 +129,10 @@ def at_load(scenario, rate: float, seed: Optional[int] = None, num_requests: Opt
     if arrival["process"] == "immediate":  # a closed loop: the load is its clients
         wl["max_concurrency"] = max(1, int(round(rate)))
     elif arrival["process"] == "trace":
-        own = trace_rate if trace_rate is not None else base_rate(scenario)
+        if window:
+            own = base_rate(scenario_from_dict(data, scenario.source, scenario.base_dir), num_requests)
+        else:
+            own = trace_rate if trace_rate is not None else base_rate(scenario)
         arrival["time_scale"] = scenario.workload.arrival.time_scale * own / rate
     else:
         arrival["rate"] = rate

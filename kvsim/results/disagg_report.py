@@ -14,9 +14,9 @@ from kvsim.results.disaggregation import SPLIT
 from kvsim.results.figures import _subplots, policy_colors
 
 SPLIT_LABELS = {"queued": "queued (prefill pool)", "prefill": "prefill", "decode_wait": "decode admission",
-                "transfer": "KV transfer", "first_token": "decode's first step"}
+                "transfer": "KV transfer", "first_token": "decode's first step", "api_server": "API server"}
 SPLIT_COLORS = {"queued": "#B0B0B0", "prefill": "#636EFA", "decode_wait": "#FFA15A", "transfer": "#EF553B",
-                "first_token": "#00CC96"}
+                "first_token": "#00CC96", "api_server": "#AB63FA"}
 
 
 def disaggregated(summaries: dict[str, dict]) -> dict[str, dict]:
@@ -49,7 +49,9 @@ def disaggregation_lines(summaries: dict[str, dict]) -> list[str]:
         parts = ", ".join(f"{SPLIT_LABELS[k]} {_ms(split[k])}" for k in SPLIT)
         tr = d["transfers"]
         busy = tr["link_busy_fraction"]
-        lines.append(f"{name}: TTFT mean ms = {parts}")
+        total = {"mean": sum(split[k]["mean"] for k in SPLIT) if all(split[k].get("mean") is not None for k in SPLIT)
+                 else None}
+        lines.append(f"{name}: TTFT mean {_ms(total)} ms = {parts}")
         lines.append(f"{name}: {tr['count']:,} transfers, {tr['bytes_all_links'] / 1e9:,.1f} GB over the link "
                      f"({tr['tokens']:,} tokens; {tr['decode_prefix_hit_tokens']:,} found in decode caches), link busy "
                      + ("–" if busy is None else f"{busy:.1%}"))

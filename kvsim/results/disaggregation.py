@@ -11,6 +11,10 @@ token went:
            + decode wait (to the read's start: the decode instance's admission)
            + transfer (to the whole KV on the decode side, after the prefill's end)
            + first token (the decode instance's first step for it)
+           + API server (HTTP, tokenizing, streaming the token back: the run's request overhead,
+             kvsim.perf.measured.request_overhead_s, 0 under the roofline)
+
+so the parts of each request sum to its TTFT, as requests.csv and the SLO count it.
 
 Layer-wise streaming overlaps the transfer with the prefill: only what follows the prefill's end
 counts as transfer, and decode wait is then 0.
@@ -35,7 +39,7 @@ if TYPE_CHECKING:
     from kvsim.engine.records import StepRecord
     from kvsim.results.metrics import Metrics
 
-SPLIT = ("queued", "prefill", "decode_wait", "transfer", "first_token")
+SPLIT = ("queued", "prefill", "decode_wait", "transfer", "first_token", "api_server")
 BINDING_SHARE = 0.01  # held back this share of the pool's instance-time: the limit binds
 
 
@@ -75,7 +79,8 @@ class DisaggregationObserver:
         arrival, first = seq.request.arrival_time, tr.prefill_seq.first_scheduled_time
         after_prefill = max(tr.prefill_end, tr.start)
         for name, value in zip(SPLIT, (first - arrival, tr.prefill_end - first, after_prefill - tr.prefill_end,
-                                       tr.end - after_prefill, seq.first_token_time - tr.end)):
+                                       tr.end - after_prefill, seq.first_token_time - tr.end,
+                                       self.metrics.request_overhead_s)):
             split[name].append(value)
 
     # ---- transfers

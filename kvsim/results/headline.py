@@ -36,7 +36,7 @@ class _Figure:
 
 
 HEAD_FIGURES = (
-    _Figure("req/s", ("throughput", "requests_per_s"), digits=2),
+    _Figure("completed req/s", ("throughput", "requests_per_s"), digits=2),  # finished / the whole run (drain too)
     _Figure("out tok/s", ("throughput", "output_tokens_per_s"), digits=0),
     _Figure("goodput req/s", ("goodput_rps",), digits=2),
     _Figure("SLO attain %", ("slo_attainment",), 100.0),

@@ -17,10 +17,12 @@ from dataclasses import asdict, dataclass
 
 from kvsim.errors import KvsimError
 from kvsim.perf.kv_groups import CHUNKED_SPEC, SLIDING_SPEC, KvCacheLayout
+from kvsim.perf.offload import offload_settings, tier_record
 from kvsim.perf.memory import (KV_ELEM_BYTES, GiB, KvCapacity, check_capacity, compute_capacity, engine_limits,
                                kv_bytes_per_token, max_model_len, mha_bytes_per_token, policy_layout,
                                prefill_flops, prefill_flops_saved)
 from kvsim.scenario.catalog import GpuSpec, ModelSpec
+from kvsim.scenario.layout import hardware_layout, replica_gpus
 from kvsim.scenario.limits import MAX_TOKENS
 
 SEQ_LENS = (1024, 4096, 8192, 16384, 32768, 131072)  # lengths of the `kvsim memory` table
@@ -208,7 +210,15 @@ def _policy_record(scenario, pol, model: ModelSpec, gpu: GpuSpec, rows: list[Mem
         "bytes_per_seq_naive": {key[r.seq_len]: naive.blocks_held(r.seq_len, r.seq_len) * naive.block_bytes
                                 for r in rows},
         "max_sequences_naive": {key[r.seq_len]: r.num_seqs_naive for r in rows},
+        "kv_offload": _offload_record(scenario, pol, model, gpu, cap, [r.seq_len for r in rows]),
     }
+
+
+def _offload_record(scenario, pol, model: ModelSpec, gpu: GpuSpec, cap, lens) -> dict | None:
+    """The policy's offload tiers per replica (kvsim.perf.offload), or None."""
+    if not scenario.offloaded(pol) or cap.num_blocks < 1:
+        return None
+    return tier_record(offload_settings(scenario, pol, model, gpu, cap), lens)
 
 
 def group_record(group, lens, max_num_batched_tokens: int) -> dict:
@@ -249,7 +259,11 @@ def render_memory(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> l
     from rich.table import Table
 
     tp = scenario.hardware.tensor_parallel_size
-    head = Table(title=f"KV capacity per GPU: {model.name} on {gpu.name}, tp={tp}")
+    hw = scenario.hardware
+    per_replica = replica_gpus(hw.tensor_parallel_size, hw.data_parallel_size)
+    head = Table(title=f"KV capacity per GPU: {model.name} on {gpu.name}, {hardware_layout(hw)} "
+                       f"({per_replica} GPU{'s' if per_replica > 1 else ''} a replica"
+                       + (", a KV cache each" if hw.data_parallel_size > 1 else "") + ")")
     head.add_column("")
     caps, notes = [], []
     for dtype, pols, cap, problem in capacities(scenario, model, gpu, kv_dtypes):
@@ -262,10 +276,12 @@ def render_memory(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> l
     head.add_row("bytes per block", *(f"{c.bytes_per_block:,}" for c in caps))
     head.add_row("blocks", *(f"{c.num_blocks:,}" for c in caps))
     head.add_row("max tokens", *(f"{c.max_tokens:,}" for c in caps))
-    layout = policy_layout(scenario, scenario.policies[0], model, gpu)
-    special = len(layout.groups) > 1 or layout.groups[0].spec != "FullAttentionSpec"
+    grouped = grouped_policy(scenario, model, gpu)  # the first policy whose layers are not one full group
+    layout = policy_layout(scenario, grouped or scenario.policies[0], model, gpu)
+    special = grouped is not None
     if special:
-        head.add_row("KV cache groups", *(_groups_text(layout),) * len(caps))
+        head.add_row("KV cache groups", *(_groups_text(policy_layout(scenario, pols[0], model, gpu))
+                                          for _, pols, _, _ in capacities(scenario, model, gpu, kv_dtypes)))
     if model.mla:  # the latent against what the heads' own keys and values would take
         for label, pick in (("bytes per token (MLA)", kv_bytes_per_token), ("... with MHA", mha_bytes_per_token)):
             head.add_row(label, *(f"{pick(model, d, tp):,.0f}" for d, _, _, _ in capacities(scenario, model, gpu,
@@ -274,13 +290,12 @@ def render_memory(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> l
         head.caption = "\n".join(notes)
     out = [head]
     if special:
-        out.append(_groups_table(scenario, model, gpu, layout))
+        out.append(_groups_table(scenario, model, gpu, grouped, layout))
 
     rows = memory_table(scenario, model, gpu, kv_dtypes)
     lens = table_lengths(max_model_len(scenario, model))
-    naive_differs = any(r.num_seqs_naive != r.num_seqs for r in rows)
-    seqs = Table(title="Bytes per sequence (sequences that fit)" + (
-        "; then sequences past their prefill / every layer keeping the whole context" if naive_differs else ""))
+    naive_differs = any(r.num_seqs_naive != r.num_seqs for r in rows if r.allocator == "paged")
+    seqs = Table(title="Bytes per sequence (sequences that fit)")
     seqs.add_column("policy")
     seqs.add_column("allocator")
     seqs.add_column("kv dtype")
@@ -290,14 +305,44 @@ def render_memory(scenario, model: ModelSpec, gpu: GpuSpec, kv_dtypes=None) -> l
         r = rows[i:i + len(lens)]
         seqs.add_row(escape(r[0].policy), r[0].allocator, r[0].kv_cache_dtype,
                      *(f"{_bytes(x.bytes_per_seq)} ({x.num_seqs:,})" for x in r))
-        if naive_differs:
-            seqs.add_row("", "decoding / naive", "", *(f"{x.num_seqs_decoding:,} / {x.num_seqs_naive:,}" for x in r))
+        if naive_differs and r[0].allocator == "paged":
+            seqs.add_row("", "fit decoding", "", *(f"{x.num_seqs_decoding:,}" for x in r))
+            seqs.add_row("", "fit, no window", "", *(f"{x.num_seqs_naive:,}" for x in r))
+    notes = []
+    if naive_differs:
+        notes.append("sequences that fit: vLLM's maximum concurrency, each request holding what it may reach at its "
+                     "peak (a windowed group: its window plus a prefill chunk); fit decoding: sequences past their "
+                     "prefill, whose sliding-window layers have handed back what left the window; fit, no window: "
+                     "if every layer kept the whole context (no sliding window), for comparison")
+    tiers = [(p, _offload_record(scenario, p, model, gpu, compute_capacity(scenario, p, model, gpu), lens))
+             for p in scenario.policies]
+    if any(t for _, t in tiers):
+        off = Table(title="KV offload tiers per replica (tokens, GiB; sequences of each length they hold)")
+        for col in ("policy", "tier", "tokens", "GiB", *(f"{n:,} tok" for n in lens)):
+            off.add_column(col, justify="left" if col in ("policy", "tier") else "right")
+        for pol, t in tiers:
+            for name, rec in (t or {}).items():
+                off.add_row(escape(pol.name), name, f"{rec['tokens']:,}", f"{rec['gib']:,.1f}",
+                            *(f"{rec['sequences'][str(n)]:,}" for n in lens))
+        out.append(off)
     saved = prefix_savings(scenario, model)
     if saved:
         p_len, total, flops, full = saved
-        seqs.caption = (f"FLOPs saved by caching the {p_len}-token shared prefix: {flops / 1e12:,.2f} TFLOP per hit "
-                        f"({flops / full:.0%} of a {total}-token prompt's prefill)")
+        notes.append(f"FLOPs saved by caching the {p_len}-token shared prefix: {flops / 1e12:,.2f} TFLOP per hit "
+                     f"({flops / full:.0%} of a {total}-token prompt's prefill)")
+    if notes:
+        seqs.caption = "\n".join(notes)
     return [*out, seqs]
+
+
+def grouped_policy(scenario, model: ModelSpec, gpu: GpuSpec):
+    """The first policy whose KV cache is not one group of full-attention layers (vLLM's hybrid manager or
+    a windowed group: what the groups table shows), or None."""
+    for policy in scenario.policies:
+        layout = policy_layout(scenario, policy, model, gpu)
+        if len(layout.groups) > 1 or layout.groups[0].spec != "FullAttentionSpec":
+            return policy
+    return None
 
 
 def _groups_text(layout: KvCacheLayout) -> str:
@@ -305,12 +350,11 @@ def _groups_text(layout: KvCacheLayout) -> str:
     return text + (f" ({layout.padding_layers} padding)" if layout.padding_layers else "")
 
 
-def _groups_table(scenario, model: ModelSpec, gpu: GpuSpec, layout: KvCacheLayout):
-    """vLLM's KV cache groups of the first policy: per group its layers, page and the blocks a
+def _groups_table(scenario, model: ModelSpec, gpu: GpuSpec, pol, layout: KvCacheLayout):
+    """vLLM's KV cache groups of `pol` (`grouped_policy`): per group its layers, page and the blocks a
     sequence of each length holds while decoding (and has reserved for it)."""
     from rich.table import Table
 
-    pol = scenario.policies[0]
     chunk = engine_limits(scenario, pol, model, gpu).max_num_batched_tokens
     lens = table_lengths(max_model_len(scenario, model))
     mode = "hybrid manager" if layout.hybrid else "one block table"

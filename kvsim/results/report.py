@@ -19,11 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.results.offload_report import offload_figures, offload_table_html
 from kvsim.results.disagg_report import deployment_line, disaggregation_figures, disaggregation_table_html
 from kvsim.results.figures import PHASES, _Plot, _read_latencies, report_plots, why_missed
 from kvsim.results.headline import table_figures
 from kvsim.results.metrics import SLO_KEYS
 from kvsim.results.verdict import LABELS, judge, percentile_label
+from kvsim.scenario.layout import deployment_text
 
 
 def _verdict_cell(summary: dict) -> str:
@@ -66,7 +68,10 @@ def _rate_text(arrival: dict, offered, clients: dict | None = None) -> str:
         text += f", sessions of {_dist_text(sessions.get('turns') or {})} turns"
     if think:
         text += f", think time {_dist_text(think)} s"
-    return text + ("" if offered is None else f", {'sent' if n and process == 'immediate' else 'offered'} {offered:.2f} req/s")
+    if offered is None:
+        return text
+    return text + (f", sent {offered:.2f} req/s (first to last request sent)" if n and process == "immediate"
+                   else f", offered {offered:.2f} req/s (first to last arrival)")
 
 
 def _dist_text(dist: dict) -> str:
@@ -86,16 +91,21 @@ def slo_text(slo: dict) -> str:
     return f"SLO at {percentile_label(slo.get('percentile', 99.0))}: " + (", ".join(bounds) or "no latency bound")
 
 
+def meta_deployment_text(meta: dict) -> str:
+    """The deployment a run's (or plan's) meta names, e.g. '2 × H100-SXM as TP 1 × DP 2 + EP × 1 replica'."""
+    return deployment_text(meta.get("gpu"), meta.get("tensor_parallel_size", 1), meta.get("num_replicas", 1),
+                           meta.get("data_parallel_size", 1), bool(meta.get("enable_expert_parallel")))
+
+
 def verdict_lines(summaries: dict[str, dict], meta: dict | None = None) -> list[str]:
     """What ran and against which SLO, then per policy: meets the SLO or not, by how much, what binds."""
     meta = meta or {}
     lines = []
     if meta.get("model"):
-        tp, replicas = meta.get("tensor_parallel_size", 1), meta.get("num_replicas", 1)
         offered = next((s.get("arrivals", {}).get("offered_rps") for s in summaries.values()), None)
         pools = meta.get("disaggregation")
         where = ("" if pools and set(pools["policies"]) >= set(meta.get("policy_order") or summaries) else
-                 f" on {meta.get('gpu')}, TP {tp} × {replicas} replica{'s' if replicas > 1 else ''}")
+                 f" on {meta_deployment_text(meta)}")
         lines.append(f"{meta['model']}{where}; {_rate_text(meta.get('arrival') or {}, offered, meta.get('clients'))}")
         if pools:
             lines.append(deployment_line(meta))
@@ -213,11 +223,12 @@ def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requ
         first = next(iter(summaries.values()), {}).get("slo") or {}
         latencies = _read_latencies(Path(requests_csv_path), (meta or {}).get("slo") or first.get("bounds"))
     figures = report_plots(summaries, requests_csv_path, timeseries_csv_path, latencies, meta, series)
-    figures += disaggregation_figures(summaries, meta)
+    figures += disaggregation_figures(summaries, meta) + offload_figures(summaries, meta)
     rows = why_missed(latencies)
     why = _why_table_html(rows) if any(r["group"] == "missed" for r in rows) else ""
     page = figures_page(f"kvsim report: {scenario_name}", verdict_lines(summaries, meta), figures,
-                        _summary_table_html(summaries) + disaggregation_table_html(summaries) + why)
+                        _summary_table_html(summaries) + disaggregation_table_html(summaries)
+                        + offload_table_html(summaries) + why)
     Path(path).write_text(page, encoding="utf-8")
 
 

@@ -55,6 +55,7 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
     _preset("Llama-3.1-70B", 80, 8192, 64, 8, 128, 28672, 128256, 131072, 500000.0, 1e-5),
     _preset("Qwen3-0.6B", 28, 1024, 16, 8, 128, 3072, 151936, 40960, 1000000.0, 1e-6, tie=True, qk=True),
     _preset("Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936, 40960, 1000000.0, 1e-6, qk=True),
+    _preset("Qwen3-32B", 64, 5120, 64, 8, 128, 25600, 151936, 40960, 1000000.0, 1e-6, qk=True),
     _preset("Mistral-7B", 32, 4096, 32, 8, 128, 14336, 32768, 32768, 1000000.0, 1e-5),  # v0.3
     _preset("Mistral-7B-v0.1", 32, 4096, 32, 8, 128, 14336, 32000, 32768, 10000.0, 1e-5,
             layer_types=(SLIDING,) * 32, sliding_window=4096),
@@ -209,6 +210,12 @@ GPU_PRICES: dict[str, GpuPrice] = {
 }
 
 
+# Host DRAM for KV offload tiers, US$ per GiB-hour: Google Cloud's on-demand price of memory in an N2 custom
+# machine type (us-central1), the price of adding DRAM to a host apart from its cores.
+HOST_DRAM_PRICE = GpuPrice(0.004237, "Google Cloud Compute Engine pricing: N2 custom machine memory, on-demand, "
+                                     "us-central1, per GiB-hour", "2025-06")
+
+
 def gpu_price(scenario, gpu: str) -> GpuPrice | None:
     """The hourly price of one `gpu`: the scenario's [cost] section first, then GPU_PRICES."""
     cost = getattr(scenario, "cost", None)
@@ -217,17 +224,6 @@ def gpu_price(scenario, gpu: str) -> GpuPrice | None:
             if name.lower() == gpu.lower():
                 return GpuPrice(usd, cost.source or f"{scenario.source} [cost]", cost.date or "")
     return {k.lower(): v for k, v in GPU_PRICES.items()}.get(gpu.lower())
-
-
-def num_gpus(hardware) -> int:
-    """Every GPU a [hardware] section takes: tensor_parallel_size x data_parallel_size a replica."""
-    return hardware.tensor_parallel_size * hardware.data_parallel_size * hardware.num_replicas
-
-
-def hourly_price(scenario) -> tuple[float, GpuPrice] | None:
-    """($/hour of every GPU the scenario's [hardware] takes, the price of one), None without a price."""
-    price = gpu_price(scenario, scenario.hardware.gpu)
-    return None if price is None else (price.usd_per_hour * num_gpus(scenario.hardware), price)
 
 
 def gpu_spec(scenario) -> GpuSpec:

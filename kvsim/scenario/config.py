@@ -23,6 +23,7 @@ from kvsim.errors import KvsimError
 from kvsim.scenario import limits as L
 from kvsim.scenario.catalog import GPUS, MODELS
 from kvsim.scenario.links import DEFAULT_LINK, LINKS
+from kvsim.scenario.offload_config import KvOffloadConfig
 from kvsim.scenario.files import MAX_TOML_BYTES, check_values, key_path, parse_toml, read_text, user_path
 from kvsim.scenario.overrides import apply_overrides
 
@@ -294,6 +295,11 @@ class PolicyConfig(_Section):
     contiguous_reserve: Literal["max_model_len", "known_output"] = Field("max_model_len", description=(
         "Contiguous allocator: reserve max_model_len slots per request (what such engines must do) or only "
         "prompt + the request's known output length (an oracle bound)."))
+    kv_offload: Optional[bool] = Field(None, description=(
+        "Serve this policy with the [kv_offload] tiers. Default: when the scenario has a [kv_offload] section, "
+        "the policy's allocator is paged and it is served aggregated."))
+    offload_eviction_policy: Optional[Literal["lru", "arc"]] = Field(None, description=(
+        "This policy's CPU-tier eviction policy. Default: kv_offload.eviction_policy."))
 
     @model_validator(mode="after")
     def _contiguous_has_no_prefix_cache(self):
@@ -465,6 +471,10 @@ class TraceConfig(_Section):
     path: PathText = Field(description="The trace file, relative to the scenario file.")
     max_requests: Optional[Annotated[int, Field(ge=1, le=L.MAX_REQUESTS)]] = Field(None, description=(
         "Replay only the first this many rows (in arrival order). Default: all."))
+    skip_rows: Annotated[int, Field(ge=0, le=L.MAX_REQUESTS)] = Field(0, description=(
+        "Of those rows, skip this many first: the replay starts at the next one, its arrival at t = 0. "
+        "kvsim plan replays a trace's disjoint windows this way, one per seed (a replayed trace has nothing "
+        "else a seed could change)."))
     columns: Optional[TraceColumns] = Field(None, description=(
         "format csv: which columns hold the arrival time, prompt and output tokens. Default: the header "
         "arrival_s, prompt_tokens, output_tokens, times in seconds."))
@@ -653,6 +663,8 @@ class Scenario(_Section):
     slo: SloConfig = Field(SloConfig(), description="Latency bounds and the percentile they are judged at.")
     disaggregation: Optional[DisaggregationConfig] = Field(None, description=(
         "Disaggregated prefill and decode pools and the KV link between them (none: every policy aggregated)."))
+    kv_offload: Optional[KvOffloadConfig] = Field(None, description=(
+        "KV-cache offload tiers (CPU, disk) behind a KV connector (none: the GPU cache alone)."))
     cost: Optional[CostConfig] = Field(None, description="GPU prices for kvsim plan --target-rate.")
     output: OutputConfig = Field(OutputConfig(), description="The results folder.")
     backend: BackendConfig = Field(BackendConfig(), description="The step-time backend.")
@@ -690,6 +702,26 @@ class Scenario(_Section):
                 raise ValueError(f"policies[{i}].allocator: disaggregated serving needs the paged allocator "
                                  "(vLLM's NixlConnector moves KV blocks)")
         return self
+
+    @model_validator(mode="after")
+    def _kv_offload(self):
+        for i, p in enumerate(self.policies):
+            if p.kv_offload and self.kv_offload is None:
+                raise ValueError(f"policies[{i}].kv_offload: the scenario has no [kv_offload] section")
+            if p.kv_offload and p.allocator != "paged":
+                raise ValueError(f"policies[{i}].kv_offload: KV offload needs the paged allocator (vLLM's "
+                                 "connectors move KV blocks; a contiguous slab has none)")
+            if p.kv_offload and self.disaggregated(p):
+                raise ValueError(f"policies[{i}].kv_offload: offload tiers on disaggregated pools are not "
+                                 "simulated: set disaggregated = false or kv_offload = false")
+        return self
+
+    def offloaded(self, policy: PolicyConfig) -> bool:
+        """Whether the policy is served with the [kv_offload] tiers (by default: when the scenario has them,
+        the allocator is paged and the policy is served aggregated)."""
+        if policy.kv_offload is None:
+            return self.kv_offload is not None and policy.allocator == "paged" and not self.disaggregated(policy)
+        return policy.kv_offload
 
     def disaggregated(self, policy: PolicyConfig) -> bool:
         """Whether the policy is served by the [disaggregation] pools (by default: when the scenario has

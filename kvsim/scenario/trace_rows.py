@@ -58,6 +58,17 @@ class Trace:
         return Trace(self.arrival_s[:n], self.prompt_len[:n], self.output_len[:n], self.hash_ids,
                      self.hash_start[:n], self.hash_end[:n])
 
+    def tail(self, start: int) -> Trace:
+        """The rows from `start` on, their times moved so the first arrives at 0 (views but the times)."""
+        if start <= 0:
+            return self
+        times = self.arrival_s[start:] - self.arrival_s[start]
+        times.flags.writeable = False
+        if self.hash_ids is None:
+            return Trace(times, self.prompt_len[start:], self.output_len[start:])
+        return Trace(times, self.prompt_len[start:], self.output_len[start:], self.hash_ids,
+                     self.hash_start[start:], self.hash_end[start:])
+
     def token_ids(self, row: int) -> Optional[np.ndarray]:
         """Row's prompt as synthetic token ids from its block ids (None without block ids)."""
         if self.hash_ids is None:

@@ -214,11 +214,17 @@ def _options(cfg):
 
 
 def load_trace(scenario) -> Trace:
-    """The scenario's `workload.trace`, cut to `max_requests`; parsed once per file version (and once per
-    run: `one_read_per_call`)."""
+    """The scenario's `workload.trace`, cut to `max_requests`, then less its first `skip_rows`; parsed once
+    per file version (and once per run: `one_read_per_call`)."""
     cfg = scenario.workload.trace
     trace = _read(scenario, cfg.format)
-    return trace if cfg.max_requests is None else trace.head(cfg.max_requests)
+    trace = trace if cfg.max_requests is None else trace.head(cfg.max_requests)
+    if cfg.skip_rows:
+        if cfg.skip_rows >= len(trace):
+            raise KvsimError(f"{scenario.source}: workload.trace.skip_rows: {cfg.skip_rows:,} skips every one of "
+                             f"the trace's {len(trace):,} rows")
+        trace = trace.tail(cfg.skip_rows)
+    return trace
 
 
 def load_conversations(scenario):

@@ -50,7 +50,7 @@ from kvsim.pipeline import run_scenario  # noqa: E402
 from kvsim.scenario.config import scenario_from_dict  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "disagg_mooncake.md"
-TRACE = "../../shared/traces/mooncake_conversation.jsonl"  # relative to scenarios/
+TRACE = "../traces/mooncake_conversation.jsonl"  # relative to scenarios/
 PAPER = {"vllm-20M (paper's vLLM)": {"ttft_ok": "~100%", "tbt_ok": "57%", "capacity": "1 (baseline)"},
          "mooncake-10P+10D": {"ttft_ok": "~100%", "tbt_ok": "~100%", "capacity": "~1.75"}}
 

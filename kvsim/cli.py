@@ -19,10 +19,10 @@ from kvsim import guard
 from kvsim.errors import KvsimError
 from kvsim.guard import one_line as _one_line
 from kvsim.scenario.args import add_scenario_arguments, scenario_from_args
+from kvsim.terminal import PIPE_WIDTH, stdout_console  # noqa: F401 (PIPE_WIDTH: the width of piped output)
 
 # Packages above `run` that add commands of their own: each has `add_commands(subparsers)`.
 COMMAND_MODULES = ("kvsim.planning.cli", "kvsim.calibrate.cli")
-PIPE_WIDTH = 1000  # the console's width when stdout is not a terminal
 CHECK_FAILED = 1  # `kvsim run --check`: some policy is not sustainable (as diff and grep: 1 = a difference, 2 = trouble)
 
 
@@ -100,19 +100,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-class LazyConsole:
-    """The terminal's console (`_safe_console`), built (and rich imported) when a command first prints: a
-    quiet run needs neither."""
-
-    def __init__(self, **options):
-        self._options, self._console = options, None
-
-    def __getattr__(self, name: str):
-        if self._console is None:
-            self._console = _safe_console(**self._options)
-        return getattr(self._console, name)
-
-
 class Progress:
     """A progress bar that appears only once a run has taken more than a second."""
 
@@ -128,9 +115,7 @@ class Progress:
             if not self.enabled or (task is None and time.perf_counter() - start < 1.0):
                 return
             if self.bar is None:
-                from rich.progress import Progress as Bar
-                self.bar = Bar(console=self.console, transient=True)
-                self.bar.start()
+                self.bar = self.console.progress_bar()
             if task is None:
                 task = self.bar.add_task(f"simulating {label}", total=total, completed=done)
             else:
@@ -228,26 +213,6 @@ def cmd_dashboard(args, console) -> int:
     return 0  # not reached
 
 
-def _safe_console(**options):
-    """rich's Console with control and bidirectional-override characters in anything printed (policy
-    names...) escaped."""
-    from rich.console import Console
-
-    class SafeConsole(Console):
-        def _render_buffer(self, buffer):
-            return super()._render_buffer(s if s.control else s._replace(text=guard.escape_terminal(s.text))
-                                          for s in buffer)
-
-        def on_broken_pipe(self):  # rich's own exits 1; the guard's ends quietly with 141
-            raise BrokenPipeError(32, "Broken pipe")
-    return SafeConsole(**options)
-
-
-def _console() -> LazyConsole:
-    """The terminal's console; pipes and logs: wide, no truncated table."""
-    return LazyConsole() if sys.stdout.isatty() else LazyConsole(width=PIPE_WIDTH)
-
-
 def _check_output(args) -> None:
     if guard.stdout_closed() and not getattr(args, "quiet", False):
         raise KvsimError("standard output is closed: pass --quiet (run, plan, sweep) or redirect it (> FILE)")
@@ -263,7 +228,7 @@ def dispatch(argv=None) -> int:
         argv.insert(0, "run")
     args = parser.parse_args(argv)
     _check_output(args)
-    return args.handler(args, _console())
+    return args.handler(args, stdout_console())
 
 
 def main(argv=None) -> int:

@@ -215,8 +215,6 @@ def test_the_validation_example_is_the_run_the_readme_quotes():
     assert f"{bf16:.1%} / {fp8:.1%} for `validate_h100`" in readme and f"{bf16:.1%} / {fp8:.1%}," in readme
 
 
-@pytest.mark.skipif(not (ROOT / "scenarios/../../shared/traces/mooncake_conversation.jsonl").resolve().is_file(),
-                    reason="the Mooncake trace is not in ../shared/traces")
 def test_the_mooncake_showcase_meets_its_slo(tmp_path):
     done = subprocess.run([sys.executable, "-m", "kvsim", "run", str(ROOT / "scenarios/mooncake.toml"), "--set",
                            "workload.num_requests=3000", "--policy", "paged-fp8-prefix-cache", "--check", "--quiet",

@@ -133,7 +133,7 @@ def test_a_data_parallel_layout_is_priced_for_every_gpu_at_the_rate_it_says():
     widget(at, "number_input", "hardware.data_parallel_size").set_value(2)
     answer(at)
     assert_clean(at)
-    assert any(c.value.startswith("Llama-3.1-8B on 2 × H100-SXM (TP 1 DP 2 × 1 replica) · ") for c in at.caption)
+    assert any(c.value.startswith("Llama-3.1-8B on 2 × H100-SXM as TP 1 × DP 2 × 1 replica · ") for c in at.caption)
     for policy in ("paged", "paged-fp8"):
         text = card_text(at, policy)
         safe = float(re.search(r"safe up to \*\*([\d.]+) req/s", text).group(1))
@@ -204,7 +204,7 @@ def test_run_all_on_a_model_that_does_not_fit_is_its_error_and_captions_follow_t
     assert_clean(at)
     assert at.caption[0].value.startswith("Qwen3-8B on 1 × A100-80GB as TP 1 × 1 replica")
     toml = downloaded_toml(at)
-    assert 'description = "Qwen3-8B on 1 × A100-80GB (TP 1 × 1 replica) (from chat.toml, changed in the dashboard)"' \
+    assert 'description = "Qwen3-8B on 1 × A100-80GB as TP 1 × 1 replica (from chat.toml, changed in the dashboard)"' \
         in toml and "Llama-3.1-8B" not in toml
 
 

@@ -231,13 +231,13 @@ CASES = {
     "validate --out: a file appears while it runs": Case(
         lambda b: ["validate", b.scenario(), "--measured", b.earlier, "--out", "e.json"],
         ("e.json: already exists; kvsim does not overwrite a file it did not write",),
-        _wrap("kvsim.scenario.files.rename_noreplace", lambda b, *a: (b.work / "e.json").write_text("mine")),
+        _wrap("kvsim.scenario.publish.rename_noreplace", lambda b, *a: (b.work / "e.json").write_text("mine")),
         out="work/e.json", check=lambda b: (b.work / "e.json").read_text() == "mine"),
     "calibrate -o: a file appears during the fit": Case(
         lambda b: ["calibrate", b.file("all_reduce.csv", ALL_REDUCE_ZERO.replace("0,2", "0.03,2")), "--gpu",
                    "H100-SXM", "-o", "cal.json", "--max-error", "10"],
         ("cal.json: already exists; kvsim does not overwrite a file it did not write",),
-        _wrap("kvsim.scenario.files.rename_noreplace", lambda b, *a: (b.work / "cal.json").write_text("{}")),
+        _wrap("kvsim.scenario.publish.rename_noreplace", lambda b, *a: (b.work / "cal.json").write_text("{}")),
         out="work/cal.json", check=lambda b: (b.work / "cal.json").read_text() == "{}"),
     "an earlier folder kvsim may not empty": Case(
         lambda b: [b.scenario()], ("earlier: cannot replace the earlier folder", "Permission denied"),
@@ -399,14 +399,8 @@ def die_after(a, b):
 w.rename_exchange = die_after
 """
 BETWEEN_TWO_RENAMES = """
-w.rename_exchange = lambda a, b: False  # the fallback without renameat2
-real, calls = os.rename, []
-def die_second(a, b):
-    calls.append(a)
-    if len(calls) == 2:
-        os.kill(os.getpid(), signal.SIGKILL)
-    real(a, b)
-w.os.rename = die_second
+w.rename_exchange = lambda a, b: False  # the fallback without renameat2: a rename aside, a no-replace rename in
+w.rename_noreplace = lambda a, b: os.kill(os.getpid(), signal.SIGKILL)
 """
 
 

@@ -16,7 +16,8 @@ import kvsim
 from kvsim.calibrate.validate import step_records
 from kvsim.cli import main
 from kvsim.errors import KvsimError
-from kvsim.scenario.files import check_values, write_text_atomic
+from kvsim.scenario.files import check_values
+from kvsim.scenario.publish import write_text_atomic
 from test_hostile import (S, _oserror, assert_one_line_error, box, earlier_results, snapshot,  # noqa: F401 (fixtures)
                           toml)
 
@@ -84,7 +85,7 @@ CASES = {
         ("b.json: median_ttft_ms: must be a non-negative number, got -5",)),
     "validate --out on a full disk": (lambda b: ["validate", b.scenario(), "--measured", b.earlier, "--out", "e.json"],
                                       ("cannot write the error table to e.json: No space left on device",),
-                                      lambda mp: mp.setattr("kvsim.scenario.files.rename_noreplace", _oserror(errno.ENOSPC))),
+                                      lambda mp: mp.setattr("kvsim.scenario.publish.rename_noreplace", _oserror(errno.ENOSPC))),
 }
 
 
@@ -108,7 +109,7 @@ def test_single_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     file kvsim may not replace is never replaced."""
     target = tmp_path / "cal.json"
     target.write_text("earlier")
-    monkeypatch.setattr("kvsim.scenario.files.rename_exchange", _oserror(errno.EROFS))
+    monkeypatch.setattr("kvsim.scenario.publish.rename_exchange", _oserror(errno.EROFS))
     with pytest.raises(KvsimError, match=r"^cannot write calibration to .*cal\.json: Read-only file system$"):
         write_text_atomic(target, "new", "calibration", may_replace=lambda p: True)
     monkeypatch.undo()

@@ -19,7 +19,7 @@ LAYERS = [
     {"kvsim.results"},
     {"kvsim.pipeline"},
     {"kvsim.planning", "kvsim.calibrate"},
-    {"kvsim.cli", "kvsim.__main__", "kvsim"},
+    {"kvsim.cli", "kvsim.terminal", "kvsim.__main__", "kvsim"},
 ]
 MAX_ENGINE_FUNCTION_LINES = 40
 

@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.scenario.publish import UNVETTED, write_bytes_atomic
 
 SOURCE_REPO = "ai-dynamo/aiconfigurator"
 SOURCE_COMMIT = "095f58a51c4ca8e61b66ec108d86f223f8d559ce"
@@ -339,12 +340,11 @@ def _has_column(path: Path, column: str) -> bool:
         return False
 
 
-def write_tables(path, arrays: dict, meta: dict) -> None:
+def write_tables(path, arrays: dict, meta: dict, vetted=UNVETTED) -> None:
     """The kernel-table file written all or nothing: compressed .npz, times rounded to float16 (0.05%,
-    half the bytes), provenance as JSON under "meta"."""
-    from kvsim.scenario.files import write_bytes_atomic
-
+    half the bytes), provenance as JSON under "meta"; over nothing, or only the file `vetted` (a stamp
+    from kvsim.scenario.publish.vet_output when the command started; not given: vetted now)."""
     buffer = io.BytesIO()
     small = {k: v.astype(np.float16) if v.dtype.kind == "f" else v.astype(np.int32) for k, v in arrays.items()}
     np.savez_compressed(buffer, meta=np.array(json.dumps(meta, sort_keys=True)), **small)
-    write_bytes_atomic(Path(path), buffer.getvalue(), "kernel tables")
+    write_bytes_atomic(Path(path), buffer.getvalue(), "kernel tables", vetted=vetted)

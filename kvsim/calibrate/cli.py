@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 from kvsim.errors import KvsimError, check_int
-from kvsim.calibrate.outputs import refuse_overwrite as _refuse_overwrite
+from kvsim.calibrate.outputs import vet_output as _vet_output
 from kvsim.calibrate.outputs import written_by_calibrate as _written_by_calibrate
 from kvsim.scenario.args import add_scenario_arguments, scenario_from_args
 
 
 MAX_FOLDS = 100  # k-fold hold-out: each fold is a fit; more folds than observations are empty
 MAX_ERROR_BOUND = 10.0  # --max-error: 1000% accepts any fit worth writing; inf would be written as Infinity
+AIC_REPO = "https://github.com/ai-dynamo/aiconfigurator"  # NVIDIA AIConfigurator: vLLM kernel timings (Apache-2.0)
+AIC_DATA = "aic-core/src/aiconfigurator_core/systems/data"  # its GPU folders (h100_sxm, ...), as of 095f58a
 
 
 def add_commands(sub) -> None:
@@ -77,6 +80,15 @@ def add_commands(sub) -> None:
     val.set_defaults(handler=cmd_validate)
 
 
+def _where_aic_data_is(table: Path) -> None:
+    """A TABLE that does not exist and is named as an AIConfigurator GPU folder: where that data comes from."""
+    from kvsim.calibrate.aiconfigurator import AIC_GPUS
+
+    if table.name in AIC_GPUS.values() and not os.path.lexists(table):
+        raise KvsimError(f"{table}: no such folder (NVIDIA AIConfigurator's kernel timings: git clone {AIC_REPO}, "
+                         f"then give aiconfigurator/{AIC_DATA}/{table.name})")
+
+
 def _names(text, option: str) -> list[str]:
     from kvsim.perf.calibration import COEFFICIENTS
 
@@ -111,10 +123,11 @@ def _start(args):
 def cmd_profile(args, console) -> int:
     from kvsim.calibrate.profile import ProfileOptions, run_profile
 
-    _refuse_overwrite(args.out, "a file it did not create")
+    vetted = _vet_output(args.out, "the profile", "a file it did not create")
     opts = ProfileOptions(grid=args.grid, heldout_per_phase=args.heldout_per_phase, repeats=args.repeats,
                           passes=args.passes, max_seconds=args.max_seconds, max_model_len=args.max_model_len)
-    rows = run_profile(args.model, args.kv_cache_dtype or ["auto"], args.out, opts, gpu=args.gpu, device=args.device)
+    rows = run_profile(args.model, args.kv_cache_dtype or ["auto"], args.out, opts, gpu=args.gpu, device=args.device,
+                       vetted=vetted)
     console.print(f"{rows} step shapes timed: {args.out}")
     return 0
 
@@ -133,9 +146,11 @@ def cmd_calibrate(args, console) -> int:
         return cmd_server_terms(args, console)
     if not args.tables and not args.serving:
         raise KvsimError("calibrate: give at least one TABLE or --serving SCENARIO RESULT")
+    for table in args.tables:
+        _where_aic_data_is(table)
     if any(t.is_dir() for t in args.tables):
         return cmd_kernel_tables(args, console)
-    _refuse_overwrite(args.out, "a file kvsim calibrate did not write", _written_by_calibrate)
+    vetted = _vet_output(args.out, "the calibration", "a file kvsim calibrate did not write", _written_by_calibrate)
     check_int(args.folds, "--folds", 2, MAX_FOLDS)
     max_error = fitting.MAX_HOLDOUT_ERROR if args.max_error is None else args.max_error
     if not 0 < max_error <= MAX_ERROR_BOUND:
@@ -186,7 +201,7 @@ def cmd_calibrate(args, console) -> int:
     if why is not None:
         raise KvsimError(f"calibrate: fit refused: {why} (--max-error sets the threshold); {args.out} not written")
     sources = [str(p) for p in args.tables] + [f"{s} + {r}" for s, r in args.serving]
-    write_calibration(args.out, final.calibration, may_replace=_written_by_calibrate, written_by="kvsim calibrate",
+    write_calibration(args.out, final.calibration, vetted=vetted, written_by="kvsim calibrate",
                       gpu=args.gpu, engine=args.engine,
                       provenance=fitting.provenance(final, start_prov, sources, len(train)),
                       fit={"observations": len(train), "heldout_shapes": len(obs) - len(train), "folds": args.folds,
@@ -209,11 +224,15 @@ def cmd_kernel_tables(args, console) -> int:
     from kvsim.perf.kernels import KernelTables
     from kvsim.scenario.catalog import GPUS
 
+    given = next(t for t in args.tables if t.is_dir())
     if len(args.tables) != 1 or args.serving:
-        raise KvsimError("calibrate: an AIConfigurator folder is converted on its own (one TABLE, no --serving)")
+        raise KvsimError(f"{given}: a folder as TABLE is read as an AIConfigurator data folder (<gpu>/ with gemm/, "
+                         "attention/, comm/) and converted on its own: give it alone, without --serving (profile and "
+                         "Vidur tables are CSV files)")
     folder = args.tables[0].resolve()
     if args.out.suffix != ".npz":
-        raise KvsimError(f"-o: {args.out}: kernel tables are written as .npz")
+        raise KvsimError(f"-o: {args.out}: the AIConfigurator folder {given} is converted into kernel tables, "
+                         "written as .npz")
     by_stem = {v: k for k, v in AIC_GPUS.items()}
     gpu = args.gpu or by_stem.get(folder.name)
     if gpu not in GPUS:
@@ -226,10 +245,10 @@ def cmd_kernel_tables(args, console) -> int:
     version = args.vllm_version or max(found, key=version_key)
     if version not in found:
         raise KvsimError(f"--vllm-version: {version}: no complete tables in {folder} (found: {', '.join(found)})")
-    _refuse_overwrite(args.out, "a file it did not create")
+    vetted = _vet_output(args.out, "the kernel tables", "a file it did not create")
     arrays, meta = convert(folder.parent, gpu, version)
     meta["source"]["folder"] = str(folder)
-    write_tables(args.out, arrays, meta)
+    write_tables(args.out, arrays, meta, vetted)
     tables = KernelTables(args.out)
     cal_path = shipped_path(gpu)
     table = Table(title=f"{gpu}, vLLM {version}: whole shapes held out, predicted from the rest")
@@ -259,12 +278,12 @@ def cmd_validate(args, console) -> int:
 
     from kvsim.calibrate.validate import median_abs_error, validate
     from kvsim.results.cells import csv_cell
-    from kvsim.scenario.files import write_text_atomic
+    from kvsim.scenario.publish import write_text_atomic
 
     if args.out is not None:
         if args.out.suffix not in (".csv", ".json"):
             raise KvsimError(f"--out: {args.out}: must end in .csv or .json")
-        _refuse_overwrite(args.out, "a file it did not create")
+        vetted = _vet_output(args.out, "the error table", "a file it did not create")
     scenario = scenario_from_args(args)
     records = validate(scenario, args.measured, args.policy)
     for policy in dict.fromkeys(r["policy"] for r in records):
@@ -293,7 +312,7 @@ def cmd_validate(args, console) -> int:
             w.writeheader()
             w.writerows({k: csv_cell(v) for k, v in r.items()} for r in records)
             text = buffer.getvalue()
-        write_text_atomic(args.out, text, "the error table")
+        write_text_atomic(args.out, text, "the error table", vetted=vetted)
         console.print(f"error table: {args.out}")
     return 0
 

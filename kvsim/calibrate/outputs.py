@@ -1,19 +1,17 @@
-"""The single files kvsim calibrate writes: refused before any work where they could not be written at the end."""
+"""The single files kvsim calibrate writes: what each may replace, decided before any work."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from kvsim.errors import KvsimError
 
+def vet_output(path: Path, output: str, refusal: str, ours=None):
+    """What the single-file output may replace, decided now, before any work (kvsim.scenario.publish.vet_output):
+    the file written at the end replaces that, as it is now, or nothing."""
+    from kvsim.scenario.publish import vet_output as vet
 
-def refuse_overwrite(path: Path, what: str, ours=None) -> None:
-    """Refuse now, before any work, a single-file output that write_text_atomic would refuse at the end."""
-    if os.path.lexists(path) and (ours is None or not ours(path)):
-        raise KvsimError(f"{path}: already exists; kvsim does not overwrite {what} (remove it or pick another name)")
-    if not path.parent.is_dir():
-        raise KvsimError(f"{path}: folder {path.parent} does not exist")
+    return vet(path, output, ours, refusal)
 
 
 def written_by_calibrate(path: Path) -> bool:

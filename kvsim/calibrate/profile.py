@@ -18,13 +18,13 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from kvsim.calibrate.shapes import (Shape, anchor_grid, build_step, default_grid, heldout_grid,  # noqa: F401
                                     ragged_heldout_grid, serving_grid)
 from kvsim.errors import KvsimError
+from kvsim.scenario.publish import UNVETTED, atomic_output
 
 COLUMNS = ("source", "grid", "gpu", "device", "model", "kv_cache_dtype", "tp", "cuda_graph", "phase", "decode_seqs",
            "decode_context", "prefill_seqs", "prefill_chunk", "prefill_cached", "num_prefill_seqs",
@@ -174,9 +174,12 @@ def shapes_for(opts: ProfileOptions, kv: str, cache_tokens: int) -> list[tuple[s
 
 
 def run_profile(models: list[str], kv_dtypes: list[str], out_path, opts: ProfileOptions, gpu: str | None = None,
-                device: str = "cuda:0", log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> int:
-    """Profile every (model, kv dtype) and write one CSV; returns the number of rows. On an error the
-    CSV is removed (nothing half-written); when time runs out, the rows timed so far are kept."""
+                device: str = "cuda:0", log=lambda msg: print(msg, file=sys.stderr, flush=True),
+                vetted=UNVETTED) -> int:
+    """Profile every (model, kv dtype) and write one CSV; returns the number of rows. The CSV is written
+    into a hidden temporary and published at the end (kvsim.scenario.publish: over nothing, or only the
+    file `vetted` when the command started): on an error nothing is written; when time runs out, the rows
+    timed so far are."""
     from kvsim.scenario.catalog import MODELS
 
     specs = {k.lower(): v for k, v in MODELS.items()}
@@ -196,15 +199,10 @@ def run_profile(models: list[str], kv_dtypes: list[str], out_path, opts: Profile
         raise KvsimError("kvsim profile needs an NVIDIA GPU: torch.cuda.is_available() is False")
     device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     gpu = gpu or gpu_preset(device_name)
-    try:
-        with open(out_path, "w", newline="") as f:
-            out = csv.DictWriter(f, fieldnames=COLUMNS)
-            out.writeheader()
-            return _profile_all([specs[m.lower()] for m in models], kv_dtypes, opts, dev, gpu, device_name, out, f,
-                                log)
-    except BaseException:
-        Path(out_path).unlink(missing_ok=True)  # ours: nothing half-written stays behind
-        raise
+    with atomic_output(out_path, "the profile", vetted=vetted, mode="w", newline="", encoding="utf-8") as f:
+        out = csv.DictWriter(f, fieldnames=COLUMNS)
+        out.writeheader()
+        return _profile_all([specs[m.lower()] for m in models], kv_dtypes, opts, dev, gpu, device_name, out, f, log)
 
 
 def _profile_all(specs, kv_dtypes, opts: ProfileOptions, dev, gpu, device_name, out, f, log) -> int:

@@ -79,15 +79,15 @@ def term_holdout(names: list, cases: list, figures: list) -> dict:
 def cmd_server_terms(args, console) -> int:
     from rich.table import Table
 
-    from kvsim.calibrate.outputs import refuse_overwrite, written_by_calibrate
+    from kvsim.calibrate.outputs import vet_output, written_by_calibrate
     from kvsim.calibrate.server_fit import error_rows, fit_terms, leave_groups_out, summary
-    from kvsim.scenario.files import write_text_atomic
+    from kvsim.scenario.publish import write_text_atomic
 
     if args.tables:
         raise KvsimError("calibrate --server-terms: give --serving SCENARIO RESULT pairs, not tables")
     if not args.serving:
         raise KvsimError("calibrate --server-terms: give at least one --serving SCENARIO RESULT")
-    refuse_overwrite(args.out, "a file kvsim calibrate did not write", written_by_calibrate)
+    vetted = vet_output(args.out, "server terms", "a file kvsim calibrate did not write", written_by_calibrate)
     names = term_names(args.server_terms)
     cases, start, gpu, version = serving_cases(args.serving)
     fit = fit_terms(cases, start, names)
@@ -123,7 +123,7 @@ def cmd_server_terms(args, console) -> int:
                    "in_sample": _rounded(ins), "holdout": _rounded(out) if out else None,
                    "holdout_per_term": {k: _round(v) for k, v in per_term.items()}}}
     write_text_atomic(Path(args.out), json.dumps(doc, indent=2, allow_nan=False) + "\n", "server terms",
-                      written_by_calibrate)
+                      vetted=vetted)
     console.print(f"server terms: {args.out} (backend.server_terms = \"{Path(args.out).name}\" prices with them)")
     return 0
 

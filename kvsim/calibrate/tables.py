@@ -201,7 +201,7 @@ def _vidur_model(row: dict, where: str, name: str) -> ModelSpec:
     return ModelSpec(name=name, num_hidden_layers=1, hidden_size=hidden, num_attention_heads=heads,
                      num_key_value_heads=_int(row["n_kv_head"], where, "n_kv_head", low=1), head_dim=hidden // heads,
                      intermediate_size=_int(row["n_expanded_embd"], where, "n_expanded_embd", low=1),
-                     vocab_size=_int(row["vocab_size"], where, "vocab_size"), max_position_embeddings=4096)
+                     vocab_size=_int(row["vocab_size"], where, "vocab_size", low=1), max_position_embeddings=4096)
 
 
 def read_vidur_mlp(path: Path, gpu: Optional[str] = None) -> list[Observation]:

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from kvsim.errors import KvsimError
-from kvsim.scenario.files import read_json_object, write_text_atomic
+from kvsim.scenario.files import read_json_object
+from kvsim.scenario.publish import UNVETTED, write_text_atomic
 
 SHIPPED_DIR = Path(__file__).parent / "calibrations"
 ENGINES = ("vllm", "triton")
@@ -115,9 +116,10 @@ def resolve_calibration(scenario, gpu_name: str) -> tuple[Calibration, str]:
     return load_calibration(path), str(path)
 
 
-def write_calibration(path, calibration: Calibration, may_replace=None, **meta) -> None:
+def write_calibration(path, calibration: Calibration, may_replace=None, vetted=UNVETTED, **meta) -> None:
     """A calibration file as `load_calibration` reads it, with provenance and fit figures beside it (finite
-    JSON; an existing file is replaced only when `may_replace(path)` says kvsim wrote it)."""
+    JSON; an existing file is replaced only when `may_replace(path)` says kvsim wrote it, or, `vetted` by
+    kvsim.scenario.publish.vet_output when the command started, only that file as it was then)."""
     data = {k: v for k, v in meta.items() if v is not None}
     data["coefficients"] = calibration.to_dict()
-    write_text_atomic(path, json.dumps(data, indent=2, allow_nan=False) + "\n", "calibration", may_replace)
+    write_text_atomic(path, json.dumps(data, indent=2, allow_nan=False) + "\n", "calibration", may_replace, vetted)

@@ -83,9 +83,7 @@ class Bar:
         if not self.enabled:
             return
         if self.bar is None:
-            from rich.progress import Progress
-            self.bar = Progress(console=self.console, transient=True)
-            self.bar.start()
+            self.bar = self.console.progress_bar()
             self.task = self.bar.add_task(self.label, total=total)
         self.bar.update(self.task, completed=done, total=total)
 
@@ -108,8 +106,7 @@ def cmd_plan(args, console) -> int:
 
     scenario = scenario_from_args(args)
     chosen_policies(scenario, args.policy)  # an unknown --policy fails before anything runs
-    if args.out is not None:
-        output.check_out(args.out, scenario, args.force)
+    vetted = output.check_out(args.out, scenario, args.force) if args.out is not None else None
     bar = Bar(console, "planning", not args.quiet and console.is_terminal)
     common = dict(seeds=args.seeds, resolution=args.resolution, num_requests=args.requests, workers=args.workers,
                   ray=args.ray, progress=bar)
@@ -148,7 +145,7 @@ def cmd_plan(args, console) -> int:
             if result.tuning:
                 console.print(output.tuning_table(result))
     if args.out is not None:
-        written = output.write_plan(args.out, result, scenario, args.force)
+        written = output.write_plan(args.out, result, scenario, args.force, vetted)
         if not args.quiet:
             console.print(f"results: {written}")
     return 0
@@ -179,14 +176,14 @@ def cmd_sweep(args, console) -> int:
     else:
         raise KvsimError("sweep: give --set key=v1,v2,... (repeatable) or --from points.csv")
     out = args.out or Path(scenario.output.dir) / f"{scenario.name or 'scenario'}-sweep"
-    output.check_out(out, scenario, args.force)
+    vetted = output.check_out(out, scenario, args.force)
     bar = Bar(console, f"sweeping {len(points)} points", not args.quiet and console.is_terminal)
     try:
         result = sweep(scenario, points, keys=keys, workers=args.workers, ray=args.ray, progress=bar)
     finally:
         bar.close()
     written = output.write_outputs(out, {"sweep.csv": output.csv_text(result.rows, result.columns),
-                                         "sweep.html": sweep_page(result)}, scenario, args.force)
+                                         "sweep.html": sweep_page(result)}, scenario, args.force, vetted)
     if not args.quiet:
         console.print(result.to_frame()[["point", *keys, "policy", "sustainable", "ttft_ms_at_pct",
                                          "tpot_ms_at_pct", "goodput_rps", "binding"]].to_string(index=False),

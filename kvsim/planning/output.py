@@ -51,23 +51,27 @@ def json_text(doc: dict) -> str:
     return json.dumps(_json_safe(doc), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
-def write_outputs(out_dir: Path, files: dict[str, str], scenario=None, force: bool = False) -> Path:
+def write_outputs(out_dir: Path, files: dict[str, str], scenario=None, force: bool = False, vetted=None) -> Path:
     """The files into `out_dir`, all or nothing, replacing only an earlier kvsim folder unless
-    `force` (never one holding the scenario's inputs): kvsim.results.writer.ResultsWriter."""
+    `force` (never one holding the scenario's inputs), and only what `check_out` found (`vetted`) when
+    the command started: kvsim.results.writer.ResultsWriter."""
     from kvsim.pipeline import input_paths
 
     inputs = input_paths(scenario) if scenario is not None else ()
-    writer = ResultsWriter(out_dir, force=force, inputs=inputs, streams=False)
+    writer = ResultsWriter(out_dir, force=force, inputs=inputs, streams=False, vetted=vetted)
     with writer:
         return writer.commit_files(files)
 
 
-def check_out(out_dir: Path, scenario, force: bool = False) -> None:
-    """Refuse now, before any simulation, a folder that `write_outputs` would refuse at the end."""
-    from kvsim.results.writer import check_target, results_path
+def check_out(out_dir: Path, scenario, force: bool = False):
+    """Refuse now, before any simulation, a folder that `write_outputs` would refuse at the end; what is
+    there and may be replaced (`write_outputs(vetted=)` replaces only that, as it is now)."""
+    from kvsim.results.writer import check_target, recover_leftovers, results_path
     from kvsim.pipeline import input_paths
 
-    check_target(results_path(out_dir), force, input_paths(scenario))
+    path = results_path(out_dir)
+    recover_leftovers(path)  # as the writer does first: what a killed run left is put back or removed
+    return check_target(path, force, input_paths(scenario))
 
 
 def plan_files(result) -> dict[str, str]:
@@ -77,9 +81,9 @@ def plan_files(result) -> dict[str, str]:
     return {"plan.json": json_text(doc), "plan.csv": csv_text(result.rows()), "points.csv": csv_text(points)}
 
 
-def write_plan(out_dir: Path, result, scenario=None, force: bool = False) -> Path:
+def write_plan(out_dir: Path, result, scenario=None, force: bool = False, vetted=None) -> Path:
     """`plan_files` into `out_dir` (see write_outputs)."""
-    return write_outputs(out_dir, plan_files(result), scenario, force)
+    return write_outputs(out_dir, plan_files(result), scenario, force, vetted)
 
 
 # ---- terminal

@@ -9,6 +9,10 @@ one whose files cannot all be removed (checked before anything is written). Noth
 through a symbolic link when deciding what to replace: a link at the target is replaced as a link
 (only with `force`), never emptied through; the folders above the target may be links.
 
+What may be replaced is decided when the command starts: the writer replaces only that, as it was
+then (`Vetted.ident` is its stamp: device, inode, size and modification time), never a folder that
+appeared or was changed since, even with `force`.
+
 The writer's hidden siblings (`.NAME.tmp-*`, `.NAME.old-*`) are named after the process and machine
 that made them; on start a run recovers what a dead process of this machine left beside its target:
 such an `.old-` folder is put back when the target is missing, anything else of it is removed.
@@ -18,23 +22,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
-import socket
 import stat
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from kvsim.errors import KvsimError
-from kvsim.scenario.files import identity, rename_noreplace
+from kvsim.scenario.publish import HOST, recover_strays, stamp  # noqa: F401 (HOST: the writer's)
 
 MARKER = ".kvsim-results.json"
 FORMAT = 1
 LEGACY_FILES = frozenset({"summary.json", "requests.csv", "timeseries.csv", "report.html"})
 MAX_MARKER_BYTES = 1 << 20
-HOST = format(zlib.crc32(socket.gethostname().encode("utf-8", "replace")), "08x")
 
 
 def results_path(out_dir) -> Path:
@@ -123,7 +122,7 @@ class Vetted:
     """What `check_target` found at the target and allows replacing."""
 
     kind: str  # "absent", "link" (force only) or "folder"
-    ident: Optional[tuple[int, int]] = None  # (device, inode) of what was vetted
+    ident: Optional[tuple] = None  # the `stamp` of what was vetted (device, inode, size, modification time)
     ours: Optional[frozenset] = None  # the names a folder may lose; None: all of them (force)
 
 
@@ -142,7 +141,7 @@ def check_target(out_dir: Path, force: bool = False, inputs=()) -> Vetted:
         if not force:
             raise KvsimError(f"{out_dir}: results path is a symbolic link: --force replaces the link itself (never "
                              "what it points to), or choose another --out")
-        return Vetted("link", identity(st))
+        return Vetted("link", stamp(st))
     if not stat.S_ISDIR(st.st_mode):
         raise KvsimError(f"{out_dir}: results path exists and is not a folder")
     try:
@@ -168,40 +167,11 @@ def check_target(out_dir: Path, force: bool = False, inputs=()) -> Vetted:
     if stuck is not None:
         raise KvsimError(f"{out_dir}: cannot replace the earlier folder: kvsim may not remove the files in {stuck} "
                          "(Permission denied); it stays as it is: choose another --out")
-    return Vetted("folder", identity(st), None if force else frozenset(entries))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process
-        return True
-    return True
+    return Vetted("folder", stamp(st), None if force else frozenset(entries))
 
 
 def recover_leftovers(out_dir: Path) -> None:
     """What a killed run left beside `out_dir`: hidden siblings named by a process of this machine that is
     gone. An `.old-` folder is put back while `out_dir` is missing (the run died inside the two-rename
     swap); the rest is removed (a temporary folder, or earlier results already replaced). Best effort."""
-    pattern = re.compile(rf"\.{re.escape(out_dir.name[:100])}\.(tmp|old)-(\d+)-([0-9a-f]{{8}})-[0-9a-f]{{8}}")
-    try:
-        names = sorted(os.listdir(out_dir.parent))
-    except OSError:
-        return
-    for name in names:
-        m = pattern.fullmatch(name)
-        if m is None or m[3] != HOST or _alive(int(m[2])):
-            continue
-        path = out_dir.parent / name
-        try:
-            st = os.lstat(path)
-            if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "geteuid") and st.st_uid != os.geteuid()):
-                continue
-            if m[1] == "old" and not os.path.lexists(out_dir):
-                rename_noreplace(path, out_dir)
-            else:
-                shutil.rmtree(path)
-        except OSError:
-            pass
+    recover_strays(out_dir, folders=True)

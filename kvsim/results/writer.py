@@ -5,12 +5,15 @@ runs) and puts it in place on `commit`, so a crash, a signal or a full disk neve
 half-written results folder, and an earlier result stays as it was until the new one is complete.
 What may be replaced, and how leftovers of killed runs are recovered, is kvsim.results.target's.
 
-Putting in place: a new target is taken with a rename that never replaces (RENAME_NOREPLACE); an
-existing one is swapped with the new folder in one step (RENAME_EXCHANGE), so that at every instant
-the target holds the old or the new results; then what was swapped out is checked to be what was
-vetted (else swapped back) and removed. Without renameat2 (kvsim.scenario.files) the swap is two
-renames, and a run killed between them leaves the target missing and the old results in a hidden
-`.NAME.old-*` sibling, which the next run puts back (kvsim.results.target.recover_leftovers).
+Putting in place: what may be replaced was vetted when the command started (kvsim.results.target), and
+only that, as it was then, is replaced: a new target is taken with a rename that never replaces
+(RENAME_NOREPLACE); an existing one is swapped with the new folder in one step (RENAME_EXCHANGE), so
+that at every instant the target holds the old or the new results; then what was swapped out is checked
+to be what was vetted (else swapped back) and removed. Without renameat2 (kvsim.scenario.publish) the
+swap is a rename aside and a no-replace rename in, and a run killed between them leaves the target
+missing and the old results in a hidden `.NAME.old-*` sibling, which the next run puts back
+(kvsim.results.target.recover_leftovers); a folder made at the target between them is left there, and
+the earlier results kept under a hidden `.NAME.kept-*` name the error line gives.
 `ResultsWriter(out_dir, streams=False).commit_files({...})` writes other outputs (plan and sweep
 tables) the same way.
 """
@@ -20,7 +23,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import secrets
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,7 +38,7 @@ from kvsim.results.figures import timeseries_arrays
 from kvsim.results.report import write_report_html
 from kvsim.results.target import (FORMAT, HOST, LEGACY_FILES, MARKER, Vetted, check_target,  # noqa: F401
                                   recover_leftovers, results_path)
-from kvsim.scenario.files import identity, rename_exchange, rename_noreplace
+from kvsim.scenario.publish import hidden_name, rename_exchange, rename_noreplace, stamp
 
 
 def _cannot_write(out_dir: Path, exc: OSError) -> KvsimError:
@@ -77,8 +79,10 @@ class _GuardedFile:
 class ResultsWriter:
     """Writes a run's results into a temporary sibling of `out_dir`, put in place on commit."""
 
-    def __init__(self, out_dir: Path, *, force: bool = False, inputs=(), streams: bool = True):
-        """`streams`: open requests.csv and timeseries.csv for a run (False: `commit_files` only)."""
+    def __init__(self, out_dir: Path, *, force: bool = False, inputs=(), streams: bool = True,
+                 vetted: Optional[Vetted] = None):
+        """`streams`: open requests.csv and timeseries.csv for a run (False: `commit_files` only). `vetted`:
+        what `check_target` found when the command started, if that was before this writer (plan, sweep)."""
         self.out_dir = results_path(out_dir)
         self.force, self.inputs = force, list(inputs)
         self.committed = False
@@ -86,7 +90,10 @@ class ResultsWriter:
         self.tmp_dir = None
         self.requests_file = self._timeseries_file = None
         recover_leftovers(self.out_dir)
-        check_target(self.out_dir, force, self.inputs)
+        now = check_target(self.out_dir, force, self.inputs)
+        if vetted is not None and now != vetted:
+            raise self._moved(vetted)
+        self.vetted = now  # what the results may replace, as it is now: only that, only so
         with self._aborting():
             self._make_parents(self.out_dir.parent)
             self.tmp_dir = self._fresh_dir("tmp")
@@ -112,7 +119,7 @@ class ResultsWriter:
 
     def _hidden(self, kind: str) -> Path:
         """A hidden sibling name of out_dir, naming this process and machine (see recover_leftovers)."""
-        return self.out_dir.parent / f".{self.out_dir.name[:100]}.{kind}-{os.getpid()}-{HOST}-{secrets.token_hex(4)}"
+        return hidden_name(self.out_dir, kind)
 
     def _fresh_dir(self, kind: str) -> Path:
         """A new hidden sibling of out_dir (never an existing one: kvsim deletes only what it made)."""
@@ -206,54 +213,90 @@ class ResultsWriter:
 
     def _swap_in(self) -> Optional[tuple[Path, Vetted]]:
         """Put tmp_dir in place at out_dir; (where the replaced target now is, what was vetted), or None.
-        The target is vetted again right before (the run took a while) and whenever it changed meanwhile."""
-        for _ in range(3):
-            vetted = check_target(self.out_dir, self.force, self.inputs)
-            if vetted.kind == "absent":
-                try:
-                    with deferred_signals():  # the rename and knowing it happened go together
-                        rename_noreplace(self.tmp_dir, self.out_dir)
-                        self.tmp_dir = None
-                except FileExistsError:
-                    continue  # something appeared at out_dir since the check: vet it
-                return None
-            with deferred_signals():
-                if not rename_exchange(self.tmp_dir, self.out_dir):
-                    return self._two_step_swap(vetted)
-                old, self.tmp_dir = self.tmp_dir, None  # the new results stand; old holds what was at out_dir
-            if self._is_vetted(old, vetted):
-                return old, vetted
-            with deferred_signals():
-                rename_exchange(old, self.out_dir)  # replaced since the check: put it back, ours back to tmp
-                self.tmp_dir = old
-        raise KvsimError(f"{self.out_dir}: kept changing while kvsim wrote its results; nothing replaced")
+        Only what was vetted when the command started is replaced, as it was then: anything that appeared
+        or changed since stays, and nothing is replaced (the one line says why)."""
+        vetted = self._vet_again()
+        if vetted.kind == "absent":
+            try:
+                with deferred_signals():  # the rename and knowing it happened go together
+                    rename_noreplace(self.tmp_dir, self.out_dir)
+                    self.tmp_dir = None
+            except FileExistsError:  # something appeared at out_dir since the check: say what, nothing replaced
+                self._vet_again()
+                raise self._moved(self.vetted) from None
+            return None
+        with deferred_signals():
+            if not rename_exchange(self.tmp_dir, self.out_dir):
+                return self._two_step_swap(vetted)
+            old, self.tmp_dir = self.tmp_dir, None  # the new results stand; old holds what was at out_dir
+        if self._is_vetted(old, vetted):
+            return old, vetted
+        with deferred_signals():
+            rename_exchange(old, self.out_dir)  # replaced since the check: put it back, ours back to tmp
+            self.tmp_dir = old
+        self._vet_again()
+        raise self._moved(vetted)  # not reached: vetting again found the change
+
+    def _vet_again(self) -> Vetted:
+        """`check_target` again (its reasons name what is wrong), then: is it still what was vetted?"""
+        now = check_target(self.out_dir, self.force, self.inputs)
+        if now != self.vetted:
+            raise self._moved(self.vetted)
+        return now
+
+    def _moved(self, vetted: Vetted) -> KvsimError:
+        if vetted.kind == "absent":
+            return KvsimError(f"{self.out_dir}: a folder appeared while kvsim ran (nothing was there when it started); "
+                              "nothing replaced")
+        return KvsimError(f"{self.out_dir}: changed while kvsim ran (it is not what kvsim checked when it started); "
+                          "nothing replaced")
 
     @staticmethod
     def _is_vetted(path: Path, vetted: Vetted) -> bool:
-        """Whether `path` is what `check_target` vetted: the same file, holding no name it did not vet."""
+        """Whether `path` is what `check_target` vetted: the same folder unchanged, holding no name it did not vet."""
         try:
-            if identity(os.lstat(path)) != vetted.ident:
+            if stamp(os.lstat(path)) != vetted.ident:
                 return False
             return vetted.ours is None or set(os.listdir(path)) <= vetted.ours
         except OSError:
             return False
 
     def _two_step_swap(self, vetted: Vetted) -> Optional[tuple[Path, Vetted]]:
-        """The fallback without renameat2: out_dir renamed aside, then tmp_dir renamed in; between the two
-        out_dir is missing (a killed run is recovered by the next one: recover_leftovers)."""
+        """The fallback without RENAME_EXCHANGE: out_dir renamed aside, checked, then tmp_dir put in with the
+        no-replace rename; between the two out_dir is missing (a killed run is recovered by the next one:
+        recover_leftovers), and a folder made there meanwhile is left as it is."""
         old = self._hidden("old")
-        os.rename(self.out_dir, old)
+        os.rename(self.out_dir, old)  # whatever is at out_dir now, in one step
+        if not self._is_vetted(old, vetted):
+            kept = self._keep(old, "what was at the results path")
+            if kept != self.out_dir:
+                raise KvsimError(f"{self.out_dir}: changed twice while kvsim ran; nothing replaced, what was there "
+                                 f"is in {kept}")
+            self._vet_again()
+            raise self._moved(vetted)
         try:
-            if not self._is_vetted(old, vetted):
-                os.rename(old, self.out_dir)
-                raise KvsimError(f"{self.out_dir}: changed while kvsim wrote its results; nothing replaced")
-            os.rename(self.tmp_dir, self.out_dir)
+            rename_noreplace(self.tmp_dir, self.out_dir)
+        except FileExistsError:
+            kept = self._keep(old, "the earlier results")
+            raise KvsimError(f"{self.out_dir}: a folder appeared while kvsim ran, between the two renames of its swap; "
+                             f"nothing replaced, the earlier results are in {kept}") from None
         except BaseException:
-            if not os.path.lexists(self.out_dir) and os.path.lexists(old):
-                os.rename(old, self.out_dir)  # put the previous results back
+            self._keep(old, "the earlier results")
             raise
         self.tmp_dir = None
         return old, vetted
+
+    def _keep(self, old: Path, what: str) -> Path:
+        """Put `old` back at out_dir; if something is there now, under a hidden name no run removes."""
+        try:
+            rename_noreplace(old, self.out_dir)
+            return self.out_dir
+        except FileExistsError:
+            kept = self._hidden("kept")
+            rename_noreplace(old, kept)
+            return kept
+        except OSError as exc:
+            raise KvsimError(f"{self.out_dir}: {what} could not be put back from {old} ({exc.strerror})") from None
 
     def _remove_old(self, old: Path, vetted: Vetted) -> None:
         """Remove what the new results replaced: a link, a forced folder whole, else the vetted names."""

@@ -6,26 +6,15 @@ about a second a MiB; 64 MiB for JSON); traces are streamed a line at a
 time with a cap on the line. Text must be UTF-8 without NUL bytes. Parsed TOML and JSON must nest
 at most `MAX_DEPTH` levels and hold only finite floats and integers that fit in 64 bits (the
 scenario schema then bounds each key). Every problem is a `KvsimError` naming the file, and the
-line or key where it is known. `write_text_atomic` writes the single files a user names (a calibration,
-an error table) all or nothing, and never over a file kvsim did not write.
-
-Putting things in place: `rename_noreplace` and `rename_exchange` are Linux's renameat2 (through ctypes;
-`RENAME_NOREPLACE` fails rather than replace what appeared at the target, `RENAME_EXCHANGE` swaps two
-names in one step, so the target always holds the old or the new). Where renameat2 is missing (not
-Linux, glibc < 2.28, a file system without the flags) the fallback is documented at each function: a
-hard link for files (fails if the target exists), a plain rename for folders (which only replaces an
-empty folder), and two renames for an exchange (a window in which the target is missing, recovered
-on the next run by kvsim.results.writer).
+line or key where it is known. Writing outputs (never over what kvsim did not write) is
+kvsim.scenario.publish's.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import os
 import re
-import secrets
 import stat
 import sys
 from pathlib import Path
@@ -236,122 +225,6 @@ def read_json_object(path: Path, what: str) -> dict:
     if not isinstance(data, dict):
         raise KvsimError(f"{path}: expected a JSON object ({what})")
     return data
-
-
-_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
-_AT_FDCWD = -100
-_UNSUPPORTED = {errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP}
-
-
-def _renameat2():
-    """libc's renameat2 (glibc >= 2.28), or None off Linux / on an older libc."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_RENAMEAT2 = _renameat2()
-
-
-def _rename2(src, dst, flags: int) -> bool:
-    """renameat2(src, dst, flags): True when done, False when this system cannot (no renameat2, or a file
-    system without the flag); any other failure raises its OSError."""
-    if _RENAMEAT2 is None:
-        return False
-    if _RENAMEAT2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in _UNSUPPORTED:
-        return False
-    raise OSError(code, os.strerror(code), str(src), None, str(dst))
-
-
-def rename_noreplace(src, dst) -> None:
-    """Rename `src` to `dst`, failing with FileExistsError if `dst` exists (whatever it is: a link, a
-    file, a folder). Fallback without renameat2: a hard link then unlink for a file (fails if `dst`
-    exists), a plain rename for a folder (replaces only an empty folder, fails on anything else)."""
-    if _rename2(src, dst, _RENAME_NOREPLACE):
-        return
-    if stat.S_ISDIR(os.lstat(src).st_mode):
-        if os.path.lexists(dst) and not os.path.isdir(dst):
-            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst))
-        try:
-            os.rename(src, dst)
-        except OSError as exc:
-            if exc.errno == errno.ENOTEMPTY:
-                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst)) from None
-            raise
-        return
-    os.link(src, dst)
-    os.unlink(src)
-
-
-def rename_exchange(a, b) -> bool:
-    """Swap the names `a` and `b` in one step (both must exist); False where the system cannot, and the
-    caller falls back to its own two steps."""
-    return _rename2(a, b, _RENAME_EXCHANGE)
-
-
-def identity(st: os.stat_result) -> tuple[int, int]:
-    return st.st_dev, st.st_ino
-
-
-def _put_in_place(tmp: Path, path: Path, may_replace) -> None:
-    """`tmp` renamed to `path`: never over a file unless `may_replace(path)` says kvsim wrote it (then
-    swapped in one step, and put back if what was swapped out is not the file that was checked)."""
-    for _ in range(3):
-        try:
-            return rename_noreplace(tmp, path)
-        except FileExistsError:
-            pass
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue
-        if may_replace is None or not stat.S_ISREG(st.st_mode) or not may_replace(path):
-            raise KvsimError(f"{path}: already exists; kvsim does not overwrite a file it did not write "
-                             "(remove it or pick another name)")
-        if not rename_exchange(tmp, path):
-            return os.replace(tmp, path)  # fallback: checked just above, replaced in one step
-        if identity(os.lstat(tmp)) == identity(st):
-            return os.unlink(tmp)
-        rename_exchange(tmp, path)  # swapped out something that appeared since the check: put it back
-    raise KvsimError(f"{path}: kept changing while kvsim wrote it; nothing written")
-
-
-def write_text_atomic(path: Path, text: str, what: str, may_replace=None) -> None:
-    """`text` into `path` through a hidden temporary sibling put in place in one step: a full disk, a
-    read-only folder or a signal leaves the earlier file (or none), never half of one. An existing
-    `path` is replaced only when `may_replace(path)` is true (a file kvsim wrote); a file that appears
-    meanwhile is never overwritten."""
-    write_bytes_atomic(path, text.encode("utf-8"), what, may_replace)
-
-
-def write_bytes_atomic(path: Path, data: bytes, what: str, may_replace=None) -> None:
-    """`data` into `path` as `write_text_atomic` writes text."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name[:100]}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    made = False
-    try:
-        with open(tmp, "xb") as f:
-            made = True
-            f.write(data)
-        _put_in_place(tmp, path, may_replace)
-    except BaseException as exc:
-        if made:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-        if isinstance(exc, OSError):
-            raise KvsimError(f"cannot write {what} to {path}: {exc.strerror or exc}") from None
-        raise
 
 
 def iter_lines(path: Path, what: str, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str]]:

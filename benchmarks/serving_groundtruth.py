@@ -293,6 +293,11 @@ def residuals_by_cell(rows: list[dict]) -> dict:
     return cells
 
 
+# What the held-out runs were (kvsim.results.intervals.unlike says how a run differs from them)
+DOMAIN = {"runs": "dense 16-bit Llama-2 7B-70B on H100-SXM, TP 1-4, one engine", "gpus": ["H100-SXM"],
+          "weights": ["float16", "bfloat16"], "tensor_parallel": [1, 4]}
+
+
 def cmd_intervals(args) -> None:
     """kvsim/results/prediction_intervals.json from the held-out residuals (kvsim.results.intervals)."""
     from kvsim.results.intervals import DATA, residual_interval
@@ -312,7 +317,7 @@ def cmd_intervals(args) -> None:
         + "), the basis kvsim labels estimated. Bands: busy when the mean running sequences (Little's law) or "
         "the KV cache in use average half their limit, else light. The 10th to 90th percentile of the residuals "
         "where a cell has ten or more, else their range. benchmarks/serving_groundtruth.py intervals; "
-        "benchmarks/results/serving_groundtruth.md"), "intervals": {}}
+        "benchmarks/results/serving_groundtruth.md"), "domain": DOMAIN, "intervals": {}}
     for basis, rows in sources.items():
         if not rows:
             continue

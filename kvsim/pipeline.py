@@ -37,7 +37,7 @@ from kvsim.perf.measured import request_overhead_s
 from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
 from kvsim.perf.offload import offload_settings
 from kvsim.results.disaggregation import DisaggregationObserver
-from kvsim.results.intervals import summary_intervals
+from kvsim.results.intervals import summary_intervals, unlike
 from kvsim.results.metrics import Metrics
 from kvsim.results.offload import offload_summary
 from kvsim.results.verdict import judge
@@ -206,13 +206,15 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     if tiers is not None:
         summary["kv_offload"] = offload_summary(tiers, end, summary)
     summary["verdict"] = judge(summary).as_dict()
-    _error_bars(summary, basis or pricing_basis(scenario, model, gpu), settings)
+    _error_bars(summary, basis or pricing_basis(scenario, model, gpu), settings,
+                unlike(model, gpu.name, scenario.hardware.tensor_parallel_size))
     return summary, sim
 
 
-def _error_bars(summary: dict, basis: PricingBasis, settings: EngineSettings) -> None:
-    """The range real runs like this one fell in around kvsim's figures (kvsim.results.intervals)."""
-    bars = summary_intervals(summary, basis.to_dict(), settings.max_num_seqs, settings.num_replicas)
+def _error_bars(summary: dict, basis: PricingBasis, settings: EngineSettings, differs: tuple = ()) -> None:
+    """The range real runs like this one fell in around kvsim's figures, and how this run differs from
+    those runs (kvsim.results.intervals)."""
+    bars = summary_intervals(summary, basis.to_dict(), settings.max_num_seqs, settings.num_replicas, differs)
     if bars is not None:
         summary["prediction_intervals"] = bars
 
@@ -267,7 +269,9 @@ def simulate_disaggregated(scenario, policy, metrics: Metrics,
     if source.closed_loop:
         _clients_figures(summary, source)
     summary["verdict"] = judge(summary).as_dict()
-    _error_bars(summary, pool_basis(dis.decode), settings)
+    _error_bars(summary, pool_basis(dis.decode), settings,
+                unlike(dis.decode.model, dis.decode.gpu.name, dis.decode.scenario.hardware.tensor_parallel_size,
+                       disaggregated=True))
     return summary, sim
 
 

@@ -70,7 +70,9 @@ def real_range(p, unit: str) -> str:
     iv = p.safe_rate_interval
     if not iv or p.safe_rate <= 0:
         return ""
-    return f"on real runs like this {iv['low']:.3g}–{iv['high']:.3g} {unit} ({iv['text']})"
+    from kvsim.results.intervals import real_runs_words
+
+    return f"{real_runs_words(iv)} {iv['low']:.3g}–{iv['high']:.3g} {unit} ({iv['text']})"
 
 
 def basis_note(basis: dict | None) -> str:

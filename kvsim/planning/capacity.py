@@ -329,20 +329,27 @@ def step_cost_knees(executor, scenario, answers: list[PolicyCapacity], seed: int
             integer=integer)
         knees[scale] = [f.mean_rate for f in found]
         rows += [{**r, "phase": f"step_cost_x{scale:g}"} for r in points]
-    basis = _basis_dict(scenario)
+    basis, differs = _basis_dict(scenario)
     for i, a in enumerate(todo):
         fast, slow = knees[1.0 - STEP_COST_MARGIN][i], knees[1.0 + STEP_COST_MARGIN][i]
         widen(a, a.seed_max_rates[0], fast, slow)
-        a.safe_rate_interval = rate_interval(a.safe_rate, a.seed_max_rates[0], fast, slow, basis, STEP_COST_MARGIN)
+        a.safe_rate_interval = rate_interval(a.safe_rate, a.seed_max_rates[0], fast, slow, basis, STEP_COST_MARGIN,
+                                             differs(a.policy))
     return rows
 
 
-def _basis_dict(scenario) -> dict:
+def _basis_dict(scenario) -> tuple:
+    """The run's pricing basis, and per policy how its runs differ from the held-out real ones
+    (kvsim.results.intervals.unlike)."""
     from kvsim.pipeline import run_meta  # a disaggregated policy's basis is its pools'
+    from kvsim.results.intervals import unlike
     from kvsim.scenario.catalog import gpu_spec, model_spec
 
     model, gpu = model_spec(scenario), gpu_spec(scenario)
-    return run_meta(scenario, model, gpu)["pricing_basis"]
+    meta = run_meta(scenario, model, gpu)
+    pooled = set((meta.get("disaggregation") or {}).get("policies") or ())
+    return meta["pricing_basis"], lambda policy: unlike(model, gpu.name, scenario.hardware.tensor_parallel_size,
+                                                        policy in pooled)
 
 
 def _margin(record: dict) -> float:

@@ -13,6 +13,7 @@ from typing import Iterable
 from rich.table import Table
 
 from kvsim.results.cells import csv_cell
+from kvsim.results.intervals import real_runs_words
 from kvsim.results.report import meta_deployment_text, slo_text
 from kvsim.results.verdict import LABELS, percentile_label
 from kvsim.results.writer import ResultsWriter
@@ -156,7 +157,7 @@ def plan_lines(result) -> list[str]:
     for p in result.policies:
         iv = p.safe_rate_interval
         if iv and p.safe_rate > 0:
-            lines.append(f"{p.policy}: safe rate {p.safe_rate:.3g} {unit}; on real runs like this "
+            lines.append(f"{p.policy}: safe rate {p.safe_rate:.3g} {unit}; {real_runs_words(iv)} "
                          f"{iv['low']:.3g}–{iv['high']:.3g} {unit} ({iv['text']})")
     return lines
 

@@ -8,9 +8,12 @@ figure fell relative to kvsim's prediction on runs held out of every fit: `real 
 10th to 90th percentile of the residuals where there are ten or more, else their least and greatest.
 
 `interval(metric, stat, basis, band)` looks one up (a band or stat without residuals of its own takes the
-metric's pooled row, and says so); `load_band(...)` says which band a run is in; every surface (the
-terminal, summary.json, `plan`, the report, the dashboard) asks this module and shows `Interval.text()`:
-"-12…+9% on 24 held-out runs like this".
+metric's pooled row, and says so); `load_band(...)` says which band a run is in; `unlike(...)` how a run
+differs from the held-out runs (the table's "domain": their GPU, dense 16-bit models, TP range, one engine),
+so that a range is not claimed for runs unlike them; every surface (the terminal, summary.json, `plan`, the
+report, the dashboard) asks this module and shows `Interval.text()`: "-12 to +9% on 24 held-out runs like
+this", or "-12 to +9% on 24 held-out runs (dense 16-bit Llama-2 ... on H100-SXM ...); this run differs (MoE,
+H200-SXM): its error may be larger".
 """
 
 from __future__ import annotations
@@ -41,13 +44,20 @@ class Interval:
     basis: str
     band: str
     pooled: bool = False  # no residuals of this band or stat: the metric's over every band and stat
+    unlike: tuple[str, ...] = ()  # how the run differs from the held-out runs (`unlike`)
 
     def bounds(self, predicted: float) -> tuple[float, float]:
         return predicted * (1 + self.low), predicted * (1 + self.high)
 
-    def text(self) -> str:
+    def text(self, brief: bool = False) -> str:
+        """`brief`: without what the held-out runs were and how this run differs (said once elsewhere)."""
+        span = f"{self.low * 100:+.0f} to {self.high * 100:+.0f}%"  # no ellipsis: a piped line is never cut
+        if self.unlike:
+            which = ([f"{self.basis}, any load"] if self.pooled else []) + ([] if brief else [runs_text()])
+            return (f"{span} on {self.n} held-out runs" + (f" ({'; '.join(which)})" if which else "")
+                    + ("" if brief else unlike_text(self.unlike)))
         like = "runs like this" if not self.pooled else f"runs ({self.basis}, any load)"
-        return f"{self.low * 100:+.0f}…{self.high * 100:+.0f}% on {self.n} held-out {like}"
+        return f"{span} on {self.n} held-out {like}"
 
     def to_dict(self) -> dict:
         return {"low": round(self.low, 4), "high": round(self.high, 4), "n": self.n, "pooled": self.pooled}
@@ -64,6 +74,36 @@ def table() -> dict:
 
 def provenance() -> str:
     return table().get("provenance", "")
+
+
+def runs_text() -> str:
+    """What the held-out runs were, e.g. 'dense 16-bit Llama-2 7B-70B on H100-SXM, TP 1-4, one engine'."""
+    return (table().get("domain") or {}).get("runs", "")
+
+
+def unlike_text(unlike) -> str:
+    """'; this run differs (MoE, H200-SXM): its error may be larger', '' for a run like the held-out ones."""
+    return f"; this run differs ({', '.join(unlike)}): its error may be larger" if unlike else ""
+
+
+def unlike(model, gpu: str, tp: int, disaggregated: bool = False) -> tuple[str, ...]:
+    """How a run (its kvsim.scenario.models.ModelSpec, GPU name, tensor parallelism, pools) differs from the
+    held-out runs behind the table (its "domain"); () when like them or when the table names no domain."""
+    dom = table().get("domain")
+    if not dom:
+        return ()
+    out = [] if gpu in dom["gpus"] else [gpu]
+    out += [name for name, on in (("MoE", model.moe), ("MLA", model.mla),
+                                  ("windowed attention", model.sliding_window or model.attention_chunk_size)) if on]
+    weights = model.quantization or (model.dtype if model.dtype not in dom["weights"] else "")
+    if weights:
+        out.append(f"{weights} weights")
+    low, high = dom["tensor_parallel"]
+    if not low <= tp <= high:
+        out.append(f"TP {tp}")
+    if disaggregated:
+        out.append("disaggregated prefill and decode")
+    return tuple(out)
 
 
 def load_band(occupancy: float, kv_fraction: float = 0.0) -> str:
@@ -131,19 +171,25 @@ def basis_key(basis: Optional[dict]) -> Optional[str]:
     return "measured" if basis["pricing"] == "measured" and basis.get("label") == "measured" else "estimated"
 
 
-def summary_intervals(summary: dict, basis: Optional[dict], max_num_seqs: int, replicas: int = 1) -> Optional[dict]:
+def summary_intervals(summary: dict, basis: Optional[dict], max_num_seqs: int, replicas: int = 1,
+                      differs: tuple[str, ...] = ()) -> Optional[dict]:
     """A policy's "prediction_intervals" for summary.json: its band and basis, and per metric and stat the
-    range the real figure fell in on held-out runs like it (None: no table, or a timed backend)."""
+    range the real figure fell in on held-out runs like it (None: no table, or a timed backend); `differs`
+    (`unlike`): how the run differs from those runs, stated beside them ("unlike")."""
     key = basis_key(basis)
     if key is None or not table():
         return None
     band = summary_band(summary, max_num_seqs, replicas)
-    return {"basis": key, "band": band, "source": "kvsim/results/prediction_intervals.json",
-            "figures": figure_intervals(key, band)}
+    out = {"basis": key, "band": band, "source": "kvsim/results/prediction_intervals.json",
+           "figures": figure_intervals(key, band)}
+    if differs:
+        out["heldout_runs"], out["unlike"] = runs_text(), list(differs)
+    return out
 
 
-def figure_text(summary: dict, metric: str, stat: str) -> Optional[str]:
-    """e.g. 'TTFT p99 180 ms, -12…+9% on 24 held-out runs like this' from a summary that has intervals."""
+def figure_text(summary: dict, metric: str, stat: str, brief: bool = False) -> Optional[str]:
+    """e.g. 'TTFT p99 180 ms, -12 to +9% on 24 held-out runs like this' from a summary that has intervals
+    (`brief`: Interval.text's)."""
     iv = ((summary.get("prediction_intervals") or {}).get("figures") or {}).get(f"{metric}_s", {}).get(stat)
     value = (summary.get(f"{metric}_s") or {}).get(stat)
     if iv is None or value is None:
@@ -151,15 +197,18 @@ def figure_text(summary: dict, metric: str, stat: str) -> Optional[str]:
     label = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E"}[metric]
     unit, scale = ("s", 1.0) if metric == "e2e" else ("ms", 1e3)
     pi = summary["prediction_intervals"]
-    text = Interval(iv["low"], iv["high"], iv["n"], metric, stat, pi["basis"], pi["band"], iv["pooled"]).text()
-    return f"{label} {stat} {value * scale:,.3g} {unit}, {text}"
+    text = Interval(iv["low"], iv["high"], iv["n"], metric, stat, pi["basis"], pi["band"], iv["pooled"],
+                    tuple(pi.get("unlike", ()))).text(brief)
+    shown = value * scale
+    return f"{label} {stat} {f'{shown:,.0f}' if shown >= 1000 else f'{shown:.3g}'} {unit}, {text}"
 
 
 def rate_interval(safe: float, k0: float, fast: float, slow: float, basis: Optional[dict],
-                  margin: float) -> Optional[dict]:
+                  margin: float, differs: tuple[str, ...] = ()) -> Optional[dict]:
     """Where the real safe rate would fall given how far real steps fell from kvsim's near the knee
     (TPOT, busy load, held out): the knee's elasticity to the step price comes from the plan's own
-    re-searches with every step `margin` cheaper (knee `fast`) and dearer (`slow`) than at k0."""
+    re-searches with every step `margin` cheaper (knee `fast`) and dearer (`slow`) than at k0; `differs`
+    (`unlike`): how the plan's runs differ from the held-out ones ("like": False, said in the text)."""
     import math
 
     key = basis_key(basis)
@@ -171,7 +220,14 @@ def rate_interval(safe: float, k0: float, fast: float, slow: float, basis: Optio
     low = safe * (1 + iv.high) ** e_slow if iv.high > 0 else safe * (1 + iv.high) ** e_fast
     high = safe * (1 + iv.low) ** e_fast if iv.low < 0 else safe * (1 + iv.low) ** e_slow
     low, high = min(low, high), max(low, high)
-    return {"low": low, "high": high, "step_time": iv.to_dict(),
-            "text": f"{(low / safe - 1) * 100:+.0f}…{(high / safe - 1) * 100:+.0f}%: real steps "
-                    f"{iv.low * 100:+.0f}…{iv.high * 100:+.0f}% of kvsim's on {iv.n} held-out runs like this "
-                    f"({iv.basis} pricing, {iv.band} load)"}
+    like = "like this" if not differs else f"({runs_text()})"
+    return {"low": low, "high": high, "step_time": iv.to_dict(), "like": not differs,
+            "text": f"{(low / safe - 1) * 100:+.0f} to {(high / safe - 1) * 100:+.0f}%: real steps "
+                    f"{iv.low * 100:+.0f} to {iv.high * 100:+.0f}% of kvsim's on {iv.n} held-out runs {like} "
+                    f"({iv.basis} pricing, {iv.band} load){unlike_text(differs)}"}
+
+
+def real_runs_words(iv: dict) -> str:
+    """How a plan line or card introduces a safe rate's range: 'on real runs like this', or, for a run
+    unlike the held-out ones, 'by the held-out real runs'."""
+    return "on real runs like this" if iv.get("like", True) else "by the held-out real runs"

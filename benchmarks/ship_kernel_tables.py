@@ -184,7 +184,7 @@ def fitted_releases(gpu: str) -> dict:
                        f"{', '.join(fit['terms_fitted'])}) with vLLM {version}'s kernel tables to {RUNS_NOTE}; fitted "
                        f"without each experiment in turn {min(held) * 1e3:.3g} … {max(held) * 1e3:.3g} ms; each "
                        f"experiment predicted by the fit to the other eight: {moved} median |error| "
-                       f"{loeo[moved.lower() + '_median_abs_error']:.1%} (mean signed "
+                       f"{loeo[moved.lower() + '_median_abs_error']:.1%} (signed, the median of the stages' means "
                        f"{loeo[moved.lower() + '_signed_median_of_stage_means']:+.1%}), "
                        f"{loeo['median_abs_error_all']:.1%} over TTFT/TPOT/E2E (benchmarks/serving_groundtruth.py)")
             if gpu != FIT_GPU:

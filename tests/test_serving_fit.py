@@ -283,12 +283,29 @@ def test_shipped_terms_say_where_they_were_fitted():
     from kvsim.perf.server import shipped_terms
 
     h100 = json.loads((DATA_DIR / "h100_sxm-server.json").read_text())
-    if "releases" not in h100:
-        pytest.skip("no serving fit shipped")
-    assert h100["fitted_on"] == "H100-SXM"
+    assert h100["fitted_on"] == "H100-SXM" and set(h100["releases"]) == {"0.14.0", "0.19.0", "0.24.0"}
+    # the newest release's fit is the file's own: what a run on the newest tables prices with by default
+    assert {n: h100["terms"][n] for n in h100["releases"]["0.24.0"]["terms"]} == h100["releases"]["0.24.0"]["terms"]
     for version, fit in h100["releases"].items():
         terms, prov = shipped_terms("H100-SXM", version)
         assert {n: getattr(terms, n) for n in fit["terms"]} == fit["terms"]
         assert all("predicted by the fit to the other eight" in prov[n] for n in fit["terms"])
     _, prov = shipped_terms("H200", "0.18.0")
     assert prov["api_server_s"].startswith("H100-SXM's fit, estimated for H200")
+
+
+def test_the_ship_script_folds_in_the_committed_serving_fits():
+    """benchmarks/ship_kernel_tables.py rebuilds every <gpu>-server.json's fitted releases from
+    benchmarks/results/serving_groundtruth.json, as shipped (other GPUs: H100's, labelled estimated)."""
+    import importlib.util
+
+    from kvsim.perf.kernels import DATA_DIR
+
+    spec = importlib.util.spec_from_file_location("ship", Path(__file__).parents[1] / "benchmarks/ship_kernel_tables.py")
+    ship = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship)
+    for gpu, stem in ship.AIC_GPUS.items():
+        shipped = json.loads((DATA_DIR / f"{stem}-server.json").read_text())
+        assert ship.fitted_releases(gpu) == shipped["releases"], gpu
+        fit = json.loads(ship.SERVING_FIT.read_text())["fits"]["0.24.0"]
+        assert shipped["terms"]["api_server_s"] == round(fit["terms"]["api_server_s"], 7)

@@ -429,8 +429,8 @@ def report(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-KNEE_LABELS = ("fitted terms (0.24 tables), workload as profile.yaml asks", "main 7d38f5d, workload as profile.yaml asks",
-               "main 7d38f5d, workload as it ran")
+KNEE_LABELS = ("fitted terms (0.24 tables), workload as profile.yaml asks",
+               "main 7d38f5d, workload as profile.yaml asks", "main 7d38f5d, workload as it ran")
 
 
 def _knee_lines(doc: dict) -> list[str]:

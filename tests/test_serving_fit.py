@@ -301,7 +301,8 @@ def test_the_ship_script_folds_in_the_committed_serving_fits():
 
     from kvsim.perf.kernels import DATA_DIR
 
-    spec = importlib.util.spec_from_file_location("ship", Path(__file__).parents[1] / "benchmarks/ship_kernel_tables.py")
+    script = Path(__file__).parents[1] / "benchmarks" / "ship_kernel_tables.py"
+    spec = importlib.util.spec_from_file_location("ship", script)
     ship = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ship)
     for gpu, stem in ship.AIC_GPUS.items():

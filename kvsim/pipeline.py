@@ -34,15 +34,19 @@ from kvsim.engine.simulator import Simulation
 from kvsim.perf.basis import PricingBasis, pricing_basis
 from kvsim.perf.disaggregation import disaggregation, pool_basis
 from kvsim.perf.measured import request_overhead_s
+from kvsim.perf.energy import StepWork, energy_model
 from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
 from kvsim.perf.offload import offload_settings
+from kvsim.perf.speculative import resolve_speculation, with_draft
 from kvsim.results.disaggregation import DisaggregationObserver
 from kvsim.results.intervals import summary_intervals, unlike
+from kvsim.results.energy import EnergyMeter, Observers
 from kvsim.results.metrics import Metrics
 from kvsim.results.offload import offload_summary
+from kvsim.results.speculative import speculative_summary
 from kvsim.results.verdict import judge
 from kvsim.results.writer import ResultsWriter
-from kvsim.scenario.catalog import gpu_spec, model_spec
+from kvsim.scenario.catalog import gpu_price, gpu_spec, model_spec
 from kvsim.scenario.config import results_dir
 from kvsim.scenario.defaults import engine_limits
 from kvsim.scenario.files import user_path
@@ -159,9 +163,11 @@ def resolve_policy(scenario, policy, model, gpu, basis: Optional[PricingBasis] =
     defaults to the priced release's: on under measured kernel tables (vLLM >= 0.14), else off."""
     limits = engine_limits(scenario, policy, model, gpu)
     capacity = kv_capacity(scenario, policy, model, gpu, limits)
+    spec = resolve_speculation(scenario, policy, model)  # a drafter's weights and KV come out of the cache
+    capacity = with_draft(capacity, spec, scenario.engine.block_size, limits.max_model_len, scenario.source, policy.name)
     basis = basis or pricing_basis(scenario, model, gpu)
     return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block, capacity.windows,
-                                     async_default=basis.pricing == "measured")
+                                     async_default=basis.pricing == "measured", speculation=spec)
 
 
 def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
@@ -189,8 +195,10 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     make = make_replica if tiers is None else tiers.make_replica
     replicas = [make(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings), metrics.interval)
                 for i in range(settings.num_replicas)]
-    sim = Simulation(replicas, metrics, make_router(settings, replicas, replicas[0].backend.num_blocks,
-                                                    tiers.settings.tokens if tiers else 0), on_progress)
+    meter = energy_meter(scenario, policy, model, gpu, settings)
+    observer = Observers(metrics, meter) if meter is not None else metrics
+    sim = Simulation(replicas, observer, make_router(settings, replicas, replicas[0].backend.num_blocks,
+                                                     tiers.settings.tokens if tiers else 0), on_progress)
     source = arrival_source(scenario, settings.max_model_len, metrics.request_overhead_s)
     try:
         end = sim.run(source)
@@ -201,6 +209,10 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     summary = metrics.summary(duration_s=end, num_blocks=replicas[0].backend.num_blocks * len(replicas),
                               block_size=settings.block_size, bytes_per_block=capacity.bytes_per_block,
                               extra=_run_figures(sim, settings, policy, described), num_replicas=len(replicas))
+    if meter is not None:
+        price = gpu_price(scenario, gpu.name)
+        summary["energy"] = meter.summary(end, metrics.output_tokens, len(replicas), price and price.usd_per_hour,
+                                          summary["arrivals"])
     if source.closed_loop:
         _clients_figures(summary, source)
     if tiers is not None:
@@ -217,6 +229,18 @@ def _error_bars(summary: dict, basis: PricingBasis, settings: EngineSettings, di
     bars = summary_intervals(summary, basis.to_dict(), settings.max_num_seqs, settings.num_replicas, differs)
     if bars is not None:
         summary["prediction_intervals"] = bars
+
+
+def energy_meter(scenario, policy, model, gpu, settings):
+    """An EnergyMeter for the policy's replicas when the scenario has an [energy] section (else None)."""
+    energy = energy_model(scenario, gpu, model)
+    if energy is None:
+        return None
+    hw, spec = scenario.hardware, settings.speculation
+    draft = None if spec is None or spec.draft is None else StepWork(spec.draft, hw.tensor_parallel_size,
+                                                                     policy.kv_cache_dtype)
+    return EnergyMeter(energy, StepWork(model, hw.tensor_parallel_size, policy.kv_cache_dtype),
+                       hw.tensor_parallel_size, draft, spec.k if spec is not None else 0)
 
 
 def _clients_figures(summary: dict, source: ClosedLoop) -> None:
@@ -284,8 +308,9 @@ def _pool_figures(pool) -> dict:
 
 
 def _run_figures(sim: Simulation, settings: EngineSettings, policy, described: dict) -> dict:
-    """summary.json's figures of the engine that ran (beside the metrics')."""
-    return {
+    """summary.json's figures of the engine that ran (beside the metrics'); with speculative decoding,
+    its plan and vLLM's spec-decode figures (kvsim.results.speculative)."""
+    figures = {
         "engine_events": sim.num_steps,
         "engine_steps": sim.num_decode_steps,
         "preemptions": sum(rep.scheduler.num_preemptions for rep in sim.replicas),
@@ -300,6 +325,9 @@ def _run_figures(sim: Simulation, settings: EngineSettings, policy, described: d
         "num_replicas": settings.num_replicas,
         "async_scheduling": settings.async_scheduling,
     }
+    if settings.speculation is not None:
+        figures["speculative"] = speculative_summary(settings.speculation, [rep.scheduler.counters for rep in sim.replicas])
+    return figures
 
 
 def check_deployments(scenario, model, gpu, policies) -> None:

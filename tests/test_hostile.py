@@ -450,7 +450,7 @@ def test_every_schema_field_is_described():
     sections = [c for c in vars(config).values()
                 if isinstance(c, type) and issubclass(c, config._Section) and c is not config._Section]
     fields = [(c.__name__, name, f.description) for c in sections for name, f in c.model_fields.items()]
-    assert len(sections) == 20 and len(fields) > 60  # 14: [cost]; 15: [workload.trace.columns]; 16-17: think_time_s, [workload.sessions]; 20: [disaggregation]
+    assert len(sections) == 22 and len(fields) > 60  # 14: [cost]; 15: [workload.trace.columns]; 16-17: think_time_s, [workload.sessions]; 20: [disaggregation]; 22: [speculative], [energy]
     assert [(c, n) for c, n, d in fields if not d or len(d) < 15] == []
     schema = json.loads(subprocess.run([sys.executable, "-m", "kvsim", "schema"], cwd=ROOT, capture_output=True,
                                        text=True, check=True).stdout)

@@ -254,6 +254,9 @@ def draw() -> None:
         slo = bar.expander("SLO: other bounds")
         for key in SLO:
             form.widget(slo, f"slo.{key}")
+        from kvdash import extras  # speculative decoding and energy: a section each, off unless the scenario has it
+
+        extras.draw(form, bar)
         _main(form, st.container(), process)
         st.session_state["kvsim.current"] = build(base, form.overrides, form.unset, chosen)
     st.session_state["kvsim.error"] = error.message

@@ -316,3 +316,7 @@ with errors.caught(st):
         st.caption(same_numbers(" ".join(filter(None, (targets_used.cli(tuple(GPUS)), settings_used.cli(), "--out DIR"))),
                                 policies=False))
         show_deploy(result)
+
+from kvdash import extras  # noqa: E402  (speculative decoding's k search, when the scenario has it)
+
+extras.speculation_section(scenario, *here[:3], search, workers)

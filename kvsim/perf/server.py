@@ -21,12 +21,18 @@ from kvsim.perf.kernels import DATA_DIR, GPU_STEMS
 _CAPTURE_LIMIT = 512  # vLLM's default ceiling on max_cudagraph_capture_size
 
 
-def vllm_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+def vllm_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, decode_query_len: int = 1) -> tuple[int, ...]:
     """vLLM's default cudagraph_capture_sizes (vllm/config/vllm.py `_set_cudagraph_sizes`, the rule
     `CompilationConfig.max_cudagraph_capture_size` documents since v0.11): [1, 2, 4] + 8..248 by 8 +
-    256.. by 16 up to min(2 x max_num_seqs, 512), none above max_num_batched_tokens."""
-    top = min(2 * max_num_seqs, _CAPTURE_LIMIT, max_num_batched_tokens)
+    256.. by 16 up to min(2 x max_num_seqs x decode_query_len, 512), none above max_num_batched_tokens.
+    With speculative decoding (decode_query_len = 1 + num_speculative_tokens) each size is rounded up to a
+    multiple of decode_query_len, those past the top dropped (`adjust_cudagraph_sizes_for_spec_decode`)."""
+    q = decode_query_len
+    top = min(2 * max_num_seqs * q, _CAPTURE_LIMIT, max_num_batched_tokens)
     sizes = [1, 2, 4, *range(8, 256, 8), *range(256, _CAPTURE_LIMIT + 1, 16)]
+    if q > 1:
+        sizes = sorted({-(-s // q) * q for s in sizes})
+        return tuple(s for s in sizes if s <= top) or ((q,) if q <= top else ())
     return tuple(s for s in sizes if s <= top) or (1,)
 
 

@@ -47,6 +47,7 @@ from kvsim.errors import check_int
 from kvsim.planning.executors import make_executor, run_all
 from kvsim.planning.points import (CLIENTS, FIGURES, REQ_RATE, base_rate, check_fits, evaluate_point, load_unit,
                                    mean_or_none, replications, run_length, windowed)
+from kvsim.results.verdict import OPTIONAL_FIGURES
 from kvsim.planning.safe import LONG_RUN, SafeCheck, first_candidate, safe_rates
 from kvsim.planning.search import Search, expected_points, run_searches
 from kvsim.planning.sensitivity import KNEE_GROWTH, STEP_COST_MARGIN, check_scale, scalable, widen, with_step_scale
@@ -195,7 +196,7 @@ class PlanResult(Frames):
 
 
 def _public(record: dict) -> dict:
-    return {k: record[k] for k in FIGURES}
+    return {**{k: record[k] for k in FIGURES}, **{k: record[k] for k in OPTIONAL_FIGURES if k in record}}
 
 
 def point_row(label: str, seed: int, rate: float, phase: str, record: dict, key: str = "policy") -> dict:
@@ -209,6 +210,9 @@ def mean_figures(records: list[dict]) -> dict:
         if k in ("sustainable", "slo_met", "stable", "binding", "binding_detail"):
             continue
         out[k] = mean_or_none(r[k] for r in records)
+    for k in OPTIONAL_FIGURES:  # energy and speculation figures, when the runs have them
+        if all(k in r for r in records):
+            out[k] = mean_or_none(r[k] for r in records)
     return out
 
 

@@ -22,6 +22,16 @@ def _positive(kind):
     return parse
 
 
+def _k_list(text: str) -> list[int]:
+    try:
+        ks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected draft token counts like 1,2,3,4, got {text!r}") from None
+    if not ks or any(not 1 <= k <= 16 for k in ks):
+        raise argparse.ArgumentTypeError(f"draft token counts from 1 to 16, got {text!r}")
+    return ks
+
+
 def _executor_arguments(p) -> None:
     p.add_argument("--workers", type=_positive(int), help="local worker processes (default: every core)")
     p.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster: 'auto', or an address "
@@ -60,6 +70,12 @@ def add_commands(sub) -> None:
     plan.add_argument("--headroom", action=argparse.BooleanOptionalAction, default=True,
                       help="search each listed deployment's own safe rate (--no-headroom: only whether it "
                            "meets the target, faster)")
+    plan.add_argument("--speculative-k", type=_k_list, metavar="K,K,...",
+                      help="compare each policy without speculative decoding and with each k draft tokens (the "
+                           "scenario's [speculative] method and acceptance), and say where speculation stops paying")
+    plan.add_argument("--rank", choices=("rate", "energy"), default="rate",
+                      help="energy: also rank the answers by joules per output token at their safe rates (adds "
+                           "[energy] with its defaults when the scenario has none)")
     plan.add_argument("--out", type=Path, help="write plan.json, plan.csv and points.csv into this folder")
     _executor_arguments(plan)
     plan.set_defaults(handler=cmd_plan)
@@ -106,6 +122,12 @@ def cmd_plan(args, console) -> int:
 
     scenario = scenario_from_args(args)
     chosen_policies(scenario, args.policy)  # an unknown --policy fails before anything runs
+    if args.rank == "energy":
+        from kvsim.planning.speculation import with_energy
+
+        scenario = with_energy(scenario)
+    if args.speculative_k and args.target_rate is not None:
+        raise KvsimError("--speculative-k: compares a layout's policies; give it without --target-rate")
     vetted = output.check_out(args.out, scenario, args.force) if args.out is not None else None
     bar = Bar(console, "planning", not args.quiet and console.is_terminal)
     common = dict(seeds=args.seeds, resolution=args.resolution, num_requests=args.requests, workers=args.workers,
@@ -126,6 +148,10 @@ def cmd_plan(args, console) -> int:
             result = deploy(aggregated(scenario), args.target_rate, gpus=args.gpu,
                             tensor_parallel=tuple(args.tp or TP_DEGREES), policy=args.policy, top=args.top,
                             max_replicas=args.max_replicas, headroom=args.headroom, **common)
+        elif args.speculative_k:
+            from kvsim.planning.speculation import speculation_plan
+
+            result = speculation_plan(scenario, args.speculative_k, policies=args.policy, **common)
         else:
             result = plan(scenario, policies=args.policy, tune=args.tune, **common)
     finally:
@@ -144,11 +170,23 @@ def cmd_plan(args, console) -> int:
             console.print(output.plan_table(result))
             if result.tuning:
                 console.print(output.tuning_table(result))
+            _print_planning_extras(console, args, result)
     if args.out is not None:
         written = output.write_plan(args.out, result, scenario, args.force, vetted)
         if not args.quiet:
             console.print(f"results: {written}")
     return 0
+
+
+def _print_planning_extras(console, args, result) -> None:
+    """Speculation's payoff (--speculative-k) and the answers' energy (ranked with --rank energy; in the
+    plan's order when the scenario has an [energy] section)."""
+    from kvsim.planning import speculation
+
+    if args.speculative_k:
+        _print_lines(console, speculation.speculation_lines(result))
+        console.print(speculation.speculation_table(result))
+    _print_lines(console, speculation.energy_ranking(result, ranked=args.rank == "energy"))
 
 
 def _print_skipped(console, line: str) -> None:

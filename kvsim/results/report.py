@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.results.energy import energy_line
+from kvsim.results.speculative import speculation_line
 from kvsim.results.offload_report import offload_figures, offload_table_html
 from kvsim.results.disagg_report import deployment_line, disaggregation_figures, disaggregation_table_html
 from kvsim.results.figures import PHASES, _Plot, _read_latencies, report_plots, why_missed
@@ -121,6 +123,7 @@ def verdict_lines(summaries: dict[str, dict], meta: dict | None = None) -> list[
         lines.append(f"{len(passing)} of {len(verdicts)} policies meet the SLO" + (f": {', '.join(passing)}" if passing else ""))
     for name, v in verdicts.items():
         lines.append(f"{'✓' if v.sustainable else '✗'} {name}: {v.summary_text()}; binds: {v.binding_detail}")
+        lines += speculation_line(name, summaries[name]) + energy_line(name, summaries[name])
     lines += error_bar_lines(summaries, (meta.get("slo") or {}).get("percentile", 99.0))
     return lines
 

@@ -39,6 +39,7 @@ from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
 from kvsim.perf.offload import offload_settings
 from kvsim.perf.speculative import resolve_speculation, with_draft
 from kvsim.results.disaggregation import DisaggregationObserver
+from kvsim.results.intervals import summary_intervals, unlike
 from kvsim.results.energy import EnergyMeter, Observers
 from kvsim.results.metrics import Metrics
 from kvsim.results.offload import offload_summary
@@ -59,8 +60,8 @@ from kvsim.workers import can_fork, run_forked
 def input_paths(scenario) -> list[Path]:
     """The files a run reads: a results folder that holds one of them is never replaced."""
     paths = [Path(scenario.source)]
-    for rel in (scenario.model.hf_config, scenario.backend.calibration,
-                scenario.workload.trace.path if scenario.workload.trace else None):
+    for rel in (scenario.model.hf_config, scenario.backend.calibration, scenario.backend.kernel_tables,
+                scenario.backend.server_terms, scenario.workload.trace.path if scenario.workload.trace else None):
         if rel:
             paths.append(scenario.resolve(rel))
     return paths
@@ -221,7 +222,17 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     if tiers is not None:
         summary["kv_offload"] = offload_summary(tiers, end, summary)
     summary["verdict"] = judge(summary).as_dict()
+    _error_bars(summary, basis or pricing_basis(scenario, model, gpu), settings,
+                unlike(model, gpu.name, scenario.hardware.tensor_parallel_size))
     return summary, sim
+
+
+def _error_bars(summary: dict, basis: PricingBasis, settings: EngineSettings, differs: tuple = ()) -> None:
+    """The range real runs like this one fell in around kvsim's figures, and how this run differs from
+    those runs (kvsim.results.intervals)."""
+    bars = summary_intervals(summary, basis.to_dict(), settings.max_num_seqs, settings.num_replicas, differs)
+    if bars is not None:
+        summary["prediction_intervals"] = bars
 
 
 def energy_meter(scenario, policy, model, gpu, settings):
@@ -286,6 +297,9 @@ def simulate_disaggregated(scenario, policy, metrics: Metrics,
     if source.closed_loop:
         _clients_figures(summary, source)
     summary["verdict"] = judge(summary).as_dict()
+    _error_bars(summary, pool_basis(dis.decode), settings,
+                unlike(dis.decode.model, dis.decode.gpu.name, dis.decode.scenario.hardware.tensor_parallel_size,
+                       disaggregated=True))
     return summary, sim
 
 
@@ -370,7 +384,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
     interval = timeseries_interval(scenario)
     basis = pricing_basis(scenario, model, gpu)
-    overhead = request_overhead_s(basis, gpu)  # the API server, on TTFT and E2E (measured pricing)
+    overhead = request_overhead_s(scenario, basis, gpu)  # the API server, on TTFT and E2E (measured pricing)
     if out_dir is None:
         out_dir = results_dir(scenario)
     out_dir = user_path(out_dir, "out_dir")

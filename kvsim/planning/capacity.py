@@ -51,6 +51,7 @@ from kvsim.results.verdict import OPTIONAL_FIGURES
 from kvsim.planning.safe import LONG_RUN, SafeCheck, first_candidate, safe_rates, safe_rates_guided
 from kvsim.planning.search import Guided, Search, expected_points, run_guided, run_searches
 from kvsim.planning.sensitivity import KNEE_GROWTH, STEP_COST_MARGIN, check_scale, scalable, widen, with_step_scale
+from kvsim.results.intervals import rate_interval
 from kvsim.scenario.workload import expected_count
 
 DEFAULT_REQUESTS = 3000
@@ -110,13 +111,19 @@ class PolicyCapacity:
     # the first seed's knee with every step STEP_COST_MARGIN cheaper / dearer (None: not searched)
     knee_faster_steps: Optional[float] = None
     knee_slower_steps: Optional[float] = None
+    # where the real safe rate would fall, given real steps' error near the knee (kvsim.results.intervals)
+    safe_rate_interval: Optional[dict] = None
     # seeds whose knees make the interval; 1: no seed-to-seed variance behind it (kvsim.planning.points.replications),
     # [ci_low, ci_high] is then only the search's resolution and the step-cost band
     replications: int = 0
 
     def row(self) -> dict:
         """A flat row: the answer and the SLO figures at safe_rate."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("at_safe_rate", "seed_max_rates")}
+        nested = ("at_safe_rate", "seed_max_rates", "safe_rate_interval")
+        out = {k: v for k, v in asdict(self).items() if k not in nested}
+        iv = self.safe_rate_interval or {}
+        out.update(safe_rate_real_low=iv.get("low"), safe_rate_real_high=iv.get("high"),
+                   safe_rate_interval=iv.get("text"))
         out["seed_max_rates"] = " ".join(f"{r:.6g}" for r in self.seed_max_rates)
         out.update({f"at_safe_{k}": v for k, v in self.at_safe_rate.items()})
         return out
@@ -367,9 +374,27 @@ def step_cost_knees(executor, scenario, answers: list[PolicyCapacity], seed: int
                                          and scale == check_scale(scenario)])
         knees[scale] = [f.mean_rate for f in found]
         rows += [{**r, "phase": f"step_cost_x{scale:g}"} for r in points]
+    basis, differs = _basis_dict(scenario)
     for i, a in enumerate(todo):
-        widen(a, a.seed_max_rates[0], knees[1.0 - STEP_COST_MARGIN][i], knees[1.0 + STEP_COST_MARGIN][i])
+        fast, slow = knees[1.0 - STEP_COST_MARGIN][i], knees[1.0 + STEP_COST_MARGIN][i]
+        widen(a, a.seed_max_rates[0], fast, slow)
+        a.safe_rate_interval = rate_interval(a.safe_rate, a.seed_max_rates[0], fast, slow, basis, STEP_COST_MARGIN,
+                                             differs(a.policy))
     return rows
+
+
+def _basis_dict(scenario) -> tuple:
+    """The run's pricing basis, and per policy how its runs differ from the held-out real ones
+    (kvsim.results.intervals.unlike)."""
+    from kvsim.pipeline import run_meta  # a disaggregated policy's basis is its pools'
+    from kvsim.results.intervals import unlike
+    from kvsim.scenario.catalog import gpu_spec, model_spec
+
+    model, gpu = model_spec(scenario), gpu_spec(scenario)
+    meta = run_meta(scenario, model, gpu)
+    pooled = set((meta.get("disaggregation") or {}).get("policies") or ())
+    return meta["pricing_basis"], lambda policy: unlike(model, gpu.name, scenario.hardware.tensor_parallel_size,
+                                                        policy in pooled)
 
 
 def _margin(record: dict) -> float:

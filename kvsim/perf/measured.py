@@ -13,7 +13,11 @@
     elementwise  norms, RoPE, KV store, SiLU: not in the tables; AIConfigurator's memory-op estimate,
                  bytes / (0.8 x HBM) + 3 us a kernel (`ServerTerms`)
     sampler      the logits' bytes per sampled row over HBM (the roofline's estimate)
-    host         a fixed cost per step (CUDA-graph decode steps and the others apart) and per sequence
+    beyond       a fixed cost per step (full-CUDA-graph decode steps and the others apart), per layer of a
+                 step outside a full graph (piecewise graphs run attention eagerly between their pieces)
+                 (`ServerTerms`, fitted to serving runs)
+    host         the engine's CPU work, a fixed cost per step and per sequence, overlapped with the GPU's
+                 under async scheduling
 
 Kernel times come from `kvsim.perf.kernels.ModelKernels` (the shipped AIConfigurator tables, or a file
 `kvsim calibrate` converted), server terms from `ServerTerms` (each with its public source). Decode
@@ -36,7 +40,7 @@ from kvsim.perf.kernel_moe import model_kernels
 from kvsim.perf.kernels import load_tables
 from kvsim.perf.pricing import DecodeRunPrice, first_reaching
 from kvsim.perf.roofline import activation_bytes_per_token
-from kvsim.perf.server import ServerTerms, shipped_terms, vllm_capture_sizes
+from kvsim.perf.server import ServerTerms, server_terms, vllm_capture_sizes
 
 _new = tuple.__new__  # builds a named tuple without its Python-level __new__ (once per fused decode run)
 # rows the tables keep for deployed formats and windows: describe() names them where the model reads them
@@ -136,6 +140,8 @@ class MeasuredStepModel:
         self.overlap = async_scheduling
         self.host_step_s = terms.host_step_s + (terms.host_tp_step_s if tp > 1 else 0.0)
         self.host_per_seq_s = terms.host_per_seq_s
+        # a step outside a full CUDA graph: its fixed cost and the eager attention between graph pieces, per layer
+        self.piecewise_s = terms.step_overhead_s + self.layers * terms.piecewise_layer_s
         self._rows: dict = {True: {}, False: {}}  # graph or eager -> rows -> seconds (the rows priced so far)
         self._rows_pre = self._rows_table(max_rows)
         self._seqs: dict = {}
@@ -278,7 +284,7 @@ class MeasuredStepModel:
         if np_:
             t += self.prefill_attention_time(np_, batch.num_prefill_tokens, batch.prefill_context_tokens,
                                              batch.prefill_attn_pairs, batch)
-        overhead = self.terms.graph_step_overhead_s if padded and not np_ else self.terms.step_overhead_s
+        overhead = self.terms.graph_step_overhead_s if padded and not np_ else self.piecewise_s
         gpu = t + overhead + swap
         host = self.host_step_s + self.host_per_seq_s * (np_ + nd)
         if self.overlap:
@@ -361,7 +367,7 @@ class MeasuredStepModel:
         if fixed is None:  # what a pure-decode step of num_seqs costs besides its attention
             padded = self.padded(num_seqs)
             fixed = (self.rows_time(padded or num_seqs, padded > 0) + self.seqs_time(num_seqs)
-                     + (self.terms.graph_step_overhead_s if padded else self.terms.step_overhead_s))
+                     + (self.terms.graph_step_overhead_s if padded else self.piecewise_s))
             if not self.overlap:
                 fixed += self.host_time(num_seqs)
             self._fixed[num_seqs] = fixed
@@ -470,7 +476,7 @@ def measured_step_model(scenario, policy, model, gpu, calibration, settings, cap
     path = measured_tables(scenario, gpu, model)
     if path is None:
         return None
-    terms, _ = shipped_terms(gpu.name)
+    terms, _ = server_terms(scenario, gpu.name, load_tables(str(path)).vllm_version)
     if not host:
         terms = replace(terms, host_step_s=0.0, host_tp_step_s=0.0, host_per_seq_s=0.0, graph_step_overhead_s=0.0,
                         step_overhead_s=0.0)
@@ -484,7 +490,9 @@ def measured_step_model(scenario, policy, model, gpu, calibration, settings, cap
                              settings.async_scheduling)
 
 
-def request_overhead_s(basis, gpu) -> float:
+def request_overhead_s(scenario, basis, gpu) -> float:
     """Seconds the API server adds to each request's TTFT and E2E (ServerTerms.api_server_s) when measured
     kernels price the run (`basis`: kvsim.perf.basis.PricingBasis; runs the roofline prices stay as they were)."""
-    return shipped_terms(gpu.name)[0].api_server_s if basis.pricing == "measured" else 0.0
+    if basis.pricing != "measured":
+        return 0.0
+    return server_terms(scenario, gpu.name, basis.vllm_version)[0].api_server_s

@@ -76,6 +76,9 @@ def add_commands(sub) -> None:
     plan.add_argument("--dram-usd-gib-hour", type=_positive(float), metavar="USD",
                       help="with --offload-gib: host DRAM's price per GiB-hour (default: the catalog's, with "
                            "its source)")
+    plan.add_argument("--exhaustive", action="store_true",
+                      help="simulate every point whole and run every search in full, as before early stopping "
+                           "and guided searches (slower; the same answers)")
     plan.add_argument("--speculative-k", type=_k_list, metavar="K,K,...",
                       help="compare each policy without speculative decoding and with each k draft tokens (the "
                            "scenario's [speculative] method and acceptance), and say where speculation stops paying")
@@ -149,19 +152,21 @@ def cmd_plan(args, console) -> int:
             from kvsim.planning.disagg import pd_deploy
 
             result = pd_deploy(scenario, args.target_rate, gpus=args.gpu, tensor_parallel=args.tp,
-                               policy=args.policy, max_replicas=args.max_replicas, **common)
+                               policy=args.policy, max_replicas=args.max_replicas, exhaustive=args.exhaustive,
+                               **common)
         elif args.target_rate is not None:
             from kvsim.planning.disagg import aggregated
 
             result = deploy(aggregated(scenario), args.target_rate, gpus=args.gpu,
                             tensor_parallel=tuple(args.tp or TP_DEGREES), policy=args.policy, top=args.top,
-                            max_replicas=args.max_replicas, headroom=args.headroom, **common)
+                            max_replicas=args.max_replicas, headroom=args.headroom, exhaustive=args.exhaustive,
+                            **common)
         elif args.speculative_k:
             from kvsim.planning.speculation import speculation_plan
 
             result = speculation_plan(scenario, args.speculative_k, policies=args.policy, **common)
         else:
-            result = plan(scenario, policies=args.policy, tune=args.tune, **common)
+            result = plan(scenario, policies=args.policy, tune=args.tune, exhaustive=args.exhaustive, **common)
     finally:
         bar.close()
     if not args.quiet:

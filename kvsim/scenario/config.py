@@ -427,12 +427,25 @@ class PrefixConfig(_Section):
     prefix_len: Annotated[int, Field(ge=1, le=L.MAX_MODEL_LEN)] = Field(512, description=(
         "Tokens of each shared prefix, added in front of the member's sampled prompt."))
     fraction: Fraction = Field(1.0, description="Share of requests that carry a group's prefix, in (0, 1].")
+    prompts_per_group: Optional[Annotated[int, Field(ge=1, le=L.MAX_PREFIX_GROUPS)]] = Field(None, description=(
+        "A fixed pool of prompts: each group has this many whole prompts (its system prompt and a question of "
+        "prompt_len tokens, drawn once), and requests send the num_groups × prompts_per_group prompts in a "
+        "shuffled order, over and over, as llm-d's inference-perf shared_prefix data does: a prompt comes back "
+        "every num_groups × prompts_per_group requests, so prefix caching can hit it whole. Needs fraction = 1 "
+        "and synthetic prompt lengths. Default: none (every member's question is new)."))
 
     @model_validator(mode="after")
     def _bounded(self):
         if self.num_groups * self.prefix_len > L.MAX_PREFIX_TOKENS:
             raise ValueError(f"num_groups × prefix_len = {self.num_groups * self.prefix_len:,} tokens, more than "
                              f"{L.MAX_PREFIX_TOKENS:,}")
+        if self.prompts_per_group is not None:
+            if self.fraction != 1.0:
+                raise ValueError("prompts_per_group: a pool of whole prompts needs fraction = 1 (every request "
+                                 "sends one of them)")
+            if self.num_groups * self.prompts_per_group > L.MAX_PREFIX_GROUPS:
+                raise ValueError(f"num_groups × prompts_per_group = {self.num_groups * self.prompts_per_group:,} "
+                                 f"prompts, more than {L.MAX_PREFIX_GROUPS:,}")
         return self
 
 
@@ -530,6 +543,10 @@ class WorkloadConfig(_Section):
                              "gamma or deterministic arrivals, with prompt_len and output_len dist = \"trace\"")
         if self.trace is None and self.num_requests is None and self.duration_s is None:
             raise ValueError("give num_requests or duration_s")
+        if self.prefix is not None and self.prefix.prompts_per_group is not None and (
+                self.prompt_len.dist == "trace" or self.sessions is not None):
+            raise ValueError("prefix.prompts_per_group: a pool of fixed prompts draws its questions from a synthetic "
+                             "prompt_len, without [workload.sessions]")
         self._clients()
         if self.num_requests is None and self.duration_s is not None and self.arrival.process not in ("trace", "immediate"):
             expected = self.arrival.rate * self.duration_s
@@ -734,6 +751,10 @@ class BackendConfig(_Section):
     kernel_tables: Optional[PathText] = Field(None, description=(  # relative to the scenario
         "analytic: a kernel-table file (.npz) that kvsim calibrate converted from AIConfigurator's tables, "
         "relative to the scenario file; prices steps in place of the shipped tables."))
+    server_terms: Optional[PathText] = Field(None, description=(  # relative to the scenario
+        "analytic, measured pricing: a server-terms file (JSON) that kvsim calibrate --serving fitted to your "
+        "own serving runs, relative to the scenario file; replaces the GPU's shipped server terms (the API "
+        "server, the engine's host time a step, what a step costs beyond its kernels)."))
     step_time_scale: Annotated[float, Field(ge=0.5, le=2.0)] = Field(1.0, description=(
         "analytic: every step's price times this (a sensitivity knob: kvsim plan checks its safe rate at "
         "1.05 and reports how the knee moves at 0.95 and 1.05)."))

@@ -42,7 +42,7 @@ from kvsim.results.disaggregation import DisaggregationObserver
 from kvsim.results.intervals import summary_intervals, unlike
 from kvsim.results.energy import EnergyMeter, Observers
 from kvsim.results.metrics import Metrics
-from kvsim.results.offload import offload_summary
+from kvsim.results.offload import offload_summary, oracle_ttft
 from kvsim.results.speculative import speculative_summary
 from kvsim.results.verdict import judge
 from kvsim.results.writer import ResultsWriter
@@ -185,15 +185,17 @@ def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
 
 def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
                     on_progress: Optional[Callable[[int], None]] = None,
-                    basis: Optional[PricingBasis] = None, observe=None) -> tuple[dict, Simulation]:
+                    basis: Optional[PricingBasis] = None, observe=None,
+                    oracle: Optional[list] = None) -> tuple[dict, Simulation]:
     """Simulate one policy; returns its summary and the finished simulation. `observe(metrics, sim)`: the
     observer to run with instead of the run's own (`sim.observer`: the metrics, with an energy meter
-    beside them), one that hands every event on to it (e.g. kvsim.results.early_stop.VerdictWatch)."""
+    beside them), one that hands every event on to it (e.g. kvsim.results.early_stop.VerdictWatch).
+    `oracle`: the offload tiers' recorded futures, for the optimal bound's re-run (kvsim.engine.tiers)."""
     if scenario.disaggregated(policy):
         return simulate_disaggregated(scenario, policy, metrics, on_progress)
     capacity, settings = resolve_policy(scenario, policy, model, gpu, basis)
     backend_cls = load_backend(scenario.backend.name, scenario.source)
-    tiers = offload_tiers(scenario, policy, model, gpu, capacity, metrics.interval)
+    tiers = offload_tiers(scenario, policy, model, gpu, capacity, metrics.interval, oracle)
     make = make_replica if tiers is None else tiers.make_replica
     replicas = [make(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings), metrics.interval)
                 for i in range(settings.num_replicas)]
@@ -221,6 +223,10 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
         _clients_figures(summary, source)
     if tiers is not None:
         summary["kv_offload"] = offload_summary(tiers, end, summary)
+        if tiers.oracle_ttft:  # the same policy again, its CPU tier evicting by the first run's future
+            again = Metrics(policy.name, scenario.slo, metrics.interval, request_overhead_s=metrics.request_overhead_s)
+            bound, _ = simulate_policy(scenario, policy, model, gpu, again, basis=basis, oracle=tiers.futures())
+            summary["kv_offload"]["optimal"].update(oracle_ttft(metrics, again, bound))
     summary["verdict"] = judge(summary).as_dict()
     _error_bars(summary, basis or pricing_basis(scenario, model, gpu), settings,
                 unlike(model, gpu.name, scenario.hardware.tensor_parallel_size))

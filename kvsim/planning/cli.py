@@ -70,6 +70,12 @@ def add_commands(sub) -> None:
     plan.add_argument("--headroom", action=argparse.BooleanOptionalAction, default=True,
                       help="search each listed deployment's own safe rate (--no-headroom: only whether it "
                            "meets the target, faster)")
+    plan.add_argument("--offload-gib", metavar="G1,G2,...",
+                      help="size the policy's CPU offload tier: its safe rate and $ per million requests at each "
+                           "GiB per replica (0: no tier; vLLM's --kv-offloading-size), and whether a tier pays")
+    plan.add_argument("--dram-usd-gib-hour", type=_positive(float), metavar="USD",
+                      help="with --offload-gib: host DRAM's price per GiB-hour (default: the catalog's, with "
+                           "its source)")
     plan.add_argument("--exhaustive", action="store_true",
                       help="simulate every point whole and run every search in full, as before early stopping "
                            "and guided searches (slower; the same answers)")
@@ -135,6 +141,8 @@ def cmd_plan(args, console) -> int:
     bar = Bar(console, "planning", not args.quiet and console.is_terminal)
     common = dict(seeds=args.seeds, resolution=args.resolution, num_requests=args.requests, workers=args.workers,
                   ray=args.ray, progress=bar)
+    if args.offload_gib is not None:
+        return _offload_plan(args, console, scenario, vetted, bar, common)
     try:
         pd = args.disaggregated if args.disaggregated is not None else scenario.disaggregation is not None
         if pd and scenario.disaggregation is None:
@@ -176,6 +184,30 @@ def cmd_plan(args, console) -> int:
             if result.tuning:
                 console.print(output.tuning_table(result))
             _print_planning_extras(console, args, result)
+    if args.out is not None:
+        written = output.write_plan(args.out, result, scenario, args.force, vetted)
+        if not args.quiet:
+            console.print(f"results: {written}")
+    return 0
+
+
+def _offload_plan(args, console, scenario, vetted, bar, common) -> int:
+    """`plan --offload-gib`: kvsim.planning.offload_sizing."""
+    from kvsim.planning import output
+    from kvsim.planning.offload_sizing import offload_lines, offload_plan, offload_table, parse_sizes
+
+    for flag, given in (("--target-rate", args.target_rate), ("--tune", args.tune),
+                        ("--disaggregated", args.disaggregated), ("--speculative-k", args.speculative_k)):
+        if given:
+            raise KvsimError(f"--offload-gib sizes the CPU tier of one aggregated policy: drop {flag}")
+    sizes = parse_sizes(args.offload_gib)
+    try:
+        result = offload_plan(scenario, sizes, policies=args.policy, dram_usd_gib_hour=args.dram_usd_gib_hour, **common)
+    finally:
+        bar.close()
+    if not args.quiet:
+        _print_lines(console, offload_lines(result))
+        console.print(offload_table(result))
     if args.out is not None:
         written = output.write_plan(args.out, result, scenario, args.force, vetted)
         if not args.quiet:

@@ -8,6 +8,15 @@ compared (same bytes, and how much faster), and how the per-point request count 
 Prints markdown tables. Targets (issue 11): chat plan (5 policies, 3 seeds, ±2%) <= 60 s on 2
 cores; 70B deployment search over 6 GPUs x TP {1,2,4,8} x replicas <= 180 s on 2 cores; plan.csv
 and sweep.csv byte-identical from 1 worker, N workers and Ray.
+
+    python benchmarks/plan_speed.py --only fast --workers 2 [--case chat,70b,pd,moe]
+
+Issue 27: each case run the default (fast) way and with `exhaustive=True` on this commit, paired in
+one process (fast first, then exhaustive, on a fresh pool of --workers each), with wall and CPU
+seconds, the load average before each run, the points simulated, and whether the answers agree
+(kvsim.planning.agree: safe rates within 1%, binding constraints, the deployment chosen). Targets:
+chat plan <= 10 s, the 70B deployment search at 20 req/s <= 30 s, the P:D search of
+scenarios/disaggregated.toml <= 10 s, plan on moe.toml <= 20 s (wall, 2 cores).
 """
 
 from __future__ import annotations
@@ -166,15 +175,78 @@ def requests_rows(counts: list[int], kind: str) -> list[str]:
     return rows
 
 
+FAST_CASES = {
+    "chat": ("`plan scenarios/chat.toml`", lambda ex, exh: plan(load_scenario(CHAT), executor=ex, exhaustive=exh)),
+    "70b": ("70B at 20 req/s, every GPU preset × TP 1,2,4,8 (policy paged)",
+            lambda ex, exh: deploy(load_scenario(CHAT, SEVENTY_B), 20.0, policy="paged", executor=ex, exhaustive=exh)),
+    "pd": ("P:D search, `plan scenarios/disaggregated.toml --target-rate 28`",
+           lambda ex, exh: _pd(ex, exh)),
+    "moe": ("`plan scenarios/moe.toml`",
+            lambda ex, exh: plan(load_scenario(ROOT / "scenarios" / "moe.toml"), executor=ex, exhaustive=exh)),
+}
+
+
+def _pd(ex, exhaustive: bool):
+    from kvsim.planning.disagg import pd_deploy
+
+    return pd_deploy(load_scenario(ROOT / "scenarios" / "disaggregated.toml"), 28.0, executor=ex, exhaustive=exhaustive)
+
+
+def _answer(result) -> str:
+    if hasattr(result, "policies"):
+        return "; ".join(f"{p.policy} {p.safe_rate:.4g} ({p.binding})" for p in result.policies)
+    if hasattr(result, "aggregated"):
+        d = result.best
+        agg = result.aggregated.deployments[0] if result.aggregated.deployments else None
+        return (f"P:D {d.label if d else '–'} ${d.usd_per_hour if d else 0:.2f}/h; aggregated "
+                f"{agg.label if agg else '–'}")
+    d = result.deployments[0]
+    return f"{d.label} ${d.usd_per_hour:.2f}/h, safe {d.safe_rate:.4g} ({d.binding})"
+
+
+def _points(result) -> int:
+    return len(result.points) + (len(result.aggregated.points) if hasattr(result, "aggregated") else 0)
+
+
+def fast_rows(cases: list[str], workers: int) -> list[str]:
+    from kvsim.planning.agree import differences
+
+    rows = []
+    for case in cases:
+        label, run = FAST_CASES[case]
+        got, times = {}, {}
+        for exhaustive in (False, True):
+            ex = executor(str(workers))
+            t0, c0, before = time.perf_counter(), cpu_s(), load()
+            got[exhaustive] = run(ex, exhaustive)
+            wall = time.perf_counter() - t0
+            close(ex, str(workers))
+            times[exhaustive] = (wall, cpu_s() - c0, before)
+        diff = differences(got[False], got[True])
+        (fw, fc, fl), (ew, ec, el) = times[False], times[True]
+        rows.append(f"| {label} | {fw:.1f} | {fc:.1f} | {fl} | {_points(got[False])} | {ew:.1f} | {ec:.1f} | {el} | "
+                    f"{_points(got[True])} | {ew / fw:.2f}× | {'same' if not diff else '; '.join(diff)} | "
+                    f"{_answer(got[False])} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", default=str(os.cpu_count()), help="comma-separated worker counts")
     ap.add_argument("--ray", action="store_true", help="also on a local Ray instance (all cores)")
-    ap.add_argument("--only", choices=("plan", "deploy", "requests", "scaling"))
+    ap.add_argument("--only", choices=("plan", "deploy", "requests", "scaling", "fast"))
+    ap.add_argument("--case", default="chat,70b,pd,moe", help="with --only fast: the cases, comma-separated")
     ap.add_argument("--target", type=float, default=20.0)
     args = ap.parse_args()
     kinds = args.workers.split(",") + (["ray"] if args.ray else [])
     print(f"{os.cpu_count()} cores, Python {sys.version.split()[0]}\n")
+    if args.only == "fast":
+        print("| case | fast wall s | fast CPU s | load before | fast points | exhaustive wall s | exhaustive CPU s | "
+              "load before | exhaustive points | speed-up (wall) | answers | answer (fast) |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        fast_rows(args.case.split(","), int(args.workers.split(",")[0]))
+        return
     if args.only in (None, "plan", "deploy"):
         print("| run | executor | wall s | CPU s | load avg before | points | sha256 of plan.csv + points.csv | answer |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")

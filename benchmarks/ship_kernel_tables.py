@@ -8,7 +8,11 @@
   kvsim.calibrate.aiconfigurator.SOURCE_COMMIT); its LICENSE is copied beside the files.
 - `<gpu>-server.json`: the terms around the kernels (kvsim.perf.measured.ServerTerms), each with its
   public source; the CUDA-graph step's fixed cost is solved from a public vLLM ITL (H100; the other GPUs
-  take H100's, there being no public ITL of theirs here).
+  take H100's, there being no public ITL of theirs here). The terms fitted to real vLLM serving runs
+  (`api_server_s`, `piecewise_layer_s`: benchmarks/serving_groundtruth.py fit, its results in
+  benchmarks/results/serving_groundtruth.json) go in per release of the kernel tables they were fitted
+  with ("releases"), with their hold-out errors; the newest release's fit is the file's own. GPUs
+  without serving runs of their own take H100-SXM's fit, labelled estimated ("fitted_on").
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ PROVENANCE = {
     "elementwise_kernel_s": "mem_empirical_constant_latency = 3 us, " + AIC_YAML + ", as AIConfigurator's "
                             "query_mem_op prices every memory-bound op",
     "elementwise_bandwidth": "mem_bw_empirical_scaling_factor = 0.8, " + AIC_YAML,
+    "piecewise_layer_s": "0: a step outside a full CUDA graph is priced by its kernels and step_overhead_s alone "
+                         "(no serving data fitted yet)",
     "sampler_bytes_per_vocab": "the roofline's estimate (kvsim/perf/roofline.py LOGITS_BYTES_PER_VOCAB): 16-bit "
                                "logits written and read, an fp32 copy written and read, per sampled row",
     "api_server_s": "10.2 ms: vLLM PR #54628 (vLLM 0.28.1rc1) measured vllm bench serve's client TTFT against "
@@ -144,9 +150,54 @@ def solve_host_step(model: str = "Llama-3.1-8B", tp: int = 1, latency_s: float =
                   f"for its {CI_STEPS} steps")
 
 
-def write_terms(gpu: str, stem: str, overhead: float, note: str, hosts: tuple, notes: tuple) -> None:
+SERVING_FIT = ROOT / "benchmarks" / "results" / "serving_groundtruth.json"
+FIT_GPU = "H100-SXM"  # the GPU of the serving runs in ../shared/groundtruth
+RUNS_NOTE = ("9 experiments, 15 load stages of llm-d inference-perf against vllm serve on H100-SXM, early 2026: "
+             "Llama-2-7B TP1, CodeLlama-34B TP2, Llama-2-70B TP4, 5-20 req/s, 100 shared-prefix prompts re-sent, "
+             "../shared/groundtruth/inference_perf_h100")
+WHAT = {"api_server_s": "the API server on every request's TTFT and E2E (HTTP, tokenizing, the stream to the client)",
+        "piecewise_layer_s": "a step outside a full CUDA graph, per layer, beyond its kernels (vLLM V1's "
+                             "cudagraph_mode FULL_AND_PIECEWISE, the default since v0.11: a mixed prefill + decode "
+                             "step replays piecewise graphs, attention run eagerly between them; "
+                             "docs.vllm.ai/en/latest/design/cuda_graphs); chosen over a fixed cost per piecewise "
+                             "step, a cost per scheduled sequence and a full-graph step's cost, each of which "
+                             "predicted the held-out experiments worse (the term selection in "
+                             "benchmarks/results/serving_groundtruth.md)"}
+
+
+def fitted_releases(gpu: str) -> dict:
+    """{release: {"terms", "provenance"}} of the serving fits (benchmarks/results/serving_groundtruth.json)."""
     import json
 
+    if not SERVING_FIT.exists():
+        return {}
+    fits = json.loads(SERVING_FIT.read_text()).get("fits", {})
+    out = {}
+    for version, fit in sorted(fits.items()):
+        loeo = fit["leave_one_experiment_out"]["summary"]
+        terms, prov = {}, {}
+        for n in fit["terms_fitted"]:
+            held = [t[n] for t in fit["holdout_terms"].values()]
+            terms[n] = round(fit["terms"][n], 7)
+            moved = "TTFT" if n == "api_server_s" else "TPOT"
+            prov[n] = (f"{WHAT[n]}: {terms[n] * 1e3:.3g} ms, fitted by kvsim.calibrate.server_fit (with "
+                       f"{', '.join(fit['terms_fitted'])}) with vLLM {version}'s kernel tables to {RUNS_NOTE}; fitted "
+                       f"without each experiment in turn {min(held) * 1e3:.3g} … {max(held) * 1e3:.3g} ms; each "
+                       f"experiment predicted by the fit to the other eight: {moved} median |error| "
+                       f"{loeo[moved.lower() + '_median_abs_error']:.1%} (signed, the median of the stages' means "
+                       f"{loeo[moved.lower() + '_signed_median_of_stage_means']:+.1%}), "
+                       f"{loeo['median_abs_error_all']:.1%} over TTFT/TPOT/E2E (benchmarks/serving_groundtruth.py)")
+            if gpu != FIT_GPU:
+                prov[n] = f"{FIT_GPU}'s fit, estimated for {gpu} (no serving runs of this GPU): " + prov[n]
+        out[version] = {"terms": terms, "provenance": prov}
+    return out
+
+
+def write_terms(gpu: str, stem: str, overhead: float, note: str, hosts: tuple, notes: tuple) -> None:
+    import json
+    from dataclasses import replace
+
+    from kvsim.perf.kernels import version_key
     from kvsim.perf.server import ServerTerms
 
     terms = ServerTerms(graph_step_overhead_s=overhead, step_overhead_s=overhead, api_server_s=API_SERVER_S,
@@ -156,9 +207,17 @@ def write_terms(gpu: str, stem: str, overhead: float, note: str, hosts: tuple, n
                                         "software): "
     prov["graph_step_overhead_s"] = own + note
     prov["step_overhead_s"] = own + "no public figure for a piecewise-graph or eager step: the decode step's, " + note
+    releases = fitted_releases(gpu)
+    if releases:  # the newest release's fit is the file's own
+        newest = releases[max(releases, key=version_key)]
+        terms = replace(terms, **newest["terms"])
+        prov.update(newest["provenance"])
     doc = {"gpu": gpu, "description": "What a vLLM step costs beyond its measured kernels, and the server around "
            "the engine (kvsim.perf.measured.ServerTerms)", "terms": terms.to_dict(),
            "provenance": {k: prov[k] for k in terms.to_dict()}}
+    if releases:
+        doc["fitted_on"] = FIT_GPU
+        doc["releases"] = releases
     path = DATA_DIR / f"{stem}-server.json"
     path.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"{path.relative_to(ROOT)}: graph_step_overhead_s = {overhead * 1e3:.3f} ms")

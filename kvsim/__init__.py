@@ -48,7 +48,7 @@ def _scenario(scenario, overrides=()):
 
 
 def plan(scenario, *, policies=None, seeds=3, resolution=0.02, num_requests=None, workers=None, ray=None,
-         progress=None, tune=False):
+         progress=None, tune=False, exhaustive=False):
     """Each policy's safe arrival rate under the scenario's SLO (`kvsim plan`).
 
     `scenario`: a `Scenario` or a TOML path. A rate is sustainable when the SLO is met at its
@@ -58,7 +58,9 @@ def plan(scenario, *, policies=None, seeds=3, resolution=0.02, num_requests=None
     (`ray="auto"` or an address; "local": the Ray this process started). The *safe rate* is the
     highest rate at which every seed and a run four times longer were simulated and found
     sustainable. `progress(done, total)` is called after every simulated point. `tune`: also search
-    each policy's max_num_seqs and max_num_batched_tokens (`.tuning`).
+    each policy's max_num_seqs and max_num_batched_tokens (`.tuning`). `exhaustive`: every point
+    simulated whole and every search in full (`kvsim plan --exhaustive`: the same answers, slower; by
+    default a run stops once it is certain to be unsustainable and later seeds start from the first's knee).
 
     Returns a `kvsim.planning.capacity.PlanResult`: `.policies` holds a `PolicyCapacity` per policy
     (`policy`, `safe_rate`, `mean_rate` (the seeds' knees' mean), `ci_low`, `ci_high` (95%),
@@ -73,12 +75,13 @@ def plan(scenario, *, policies=None, seeds=3, resolution=0.02, num_requests=None
 
     _check_progress(progress)
     return run_plan(_scenario(scenario), policies=policies, seeds=seeds, resolution=resolution,
-                    num_requests=num_requests, workers=workers, ray=ray, progress=progress, tune=tune)
+                    num_requests=num_requests, workers=workers, ray=ray, progress=progress, tune=tune,
+                    exhaustive=exhaustive)
 
 
 def deploy(scenario, target_rate, *, gpus=None, tensor_parallel=(1, 2, 4, 8), policy=None, seeds=3,
            resolution=0.02, num_requests=None, top=3, max_replicas=64, workers=None, ray=None, progress=None,
-           headroom=True, disaggregated=False):
+           headroom=True, disaggregated=False, exhaustive=False):
     """The cheapest deployments (GPU, tensor parallelism, replicas, KV policy) that meet the SLO at
     `target_rate` req/s (`kvsim plan --target-rate`): every seed and a run four times longer
     sustain it. `policy`: a name or a list of candidates (default: every policy `vllm serve` can run,
@@ -106,7 +109,8 @@ def deploy(scenario, target_rate, *, gpus=None, tensor_parallel=(1, 2, 4, 8), po
     `.aggregated` (the `DeployResult` of the same GPUs and TP degrees), `.verdict()` (aggregated or
     disaggregated, which ratio, by how much), `.table()` (the comparison as records: policy, pools,
     $, TTFT/TPOT/ITL at the SLO's percentile), `.to_frame()`, `.to_dict()`. `$/hour` everywhere counts
-    every GPU (kvsim.scenario.layout.hourly_cost: TP × DP × replicas, or both pools).
+    every GPU (kvsim.scenario.layout.hourly_cost: TP × DP × replicas, or both pools). `exhaustive`: as
+    `plan`'s.
     """
     from kvsim.planning.deploy import deploy as run_deploy
     from kvsim.planning.disagg import aggregated, pd_deploy
@@ -116,10 +120,11 @@ def deploy(scenario, target_rate, *, gpus=None, tensor_parallel=(1, 2, 4, 8), po
         return pd_deploy(_scenario(scenario), target_rate, gpus=gpus,
                          tensor_parallel=None if tensor_parallel == (1, 2, 4, 8) else tensor_parallel, policy=policy,
                          seeds=seeds, resolution=resolution, num_requests=num_requests, max_replicas=max_replicas,
-                         workers=workers, ray=ray, progress=progress)
+                         workers=workers, ray=ray, progress=progress, exhaustive=exhaustive)
     return run_deploy(aggregated(_scenario(scenario)), target_rate, gpus=gpus, tensor_parallel=tensor_parallel,
                       policy=policy, seeds=seeds, resolution=resolution, num_requests=num_requests, top=top,
-                      max_replicas=max_replicas, workers=workers, ray=ray, progress=progress, headroom=headroom)
+                      max_replicas=max_replicas, workers=workers, ray=ray, progress=progress, headroom=headroom,
+                      exhaustive=exhaustive)
 
 
 def sweep(scenario, points, *, workers=None, ray=None, progress=None):

@@ -54,10 +54,15 @@ class Batch:
     decode_window_tokens: int = 0  # windowed KV cache: what the cohort's windowed layers read (min(context, window))
     decode_window_growth: int = 0  # ... and how much more a step (members not yet past the window)
     dissolved: list[Sequence] | tuple = ()  # cohort members released into `seqs` this step
+    # Speculative decoding: draft tokens verified this step beyond one token per decoding sequence (each
+    # a token row of the verify pass and a sampled row), and a speculative cohort's run of steps, which
+    # prices in place of the linear DecodeShape (kvsim.engine.spec_cohort)
+    num_spec_tokens: int = 0
+    run_shape: object = None
 
     @property
     def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_seqs
+        return self.num_prefill_tokens + self.num_decode_seqs + self.num_spec_tokens
 
     @property
     def decode_read_tokens(self) -> int:
@@ -69,6 +74,8 @@ class Batch:
 
     def decode_shape(self) -> DecodeShape:
         """The step as a decode-run price reads it (a cohort-only batch: every sequence decodes)."""
+        if self.run_shape is not None:  # a speculative cohort's run: its steps' figures, not a linear growth
+            return self.run_shape
         return _new(DecodeShape, (self.num_decode_seqs, self.decode_read_tokens, self.decode_max_context,
                                   self.decode_window_tokens, self.decode_window_growth))
 
@@ -108,3 +115,15 @@ class Batch:
             self.decode_context_tokens += ctx + num_new
             if ctx + num_new > self.decode_max_context:
                 self.decode_max_context = ctx + num_new
+
+    def add_decode(self, seq: Sequence, num_drafts: int) -> None:
+        """A decoding sequence verifying `num_drafts` draft tokens: 1 + num_drafts token rows, all sampled."""
+        num_new = 1 + num_drafts
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_new)
+        self.num_decode_seqs += 1
+        self.num_spec_tokens += num_drafts
+        reads = seq.num_computed_tokens + num_new
+        self.decode_context_tokens += reads
+        if reads > self.decode_max_context:
+            self.decode_max_context = reads

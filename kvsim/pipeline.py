@@ -35,14 +35,19 @@ from kvsim.engine.simulator import Simulation
 from kvsim.perf.basis import PricingBasis, pricing_basis
 from kvsim.perf.disaggregation import disaggregation, pool_basis
 from kvsim.perf.measured import request_overhead_s
+from kvsim.perf.energy import StepWork, energy_model
 from kvsim.perf.memory import KvCapacity, check_fits, kv_capacity
 from kvsim.perf.offload import offload_settings
+from kvsim.perf.speculative import resolve_speculation, with_draft
 from kvsim.results.disaggregation import DisaggregationObserver
+from kvsim.results.intervals import summary_intervals, unlike
+from kvsim.results.energy import EnergyMeter, Observers
 from kvsim.results.metrics import Metrics
-from kvsim.results.offload import offload_summary
+from kvsim.results.offload import offload_summary, oracle_ttft
+from kvsim.results.speculative import speculative_summary
 from kvsim.results.verdict import judge
 from kvsim.results.writer import ResultsWriter
-from kvsim.scenario.catalog import gpu_spec, model_spec
+from kvsim.scenario.catalog import gpu_price, gpu_spec, model_spec
 from kvsim.scenario.config import results_dir
 from kvsim.scenario.defaults import engine_limits
 from kvsim.scenario.files import user_path
@@ -56,8 +61,8 @@ from kvsim.workers import can_fork, run_forked
 def input_paths(scenario) -> list[Path]:
     """The files a run reads: a results folder that holds one of them is never replaced."""
     paths = [Path(scenario.source)]
-    for rel in (scenario.model.hf_config, scenario.backend.calibration,
-                scenario.workload.trace.path if scenario.workload.trace else None):
+    for rel in (scenario.model.hf_config, scenario.backend.calibration, scenario.backend.kernel_tables,
+                scenario.backend.server_terms, scenario.workload.trace.path if scenario.workload.trace else None):
         if rel:
             paths.append(scenario.resolve(rel))
     return paths
@@ -163,9 +168,11 @@ def resolve_policy(scenario, policy, model, gpu, basis: Optional[PricingBasis] =
     defaults to the priced release's: on under measured kernel tables (vLLM >= 0.14), else off."""
     limits = engine_limits(scenario, policy, model, gpu)
     capacity = kv_capacity(scenario, policy, model, gpu, limits)
+    spec = resolve_speculation(scenario, policy, model)  # a drafter's weights and KV come out of the cache
+    capacity = with_draft(capacity, spec, scenario.engine.block_size, limits.max_model_len, scenario.source, policy.name)
     basis = basis or pricing_basis(scenario, model, gpu)
     return capacity, engine_settings(scenario, policy, limits, capacity.bytes_per_block, capacity.windows,
-                                     async_default=basis.pricing == "measured")
+                                     async_default=basis.pricing == "measured", speculation=spec)
 
 
 def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
@@ -183,27 +190,35 @@ def arrival_source(scenario, max_model_len: int, reply_delay_s: float = 0.0):
 
 def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
                     on_progress: Optional[Callable[[int], None]] = None,
-                    basis: Optional[PricingBasis] = None) -> tuple[dict, Simulation]:
-    """Simulate one policy; returns its summary and the finished simulation."""
+                    basis: Optional[PricingBasis] = None, observe=None,
+                    oracle: Optional[list] = None) -> tuple[dict, Simulation]:
+    """Simulate one policy; returns its summary and the finished simulation. `observe(metrics, sim)`: the
+    observer to run with instead of the run's own (`sim.observer`: the metrics, with an energy meter
+    beside them), one that hands every event on to it (e.g. kvsim.results.early_stop.VerdictWatch).
+    `oracle`: the offload tiers' recorded futures, for the optimal bound's re-run (kvsim.engine.tiers)."""
     if scenario.disaggregated(policy):
         return simulate_disaggregated(scenario, policy, metrics, on_progress)
     capacity, settings = resolve_policy(scenario, policy, model, gpu, basis)
     backend_cls = load_backend(scenario.backend.name, scenario.source)
-    tiers = offload_tiers(scenario, policy, model, gpu, capacity, metrics.interval)
+    tiers = offload_tiers(scenario, policy, model, gpu, capacity, metrics.interval, oracle)
     make = make_replica if tiers is None else tiers.make_replica
 
     def factory(i: int):
         return make(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings), metrics.interval)
 
     auto = scenario.autoscaling
+    # energy is metered over a fixed pool (an autoscaled pool's replica-hours are in its own summary)
+    meter = energy_meter(scenario, policy, model, gpu, settings) if auto is None else None
     if auto is None:
-        sim, observer = None, metrics
+        sim, observer = None, (Observers(metrics, meter) if meter is not None else metrics)
     else:  # no tiers: check_autoscaled refuses [kv_offload] beside [autoscaling]
         sim, observer, settings = pool_simulation(scenario, model, settings, factory, metrics, on_progress)
     if sim is None:
         replicas = [factory(i) for i in range(settings.num_replicas)]
         sim = Simulation(replicas, observer, make_router(settings, replicas, replicas[0].backend.num_blocks,
                                                          tiers.settings.tokens if tiers else 0), on_progress)
+    if observe is not None:
+        sim.observer = observe(metrics, sim)
     source = arrival_source(scenario, settings.max_model_len, metrics.request_overhead_s)
     try:
         end = sim.run(source)
@@ -219,12 +234,42 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
                               extra=_run_figures(sim, settings, policy, described), num_replicas=peak)
     if auto is not None:
         summary["autoscaling"] = autoscaling_summary(scenario, gpu, sim, observer, end)
+    if meter is not None:
+        price = gpu_price(scenario, gpu.name)
+        summary["energy"] = meter.summary(end, metrics.output_tokens, peak, price and price.usd_per_hour,
+                                          summary["arrivals"])
     if source.closed_loop:
         _clients_figures(summary, source)
     if tiers is not None:
         summary["kv_offload"] = offload_summary(tiers, end, summary)
+        if tiers.oracle_ttft:  # the same policy again, its CPU tier evicting by the first run's future
+            again = Metrics(policy.name, scenario.slo, metrics.interval, request_overhead_s=metrics.request_overhead_s)
+            bound, _ = simulate_policy(scenario, policy, model, gpu, again, basis=basis, oracle=tiers.futures())
+            summary["kv_offload"]["optimal"].update(oracle_ttft(metrics, again, bound))
     summary["verdict"] = judge(summary).as_dict()
+    _error_bars(summary, basis or pricing_basis(scenario, model, gpu), settings,
+                unlike(model, gpu.name, scenario.hardware.tensor_parallel_size))
     return summary, sim
+
+
+def _error_bars(summary: dict, basis: PricingBasis, settings: EngineSettings, differs: tuple = ()) -> None:
+    """The range real runs like this one fell in around kvsim's figures, and how this run differs from
+    those runs (kvsim.results.intervals)."""
+    bars = summary_intervals(summary, basis.to_dict(), settings.max_num_seqs, settings.num_replicas, differs)
+    if bars is not None:
+        summary["prediction_intervals"] = bars
+
+
+def energy_meter(scenario, policy, model, gpu, settings):
+    """An EnergyMeter for the policy's replicas when the scenario has an [energy] section (else None)."""
+    energy = energy_model(scenario, gpu, model)
+    if energy is None:
+        return None
+    hw, spec = scenario.hardware, settings.speculation
+    draft = None if spec is None or spec.draft is None else StepWork(spec.draft, hw.tensor_parallel_size,
+                                                                     policy.kv_cache_dtype)
+    return EnergyMeter(energy, StepWork(model, hw.tensor_parallel_size, policy.kv_cache_dtype),
+                       hw.tensor_parallel_size, draft, spec.k if spec is not None else 0)
 
 
 def _clients_figures(summary: dict, source: ClosedLoop) -> None:
@@ -277,6 +322,9 @@ def simulate_disaggregated(scenario, policy, metrics: Metrics,
     if source.closed_loop:
         _clients_figures(summary, source)
     summary["verdict"] = judge(summary).as_dict()
+    _error_bars(summary, pool_basis(dis.decode), settings,
+                unlike(dis.decode.model, dis.decode.gpu.name, dis.decode.scenario.hardware.tensor_parallel_size,
+                       disaggregated=True))
     return summary, sim
 
 
@@ -289,8 +337,9 @@ def _pool_figures(pool) -> dict:
 
 
 def _run_figures(sim: Simulation, settings: EngineSettings, policy, described: dict) -> dict:
-    """summary.json's figures of the engine that ran (beside the metrics')."""
-    return {
+    """summary.json's figures of the engine that ran (beside the metrics'); with speculative decoding,
+    its plan and vLLM's spec-decode figures (kvsim.results.speculative)."""
+    figures = {
         "engine_events": sim.num_steps,
         "engine_steps": sim.num_decode_steps,
         "preemptions": sum(rep.scheduler.num_preemptions for rep in sim.replicas),
@@ -305,6 +354,9 @@ def _run_figures(sim: Simulation, settings: EngineSettings, policy, described: d
         "num_replicas": settings.num_replicas,
         "async_scheduling": settings.async_scheduling,
     }
+    if settings.speculation is not None:
+        figures["speculative"] = speculative_summary(settings.speculation, [rep.scheduler.counters for rep in sim.replicas])
+    return figures
 
 
 def check_deployments(scenario, model, gpu, policies) -> None:
@@ -342,13 +394,13 @@ def chosen_policies(scenario, names=None) -> list:
 @one_read_per_call  # a trace is read once per run, shared by every policy
 def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[list[str]] = None,
                  progress: Optional[Callable[[str, Optional[int]], Callable[[int], None]]] = None,
-                 write: bool = True, force: bool = False, workers: Optional[int] = 1) -> ScenarioResult:
+                 write: bool = True, force: bool = False, workers: Optional[int] = 1, observe=None) -> ScenarioResult:
     """Simulate the scenario's policies (or the named ones) and write the results folder.
 
     The folder (default `<output.dir>/<name>`) may be new, empty, or an earlier kvsim results folder;
     `force` replaces any other folder (never one that holds the working directory or an input).
     `workers`: policies simulated at once, on forked worker processes (module docstring; None: one
-    per policy, up to the cores)."""
+    per policy, up to the cores). `observe`: see simulate_policy (one worker only)."""
     model, gpu = model_spec(scenario), gpu_spec(scenario)
     chosen = chosen_policies(scenario, policies)
     workers = min(len(chosen), os.cpu_count() or 1) if workers is None else workers
@@ -357,7 +409,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
     total = expected_count(scenario)  # reads a trace now, so a bad one fails before any output
     interval = timeseries_interval(scenario)
     basis = pricing_basis(scenario, model, gpu)
-    overhead = request_overhead_s(basis, gpu)  # the API server, on TTFT and E2E (measured pricing)
+    overhead = request_overhead_s(scenario, basis, gpu)  # the API server, on TTFT and E2E (measured pricing)
     if out_dir is None:
         out_dir = results_dir(scenario)
     out_dir = user_path(out_dir, "out_dir")
@@ -366,7 +418,7 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
                                                                   "timeseries_interval_s": interval})
     try:
         for policy, out in zip(chosen, _simulate_all(scenario, chosen, model, gpu, (interval, overhead, basis), writer,
-                                                     progress, total, workers)):
+                                                     progress, total, workers, observe)):
             result.summaries[policy.name] = out.summary
             result.runs.append(PolicyRun(policy.name, out.summary, out.wall_s, out.events))
             if writer:
@@ -383,27 +435,28 @@ def run_scenario(scenario, out_dir: Optional[Path] = None, policies: Optional[li
 
 
 def simulate_one(scenario, policy, model, gpu, common: tuple, requests_file=None,
-                 tick: Optional[Callable[[int], None]] = None) -> PolicyOutcome:
+                 tick: Optional[Callable[[int], None]] = None, observe=None) -> PolicyOutcome:
     """One policy's simulation, its requests.csv rows streamed into `requests_file`; `common`: what every
     policy shares: the time series' interval, the API server's seconds per request (kvsim.perf.measured)
     and the PricingBasis."""
     interval, overhead, basis = common
     metrics = Metrics(policy.name, scenario.slo, interval, requests_file, request_overhead_s=overhead)
     t0 = time.perf_counter()
-    summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick, basis)
+    summary, sim = simulate_policy(scenario, policy, model, gpu, metrics, tick, basis, observe)
     wall = time.perf_counter() - t0
     return PolicyOutcome(summary, metrics.timeseries_rows(), metrics.latencies(), wall, sim.num_steps)
 
 
 def _simulate_all(scenario, chosen: list, model, gpu, common: tuple, writer: Optional[ResultsWriter],
-                  progress, total, workers: int):
+                  progress, total, workers: int, observe=None):
     """Each chosen policy's PolicyOutcome, in order: one after the other, or side by side (module docstring)."""
     workers = min(workers, len(chosen))
-    if workers <= 1 or not can_fork() or getattr(load_backend(scenario.backend.name, scenario.source),
-                                                   "holds_device", True):  # a backend from before holds_device
+    if workers <= 1 or observe is not None or not can_fork() or getattr(
+            load_backend(scenario.backend.name, scenario.source), "holds_device", True):  # one from before holds_device
         for policy in chosen:
             tick = progress(policy.name, total) if progress else None
-            yield simulate_one(scenario, policy, model, gpu, common, writer.requests_file if writer else None, tick)
+            yield simulate_one(scenario, policy, model, gpu, common, writer.requests_file if writer else None, tick,
+                               observe)
         return
     ticks = [progress(p.name, total) if progress else None for p in chosen]
     reads = trace_reads()

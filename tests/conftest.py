@@ -7,6 +7,7 @@ test files in, so it is set here, before any test module is imported.
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("KVSIM_CACHE_DIR", "off")  # no answers kept on disk between tests (tests/test_answer_cache.py)
 
 import copy  # noqa: E402
 

@@ -70,7 +70,7 @@ def test_clients_in_lockstep_meet_littles_law_computed_by_hand(think):
 def _reply_delay(sc) -> float:
     """The API server's time past the last token (measured pricing's request overhead)."""
     gpu = gpu_spec(sc)
-    return request_overhead_s(pricing_basis(sc, model_spec(sc), gpu), gpu)
+    return request_overhead_s(sc, pricing_basis(sc, model_spec(sc), gpu), gpu)
 
 
 def test_a_semaphore_over_the_arrival_process_sends_each_request_when_a_client_is_free(monkeypatch):

@@ -352,3 +352,19 @@ def test_log_axes_are_labelled_in_whole_numbers_at_ticks_their_span_allows():
     assert out["yaxis"]["dtick"] == "D2" and out["yaxis"]["tickformat"] == LOG_TICKS  # 0.5-4: 0.9 decades
     assert out["yaxis2"]["dtick"] == 1  # 3-200,000: 4.8 decades
     assert out["xaxis2"] == fig["layout"]["xaxis2"] and "tickformat" not in fig["layout"]["yaxis"]  # a copy
+
+
+def test_offload_knobs_are_scenario_keys(tmp_path):
+    """A scenario with a [kv_offload] section gets its knobs under Advanced (each a scenario key); one
+    without has none. The run reads them: a smaller tier, ARC, the oracle's TTFT."""
+    at = open_app()
+    assert not [w for w in at.sidebar.number_input if w.key and w.key.endswith(":kv_offload.kv_offloading_size")]
+    at.sidebar.selectbox(key="kvsim.shipped").set_value("offload_sizing").run()
+    assert_clean(at)
+    widget(at, "number_input", "kv_offload.kv_offloading_size").set_value(8.0)
+    widget(at, "selectbox", "kv_offload.eviction_policy").set_value("arc")
+    widget(at, "checkbox", "kv_offload.optimal_ttft").set_value(True)
+    at.run()
+    assert_clean(at)
+    toml = downloaded_toml(at)
+    assert "kv_offloading_size = 8.0" in toml and 'eviction_policy = "arc"' in toml and "optimal_ttft = true" in toml

@@ -56,6 +56,8 @@ def test_the_cards_are_kvsim_plan_and_the_target_line_kvsim_plan_target_rate(tmp
         assert f"knee {p['mean_rate']:.3g} (95% CI {p['ci_low']:.3g}–{p['ci_high']:.3g})" in text
         assert f"binds: **{p['binding']}**" in text and "**$2.99/hour**" in text  # one H100 at its list price
         assert ("★" in text) == (p["policy"] == best)
+        iv = p["safe_rate_interval"]  # where the real safe rate would fall (kvsim.results.intervals)
+        assert iv and f"on real runs like this {iv['low']:.3g}–{iv['high']:.3g} req/s ({iv['text']})" in text
     notes = [c.value for c in at.caption if c.value.startswith("Measured: ")]  # each card's provenance
     assert len(notes) == len(plan["policies"]) and all("vLLM 0.24.0 kernels timed on H100-SXM" in n for n in notes)
     # the target rate: the scenario's own by default, with the best policy; the line is the CLI's cheapest
@@ -67,8 +69,8 @@ def test_the_cards_are_kvsim_plan_and_the_target_line_kvsim_plan_target_rate(tmp
                    cwd=ROOT, check=True, capture_output=True)
     d = json.loads((tmp_path / "deploy/plan.json").read_text())["deployments"][0]
     [shown] = [s.value for s in at.success]
-    assert shown.endswith("Measured: vLLM 0.24.0 kernels timed on H100-SXM (NVIDIA AIConfigurator) plus sourced "
-                          "server terms")
+    assert shown.endswith("Measured: vLLM 0.24.0 kernels timed on H100-SXM (NVIDIA AIConfigurator) plus server "
+                          "terms fitted to real vLLM serving runs on H100-SXM")
     assert shown.startswith(f"**{d['num_gpus']} × H100-SXM as TP {d['tensor_parallel_size']} × {d['num_replicas']} "
                             f"replica{'s' if d['num_replicas'] > 1 else ''}, ${d['usd_per_hour']:,.2f}/h (policy {best})**")
     keyed(at, "number_input", "kvsim.answer.target").set_value(60.0).run()  # a target one GPU cannot serve

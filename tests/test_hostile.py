@@ -451,8 +451,9 @@ def test_every_schema_field_is_described():
                 if isinstance(c, type) and issubclass(c, config._Section) and c is not config._Section}
     fields = [(c.__name__, name, f.description) for c in sections for name, f in c.model_fields.items()]
     # 14: [cost]; 15: [workload.trace.columns]; 16-17: think_time_s, [workload.sessions]; 20: [disaggregation];
-    # 21-33: [workload.arrival.curve] (and its bursts), [autoscaling] and its eleven tables
-    assert len(sections) == 33 and len(fields) > 60
+    # 21-22: [speculative], [energy]; 23-35: [workload.arrival.curve] (and its bursts), [autoscaling] and its
+    # eleven tables
+    assert len(sections) == 35 and len(fields) > 60
     assert [(c, n) for c, n, d in fields if not d or len(d) < 15] == []
     schema = json.loads(subprocess.run([sys.executable, "-m", "kvsim", "schema"], cwd=ROOT, capture_output=True,
                                        text=True, check=True).stdout)

@@ -123,10 +123,41 @@ def test_past_the_tables_the_roofline_scales_the_nearest_point_and_says_so():
     assert d["extrapolated"]["decode_attention"] == "0 of 1 shapes"
 
 
+def test_a_head_count_past_the_tables_is_the_timed_kernel_over_more_sequences():
+    """32-head MHA (Llama-2-7B: 32 KV heads a GPU, which no table times) is the timed 8-head kernel over 4x
+    the sequences: each thread block serves one (sequence, KV head), so the work and the blocks are the same."""
+    from kvsim.perf.kernel_curves import AttentionGrid, head_fold
+    from kvsim.perf.kernels import Grid
+
+    batch, step = np.array([1, 2, 4, 8, 16, 32]), np.array([15, 255, 1023])
+    ms = np.full((2, 1, 3, len(batch), len(step)), np.nan)  # [kv (0: MHA, 2), head_dim, heads (2, 4, 8)]
+    ms[0, 0, 2] = 0.01 + 1e-4 * batch[:, None] * (step[None, :] + 5) ** 0.9  # MHA 8 heads, not linear in batch
+    ms[1, 0, 1] = 0.02 + 2e-5 * batch[:, None] * step[None, :]  # GQA: 4 heads over 2 KV heads
+    grid = Grid({"kv": np.array([0, 2]), "head_dim": np.array([128]), "heads": np.array([2, 4, 8]),
+                 "batch": batch, "step": step}, ms)
+    roof = ModelKernels(load_tables(str(TABLES)), LLAMA8, H100, 1, "auto", CAL).roof
+    assert head_fold(grid, 8, 8, 128) == 1 and head_fold(grid, 32, 32, 128) == 4 and head_fold(grid, 16, 8, 128) == 4
+    assert head_fold(grid, 24, 24, 128) == 1  # 6 and 3 heads were never timed either: the roofline, as before
+    mha32 = AttentionGrid.build(grid, "generation", 32, 32, 128, 2.0, roof)
+    assert mha32.fold == 4 and list(mha32.batch) == [0.25, 0.5, 1, 2, 4, 8]
+    knots, t, _ = mha32.knots(2)  # 2 sequences of 32 heads = 8 sequences of 8 heads, as timed
+    assert list(knots) == [15, 255, 1023] and t == pytest.approx(ms[0, 0, 2][3] * 1e-3, rel=1e-12)
+    _, t, _ = mha32.knots(3)  # between grid batches: linear in the batch, as for a timed head count
+    assert t == pytest.approx(0.5 * (ms[0, 0, 2][3] + ms[0, 0, 2][4]) * 1e-3, rel=1e-12)
+    gqa = AttentionGrid.build(grid, "generation", 16, 8, 128, 2.0, roof)  # 16 heads over 8 KV heads: 4 over 2, 4x
+    _, t, _ = gqa.knots(8)
+    assert t == pytest.approx(ms[1, 0, 1][5] * 1e-3, rel=1e-12)
+    # the pricer says which kernel priced it
+    k = ModelKernels(load_tables(str(TABLES)), replace(LLAMA8, num_key_value_heads=32), H100, 1, "auto", CAL)
+    assert k.generation.fold == 4 and any("4x the sequences" in n for n in k.notes)
+
+
 # ---- a step and runs of steps -------------------------------------------------------------------------
 def test_a_step_is_the_sum_of_its_kernels():
     # synchronous scheduling: the host's work a step (5e-4 s + 1e-5 s a sequence) adds to the GPU's
-    terms = ServerTerms(graph_step_overhead_s=1e-3, step_overhead_s=2e-3, host_step_s=5e-4, host_per_seq_s=1e-5)
+    # a step outside a full graph costs 1e-5 s a layer more
+    terms = ServerTerms(graph_step_overhead_s=1e-3, step_overhead_s=2e-3, host_step_s=5e-4, host_per_seq_s=1e-5,
+                        piecewise_layer_s=1e-5)
     sm = pricer(model=LLAMA70, tp=4, terms=terms, overlap=False)
     k = sm.kernels
     vocab = -(-LLAMA70.vocab_size // 4)  # a rank's share of a sampled row's logits, all-gathered eagerly
@@ -149,7 +180,7 @@ def test_a_step_is_the_sum_of_its_kernels():
     b = Batch(num_prefill_seqs=1, num_prefill_tokens=590, prefill_context_tokens=500,
               prefill_attn_pairs=590 * 500 + 590 * 591 // 2, num_decode_seqs=10, decode_context_tokens=10 * 300)
     want = (80 * (gemm + 2 * ar) + ar + sm.elementwise_fixed_s + 600 * sm.elementwise_s_per_token + head + gather
-            + 11 * sm.sampler_s_per_seq + 80 * sm.decode_line(10)(300.0) + 80 * ctx * share + 2e-3)
+            + 11 * sm.sampler_s_per_seq + 80 * sm.decode_line(10)(300.0) + 80 * ctx * share + 2e-3 + 80 * 1e-5)
     assert sm.step_time(b) == pytest.approx(want + 5e-4 + 11 * 1e-5, rel=1e-12)
     assert sm.step_time(Batch()) == 0.0
     # async scheduling overlaps the host's work with the GPU's: the longer of the two
@@ -157,6 +188,34 @@ def test_a_step_is_the_sum_of_its_kernels():
     assert overlapped.step_time(b) == pytest.approx(want, rel=1e-12)
     slow_host = pricer(model=LLAMA70, tp=4, terms=replace(terms, host_step_s=1.0))
     assert slow_host.step_time(b) == pytest.approx(1.0 + 11 * 1e-5, rel=1e-12)
+
+
+def test_a_mixed_step_is_one_forward_not_a_prefill_plus_a_decode():
+    """vLLM (V1, cudagraph_mode FULL_AND_PIECEWISE, the default since v0.11) runs a mixed batch as one forward:
+    GEMMs and all-reduces at the step's total rows, replaying piecewise CUDA graphs, attention per part
+    (eager, between the pieces). So it costs less than its prefill and its decode run as two steps (the
+    weights are read once), and a piecewise step pays piecewise_layer_s a layer where a decode step replays
+    its full graph."""
+    terms = ServerTerms(piecewise_layer_s=4e-5, host_step_s=0.0)
+    sm = pricer(model=LLAMA70, tp=4, terms=terms)
+    prefill = dict(num_prefill_seqs=1, num_prefill_tokens=15, prefill_context_tokens=560,
+                   prefill_attn_pairs=15 * 560 + 15 * 16 // 2)
+    decode = dict(num_decode_seqs=64, decode_context_tokens=64 * 700)
+    mixed, alone = sm.step_time(Batch(**prefill, **decode)), sm.step_time(Batch(**decode))
+    assert mixed < sm.step_time(Batch(**prefill)) + alone
+    k = sm.kernels
+    rows = 80  # 79 rows padded to the capture size 80, in piecewise graphs
+    gemm, _ = k.layer_gemms(rows)
+    ar, _ = k.allreduce_s(rows * 8192, True)
+    ctx, _ = k.context_s(1, 575)
+    head, _ = k.lm_head_gemm(65)
+    gather, _ = k.allreduce_s(65 * -(-LLAMA70.vocab_size // 4), False)
+    want = (80 * (gemm + 2 * ar) + ar + sm.elementwise_fixed_s + rows * sm.elementwise_s_per_token + head + gather
+            + 65 * sm.sampler_s_per_seq + 80 * sm.decode_line(64)(700.0)
+            + 80 * ctx * prefill["prefill_attn_pairs"] / (575 * 576 / 2) + terms.step_overhead_s + 80 * 4e-5)
+    assert mixed == pytest.approx(want, rel=1e-12)
+    without = pricer(model=LLAMA70, tp=4, terms=replace(terms, piecewise_layer_s=0.0))
+    assert alone == without.step_time(Batch(**decode))  # a decode step replays its full graph: no piecewise term
 
 
 def test_more_work_never_costs_less():
@@ -404,7 +463,7 @@ def test_the_api_server_adds_to_ttft_and_e2e_of_measured_runs_only(tmp_path):
     measured, roofline = scenario(tmp_path), scenario(tmp_path, '[backend]\npricing = "roofline"\n')
     for sc, want in ((measured, api), (roofline, 0.0)):
         gpu = gpu_spec(sc)
-        assert request_overhead_s(pricing_basis(sc, model_spec(sc), gpu), gpu) == want
+        assert request_overhead_s(sc, pricing_basis(sc, model_spec(sc), gpu), gpu) == want
     run_scenario(measured, tmp_path / "out")
     with open(tmp_path / "out" / "requests.csv", newline="") as f:
         rows = list(csv.DictReader(f))

@@ -2,13 +2,15 @@
 host link's prices by hand, loads and stores conserved in whole simulations, and bad input."""
 
 import math
+from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import make_scenario
 from kvsim.engine.host_link import host_links
-from kvsim.engine.offload_tier import OffloadTier
+from kvsim.engine import lru_tier
+from kvsim.engine.offload_tier import make_tier
 from kvsim.engine.tier_reference import ReferenceTier
 
 KEYS = st.integers(0, 11)
@@ -21,7 +23,7 @@ KEYS = st.integers(0, 11)
 def test_the_tier_is_its_specification(policy, capacity, threshold, ops):
     """LRU and ARC as vLLM v0.26.0 keeps them: the same answers and contents as the plain specification
     after every operation (stores, their completion, loads holding blocks, reuse gating)."""
-    tier = OffloadTier(capacity, policy, threshold, max_tracker_size=8)
+    tier = make_tier(capacity, policy, threshold, max_tracker_size=8)
     ref = ReferenceTier(capacity, policy, threshold, max_tracker_size=8)
     loading: list = []
     for op, keys in ops:
@@ -45,12 +47,58 @@ def test_the_tier_is_its_specification(policy, capacity, threshold, ops):
             done = loading.pop(0)
             tier.complete_load(done)
             ref.complete_load(done)
-        policy_keys = list(tier.policy.blocks) if policy == "lru" else list(tier.policy.t1) + list(tier.policy.t2)
-        assert policy_keys == ref.keys()
+        assert tier.keys() == ref.keys()
         assert len(tier) <= capacity
         if policy == "arc":
             assert (list(tier.policy.b1), list(tier.policy.b2)) == (ref.b1, ref.b2)
             assert tier.policy.target_t1 == ref.target
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(capacity=st.integers(1, 12), threshold=st.sampled_from([0, 2]),
+       ops=st.lists(st.tuples(st.sampled_from(["lookup", "touch", "store", "complete", "load", "unload"]),
+                              st.lists(st.integers(0, 24), min_size=1, max_size=8, unique=True)), max_size=80))
+def test_the_lru_tier_in_arrays_is_its_specification(capacity, threshold, ops):
+    """The numpy LRU tier with its growth, eviction windows and index rebuilds made tiny: the same answers
+    and order as the plain specification, and its bulk resolution (sorted index, recent inserts, slots
+    remembered from before) always the dict's."""
+    keys_of = {k: (k * 0x9E3779B97F4A7C15) % (1 << 64) if k % 3 else (1 << 70) | k for k in range(25)}  # some > 64 bits
+    with patch.object(lru_tier, "REINDEX", 3), patch.object(lru_tier, "WINDOW", 2), \
+            patch.object(lru_tier, "SORTED_NEEDLES", 2), patch.object(lru_tier, "INITIAL_SLOTS", 1):
+        tier = make_tier(capacity, "lru", threshold, max_tracker_size=8, arrays=True)
+        assert isinstance(tier, lru_tier.LRUTier)
+        ref = ReferenceTier(capacity, "lru", threshold, max_tracker_size=8)
+        loading, remembered = [], {}
+        for op, small in ops:
+            keys = [keys_of[k] for k in small]
+            folded = lru_tier.fold_keys(keys)
+            fresh = tier.resolve(keys)
+            assert tier.resolve(keys, folded).tolist() == fresh.tolist()
+            if tuple(keys) in remembered:  # slots found earlier, revalidated
+                assert tier.resolve(keys, folded, remembered[tuple(keys)].copy()).tolist() == fresh.tolist()
+            remembered[tuple(keys)] = fresh
+            if op == "lookup":
+                assert tier.lookup(keys) == ref.lookup(keys)
+            elif op == "touch":
+                tier.touch(keys, fresh)
+                ref.touch(keys)
+            elif op == "store":
+                assert tier.prepare_store(keys) == ref.prepare_store(keys)
+            elif op == "complete":
+                tier.complete_store(keys)
+                ref.complete_store(keys)
+            elif op == "load":
+                ready = keys[:tier.lookup(keys)]
+                ref.lookup(keys)
+                tier.prepare_load(ready)
+                ref.prepare_load(ready)
+                loading.append(ready)
+            elif loading:
+                done = loading.pop(0)
+                tier.complete_load(done)
+                ref.complete_load(done)
+            assert tier.keys() == ref.keys()
+            assert tier.num_evictable == sum(tier.ref_of(k) == 0 for k in tier.keys())
 
 
 def test_a_transfer_costs_its_bytes_over_the_bandwidth_and_the_latency():
@@ -130,10 +178,10 @@ def test_loads_and_stores_are_conserved(policy, threshold, disk):
     assert off["tokens"]["cpu_hits"] > 0
     for rep in sim.replicas:
         c = rep.connector
-        assert not c.loads and not c.loading and c.num_held == 0
+        assert not c.loads and not c.cpu.in_use(c.cpu.keys()) and c.num_held == 0  # no load reads a block
         assert rep.allocator.num_used_blocks == 0
-        assert c.cpu.num_evictable + c.cpu.num_pending + sum(
-            1 for k in list(c.cpu.policy.blocks if policy == "lru" else {}) if c.cpu.policy.get(k) > 0) == len(c.cpu)
+        assert c.cpu.num_evictable + c.cpu.num_pending + sum(c.cpu.ref_of(k) > 0 for k in c.cpu.keys()) == len(c.cpu)
+        assert c.cpu.num_evictable == sum(c.cpu.ref_of(k) == 0 for k in c.cpu.keys())
     if disk:
         assert off["promotions"]["blocks"] >= 0 and off["disk_writes"]["blocks"] > 0
 
@@ -227,3 +275,44 @@ def test_a_load_delays_its_request_not_the_engine(monkeypatch):
     assert off["loads"]["count"] == 1 and load_s > 0.015
     assert load_s < ttft_second < load_s + 0.1
     assert summaries["paged"]["itl_s"]["max"] < load_s  # the decoding request never waited for the load
+
+
+def test_the_oracle_knows_each_blocks_next_use_by_hand():
+    """Admissions 0..3 on one replica: (keys, GPU-hit blocks); a key's next use is the first admission at or
+    after now that looked it up past its GPU hits."""
+    import numpy as np
+
+    from kvsim.engine.belady_tier import NEVER, BeladyTier, Future
+
+    k = np.array([10, 20, 30, 40], dtype=np.uint64)
+    future = Future([(k[[0, 1]], 0), (k[[0, 2]], 1), (k[[1]], 0), (k[[0, 3]], 0)])  # 10 at 0 and 3 (held at 1)
+    assert future.next_use(k, 0).tolist() == [0, 0, 1, 3]
+    assert future.next_use(k, 1).tolist() == [3, 2, 1, 3]
+    assert future.next_use(k, 4).tolist() == [NEVER] * 4
+    assert future.next_use(np.array([99], dtype=np.uint64), 0).tolist() == [NEVER]
+    now = [2]
+    tier = BeladyTier(3, future, lambda: now[0])
+    for key in (10, 20, 30):
+        tier.prepare_store([key])
+        tier.complete_store([key])
+    # at admission 2: 20 is used at 2, 10 at 3, 30 never again: 30 goes, then 10
+    assert tier.prepare_store([40]) == [40] and tier.keys() == [10, 20, 40]
+    tier.complete_store([40])
+    assert tier.prepare_store([50]) == [50] and sorted(tier.keys()) == [20, 40, 50]
+
+
+def test_the_oracle_rerun_gives_the_ttft_a_better_eviction_would():
+    """48 system prompts cycling through a CPU tier a third their size: LRU evicts each one just before
+    its reuse (no CPU hit), the oracle keeps a part of them: more hits, a lower TTFT."""
+    from kvsim.pipeline import run_scenario
+    from kvsim.scenario.config import load_scenario
+
+    sc = load_scenario("scenarios/offload_sizing.toml", ["kv_offload.kv_offloading_size=8",
+                                                         "kv_offload.optimal_ttft=true", "workload.num_requests=600"])
+    summary = run_scenario(sc, policies=["cpu-tier"], write=False).summaries["cpu-tier"]
+    opt = summary["kv_offload"]["optimal"]
+    assert opt["simulated_cpu_hit_rate"] == summary["kv_offload"]["hit_rate"]["cpu"]
+    assert opt["oracle_cpu_hit_rate"] > opt["simulated_cpu_hit_rate"]
+    assert opt["cpu_hit_rate"] >= opt["oracle_cpu_hit_rate"]
+    assert opt["ttft_ms"]["mean"] < opt["simulated_ttft_ms"]["mean"]
+    assert opt["simulated_ttft_ms"]["mean"] == pytest.approx(summary["ttft_s"]["mean"] * 1e3, rel=1e-9)

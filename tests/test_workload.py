@@ -213,3 +213,35 @@ def test_trace_window_is_its_last_used_arrival():
                   output_len={"dist": "trace"}, trace={"format": "csv", "path": "generic_small.csv"})
     last = arrivals(sc)[-1]
     assert arrival_window(sc) == pytest.approx(last)
+
+
+def test_prompt_pool_cycles_whole_prompts():
+    """prefix.prompts_per_group: inference-perf's shared_prefix data, a fixed pool of whole prompts
+    shuffled once and re-sent in that order: request n sends pool prompt order[n mod pool]."""
+    wl = dict(num_requests=250, prompt_len={"dist": "uniform", "min": 40, "max": 60}, output_len=fixed(8),
+              prefix={"num_groups": 3, "prefix_len": 16, "prompts_per_group": 4})
+    reqs = list(generate_requests(scenario(**wl)))
+    pool = 12
+    assert len({id(r.token_ids) for r in reqs}) == pool  # one array per pool prompt, the same every time
+    for r in reqs:
+        again = reqs[r.request_id % pool]
+        assert r.token_ids is again.token_ids and r.prompt_len == again.prompt_len == len(r.token_ids)
+        assert 16 + 40 <= r.prompt_len <= 16 + 60 and r.output_len == 8
+    first = reqs[:pool]
+    assert len({r.token_ids.tobytes() for r in first}) == pool  # every prompt once a cycle
+    by_prefix = collections.Counter(r.token_ids[:16].tobytes() for r in first)
+    assert sorted(by_prefix.values()) == [4, 4, 4]  # each system prompt heads its group's 4 questions
+    t = [r.arrival_time for r in reqs]
+    assert all(b > a for a, b in zip(t, t[1:]))
+    assert [(r.arrival_time, r.token_ids.tobytes()) for r in generate_requests(scenario(**wl))] == \
+        [(r.arrival_time, r.token_ids.tobytes()) for r in reqs]  # same seed, same requests
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"prefix": {"num_groups": 2, "prefix_len": 8, "prompts_per_group": 3, "fraction": 0.5}}, "needs fraction = 1"),
+    ({"prefix": {"num_groups": 2, "prefix_len": 8, "prompts_per_group": 3}, "prompt_len": {"dist": "trace"},
+      "trace": {"format": "csv", "path": "generic_small.csv"}}, "synthetic prompt_len"),
+])
+def test_prompt_pool_refusals(extra, message):
+    with pytest.raises(KvsimError, match=message):
+        scenario(**{"num_requests": 5, **extra})

@@ -39,6 +39,7 @@ class Card:
     unit: str = "req/s"  # what safe_rate counts: req/s, sessions/s, or clients (a closed loop's concurrency)
     throughput: float | None = None  # requests/s at the safe load (a closed loop's: what its clients get)
     gpus: str = ""  # what the $/hour pays for, e.g. "2 × H100-SXM"
+    real_range: str = ""  # where the real safe rate would fall, from held-out runs (kvsim.results.intervals)
 
 
 def cards(result, colors: dict, tied: dict, usd_per_hour: float | dict | None, output_tokens: float,
@@ -60,8 +61,18 @@ def cards(result, colors: dict, tied: dict, usd_per_hour: float | dict | None, o
                         p.safe_rate, p.headroom, f"{p.mean_rate:.3g} (95% CI {p.ci_low:.3g}–{p.ci_high:.3g})",
                         tuple(tied.get(p.policy, ())), usd, per_m, p.binding or "–",
                         p.binding_detail or "", note, unit=unit, throughput=rps,
-                        gpus=(gpus or {}).get(p.policy, "")))
+                        gpus=(gpus or {}).get(p.policy, ""), real_range=real_range(p, unit)))
     return out
+
+
+def real_range(p, unit: str) -> str:
+    """'on real runs like this 11.2–13.0 req/s (...)' of a plan answer (kvsim.results.intervals), '' without one."""
+    iv = p.safe_rate_interval
+    if not iv or p.safe_rate <= 0:
+        return ""
+    from kvsim.results.intervals import real_runs_words
+
+    return f"{real_runs_words(iv)} {iv['low']:.3g}–{iv['high']:.3g} {unit} ({iv['text']})"
 
 
 def basis_note(basis: dict | None) -> str:

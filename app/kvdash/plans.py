@@ -9,7 +9,10 @@ callback; the bar is made inside the cached function, so a cache hit replays it 
 instead of pointing at an element of an earlier script run.
 
 Which plans this server holds is kept beside the cache (`planned`), so a page can show a plan it
-already has (the Answer page's, or an earlier search's) without asking for a button press.
+already has (the Answer page's, or an earlier search's) without asking for a button press. Plans and
+aggregated deployment searches are also kept on disk (kvsim.planning.answer_cache: keyed by the
+scenario's content, its input files, the settings and kvsim's code), so a fresh server answers a
+scenario answered before, or precomputed with `python -m kvsim.planning.answer_cache`, at once.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 import streamlit as st
 
 import kvsim
+from kvsim.planning import answer_cache
 from kvsim.scenario.config import scenario_from_toml
 
 
@@ -134,8 +138,8 @@ def _plan(toml_text: str, source: str, base_dir: str, inputs_digest: str, settin
     scenario = _scenario(toml_text, source, base_dir)
     bar = Bar("Finding each policy's maximum sustainable rate")
     try:
-        return kvsim.plan(scenario, seeds=settings.seeds, resolution=settings.resolution,
-                          num_requests=settings.num_requests, workers=_workers, progress=bar)
+        return answer_cache.plan(scenario, seeds=settings.seeds, resolution=settings.resolution,
+                                 num_requests=settings.num_requests, workers=_workers, progress=bar)
     finally:
         bar.close()  # also when the search fails (one error line) or a widget change stops it
 
@@ -147,10 +151,11 @@ def deploy(toml_text: str, source: str, base_dir: str, inputs_digest: str, setti
     scenario = _scenario(toml_text, source, base_dir)
     bar = Bar(f"Searching deployments for {targets.target_rate:g} req/s")
     try:
-        return kvsim.deploy(scenario, targets.target_rate, gpus=list(targets.gpus),
-                            tensor_parallel=targets.tensor_parallel, policy=targets.policy, seeds=settings.seeds,
-                            resolution=settings.resolution, num_requests=settings.num_requests, top=targets.top,
-                            max_replicas=targets.max_replicas, workers=_workers, progress=bar, headroom=targets.headroom)
+        return answer_cache.deploy(scenario, targets.target_rate, gpus=list(targets.gpus),
+                                   tensor_parallel=targets.tensor_parallel, policy=targets.policy, seeds=settings.seeds,
+                                   resolution=settings.resolution, num_requests=settings.num_requests, top=targets.top,
+                                   max_replicas=targets.max_replicas, workers=_workers, progress=bar,
+                                   headroom=targets.headroom)
     finally:
         bar.close()
 

@@ -35,6 +35,9 @@ ENGINE = ("engine.max_num_seqs", "engine.max_num_batched_tokens", "engine.max_mo
           "engine.enable_prefix_caching", "engine.preemption_mode")
 POLICY = ("allocator", "kv_cache_dtype", "enable_chunked_prefill", "max_num_batched_tokens", "enable_prefix_caching")
 WORKLOAD = ("workload.num_requests", "workload.duration_s", "workload.seed")
+OFFLOAD = ("kv_offload.backend", "kv_offload.kv_offloading_size", "kv_offload.eviction_policy",
+           "kv_offload.store_threshold", "kv_offload.latency_us", "kv_offload.optimal_bound",
+           "kv_offload.optimal_ttft")  # shown when the scenario has a [kv_offload] section
 ARRIVAL = {"gamma": ("cv",)}  # by arrival.process, beside the rate (or a trace's time_scale) in the main area
 RATE_KEY = {"trace": "arrival.time_scale", "immediate": "max_concurrency"}  # the main area's load widget under
 # workload., by arrival process (default: arrival.rate); a closed loop's load is its clients
@@ -46,7 +49,7 @@ PREFIX = fields.scalar_fields(PrefixConfig)
 SLO = tuple(k for k in fields.scalar_fields(SloConfig) if k not in MAIN_SLO)  # the other bounds the schema has
 STEPS = {"hardware.gpu_memory_utilization": 0.01, "workload.arrival.rate": 0.5, "workload.arrival.cv": 0.25,
          "workload.arrival.time_scale": 0.1, "workload.duration_s": 60.0, "workload.prefix.fraction": 0.05,
-         "slo": 10.0}  # number-input steps, by key or section
+         "slo": 10.0, "kv_offload.kv_offloading_size": 8.0}  # number-input steps, by key or section
 
 
 @dataclass(slots=True)
@@ -252,10 +255,17 @@ def draw() -> None:
         _engine = bar.expander("Engine limits")
         for key in ENGINE:
             form.widget(_engine, key)
+        if base.scenario.kv_offload is not None:
+            offload = bar.expander("KV offload tiers")
+            for key in OFFLOAD:
+                form.widget(offload, key)
         process = _workload(form, bar.expander("Workload"))
         slo = bar.expander("SLO: other bounds")
         for key in SLO:
             form.widget(slo, f"slo.{key}")
+        from kvdash import extras  # speculative decoding and energy: a section each, off unless the scenario has it
+
+        extras.draw(form, bar)
         _main(form, st.container(), process)
         st.session_state["kvsim.current"] = build(base, form.overrides, form.unset, chosen)
     st.session_state["kvsim.error"] = error.message

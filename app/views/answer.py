@@ -30,7 +30,8 @@ def card(c: answers.Card, r0: float) -> None:
     there = f", {c.throughput:.3g} req/s" if c.unit == "clients" and c.throughput else ""
     box.markdown(f"{verdict} at {answers.load_label(c.unit, r0)}  \n"
                  f"safe up to **{answers.load_label(c.unit, c.safe_rate)}**{there} ({c.headroom:+.0%})  \n"
-                 f"knee {c.knee}" + (f"  \n= tie with {', '.join(c.tied)}" if c.tied else ""))
+                 + (f"{c.real_range}  \n" if c.real_range else "")
+                 + f"knee {c.knee}" + (f"  \n= tie with {', '.join(c.tied)}" if c.tied else ""))
     money = ("no price: set cost.gpu_hour_usd" if c.usd_per_hour is None else
              f"**${c.usd_per_hour:,.2f}/hour** for {c.gpus}" + ("" if c.usd_per_m_output is None else
                                                                f" · ${c.usd_per_m_output:,.3f} per M output tokens "

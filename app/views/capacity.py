@@ -131,6 +131,8 @@ def plan_rows(result) -> list[dict]:
     cols = slo_columns(result.meta["slo"])
     tied = tied_with(result.policies)
     return [{"policy": p.policy, "safe req/s": p.safe_rate,
+             "real, held-out range": "–" if not p.safe_rate_interval else
+             f"{p.safe_rate_interval['low']:.3g}–{p.safe_rate_interval['high']:.3g}",
              "knee (95% CI)": f"{p.mean_rate:.3g} ({p.ci_low:.3g}–{p.ci_high:.3g})" + (" >" if p.censored else ""),
              "tied with": ", ".join(tied[p.policy]) or "–", "headroom": p.headroom * 100,
              f"at {result.meta['scenario_rate']:.3g}/s": "✓" if p.sustainable_at_scenario_rate else "✗",
@@ -314,3 +316,7 @@ with errors.caught(st):
         st.caption(same_numbers(" ".join(filter(None, (targets_used.cli(tuple(GPUS)), settings_used.cli(), "--out DIR"))),
                                 policies=False))
         show_deploy(result)
+
+from kvdash import extras  # noqa: E402  (speculative decoding's k search, when the scenario has it)
+
+extras.speculation_section(scenario, *here[:3], search, workers)

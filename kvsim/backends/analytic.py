@@ -16,6 +16,27 @@ from kvsim.perf.calibration import resolve_calibration
 from kvsim.perf.measured import measured_step_model
 from kvsim.perf.pricing import DecodeRunPrice, RunPricer, ScaledPricer
 from kvsim.perf.roofline import VLLM_GRAPH_SIZES, StepModel
+from kvsim.perf.speculative import SpeculativePricer, drafter_calibration, spec_graph_sizes
+
+
+def step_pricer(scenario, policy, model, gpu, calibration, settings, capacity, decode_query_len: int = 1,
+                host: bool = True):
+    """The pricer of `model`'s steps: measured kernels where they apply, else the roofline.
+    `decode_query_len`: 1 + num_speculative_tokens (CUDA graphs' sizes are its multiples); `host=False`:
+    GPU work alone, no per-step fixed or host costs (a speculative drafter's passes)."""
+    pricer = measured_step_model(scenario, policy, model, gpu, calibration, settings, capacity, decode_query_len,
+                                 host)
+    if pricer is not None:
+        return pricer
+    graphs = () if scenario.backend.enforce_eager else spec_graph_sizes(VLLM_GRAPH_SIZES, decode_query_len)
+    windows, hw = [w for w in settings.kv_windows if w], scenario.hardware
+    pricer = StepModel(model, gpu, hw.tensor_parallel_size, policy.kv_cache_dtype,
+                       calibration if host else drafter_calibration(calibration), settings.block_size, graphs,
+                       settings.max_model_len, per_token_scales=policy.kv_cache_scales == "per_token",
+                       window=min(windows) if windows else 0, dp=hw.data_parallel_size,
+                       expert_parallel=hw.enable_expert_parallel, expert_skew=scenario.model.expert_skew)
+    pricer.prices_longest_decode = calibration.decode_key_s > 0
+    return pricer
 
 
 class AnalyticBackend:
@@ -25,19 +46,16 @@ class AnalyticBackend:
 
     def __init__(self, scenario, policy, model, gpu, capacity, settings):
         calibration, self.calibration_source = resolve_calibration(scenario, gpu.name)
-        pricer = measured_step_model(scenario, policy, model, gpu, calibration, settings, capacity)
-        if pricer is None:
-            graphs = () if scenario.backend.enforce_eager else VLLM_GRAPH_SIZES
-            windows, hw = [w for w in settings.kv_windows if w], scenario.hardware
-            pricer = StepModel(model, gpu, hw.tensor_parallel_size, policy.kv_cache_dtype,
-                               calibration, settings.block_size, graphs, settings.max_model_len,
-                               per_token_scales=policy.kv_cache_scales == "per_token",
-                               window=min(windows) if windows else 0, dp=hw.data_parallel_size,
-                               expert_parallel=hw.enable_expert_parallel, expert_skew=scenario.model.expert_skew)
-            # whether a step's price reads the longest decode (Batch.decode_max_context), which the scheduler keeps
-            self.prices_longest_decode = calibration.decode_key_s > 0
-        else:
-            self.prices_longest_decode = pricer.prices_longest_decode
+        spec = settings.speculation
+        pricer = step_pricer(scenario, policy, model, gpu, calibration, settings, capacity,
+                             1 + spec.k if spec is not None else 1)
+        # whether a step's price reads the longest decode (Batch.decode_max_context), which the scheduler keeps
+        self.prices_longest_decode = pricer.prices_longest_decode
+        if spec is not None:  # the verify pass and the drafter's passes (kvsim.perf.speculative)
+            draft = None if spec.draft is None else step_pricer(scenario, policy, spec.draft, gpu, calibration,
+                                                                settings, capacity, host=False)
+            pricer = SpeculativePricer(pricer, draft, spec)
+            self.prices_longest_decode = False
         scale = scenario.backend.step_time_scale
         self.pricer: RunPricer = pricer if scale == 1.0 else ScaledPricer(pricer, scale)
         self.num_blocks = capacity.num_blocks

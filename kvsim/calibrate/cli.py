@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 from kvsim.errors import KvsimError, check_int
+from kvsim.calibrate.outputs import vet_output as _vet_output
+from kvsim.calibrate.outputs import written_by_calibrate as _written_by_calibrate
 from kvsim.scenario.args import add_scenario_arguments, scenario_from_args
 
 
@@ -41,7 +43,15 @@ def add_commands(sub) -> None:
                           "AIConfigurator data folder (<gpu>/ with gemm/, attention/, comm/) converted into a "
                           "kernel-table file (-o FILE.npz) that backend.kernel_tables prices with")
     cal.add_argument("--serving", nargs=2, action="append", default=[], type=Path, metavar=("SCENARIO", "RESULT"),
-                     help="a vllm bench serve --save-result JSON and the scenario it ran (fit by simulating it)")
+                     help="a vllm bench serve --save-result JSON and the scenario it ran (fit by simulating it); with "
+                          "--server-terms, RESULT may also be an llm-d inference-perf result folder (its stages "
+                          "replayed on the scenario's server)")
+    cal.add_argument("--server-terms", nargs="?", const="", default=None, metavar="TERMS",
+                     help="fit the server terms around the measured kernels (API server, what a step costs beyond "
+                          "its kernels) to the --serving runs, with a hold-out error per term, and write a "
+                          "server-terms "
+                          "file for backend.server_terms; TERMS: comma-separated names (default: "
+                          "api_server_s,piecewise_layer_s)")
     cal.add_argument("-o", "--out", type=Path, required=True, help="calibration JSON to write")
     cal.add_argument("--gpu", help="GPU preset of tables whose path does not say it (Vidur)")
     cal.add_argument("--start", help="starting coefficients: a calibration JSON, or 'vllm' / 'triton' (shipped for "
@@ -68,28 +78,6 @@ def add_commands(sub) -> None:
     val.add_argument("--policy", action="append", help="only this policy (repeatable)")
     val.add_argument("--out", type=Path, help="write the error table here (.csv or .json)")
     val.set_defaults(handler=cmd_validate)
-
-
-def _vet_output(path: Path, output: str, refusal: str, ours=None):
-    """What the single-file output may replace, decided now, before any work (kvsim.scenario.publish.vet_output):
-    the file written at the end replaces that, as it is now, or nothing."""
-    from kvsim.scenario.publish import vet_output
-
-    return vet_output(path, output, ours, refusal)
-
-
-def _written_by_calibrate(path: Path) -> bool:
-    """A regular file (not a link) that kvsim calibrate wrote."""
-    import json
-    import stat
-
-    try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return False
-        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW | os.O_NONBLOCK)) as f:
-            return json.loads(f.read(1 << 20)).get("written_by") == "kvsim calibrate"
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _where_aic_data_is(table: Path) -> None:
@@ -152,6 +140,10 @@ def cmd_calibrate(args, console) -> int:
     from kvsim.calibrate.tables import read_tables, serving_observations
     from kvsim.perf.calibration import COEFFICIENTS, write_calibration
 
+    if args.server_terms is not None:
+        from kvsim.calibrate.server_cli import cmd_server_terms
+
+        return cmd_server_terms(args, console)
     if not args.tables and not args.serving:
         raise KvsimError("calibrate: give at least one TABLE or --serving SCENARIO RESULT")
     for table in args.tables:

@@ -9,6 +9,9 @@ for a file it converts):
   7168, 10240 or 51200, for n, k >= 512, at every token count m timed;
 - prefill and decode attention (every KV dtype timed): every row of 24 and of 40 query heads per GPU
   (whole head configurations, for every KV-head count and head size), at every batch and length timed;
+- attention past the heads timed: each KV-head count's largest head configuration (8-head MHA, 64 heads
+  over 8 KV heads, ...), predicted from the configuration with 1/f the heads over f x the sequences
+  (kvsim.perf.kernel_curves.head_fold), as a model with more heads than the tables time is priced;
 - all-reduce (graph and eager, every GPU count): every message of an odd power of two elements,
   predicted from the even ones either side (a factor 4 apart).
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.perf.kernel_curves import AttentionGrid, Roofline, allreduce_curve, at, gemm_curve
+from kvsim.perf.kernel_curves import AttentionGrid, Roofline, allreduce_curve, at, gemm_curve, head_fold
 from kvsim.perf.kernels import Grid, KernelTables
 
 GEMM_HELD = (3584, 5120, 7168, 10240, 51200)
@@ -85,6 +88,36 @@ def attention_errors(grid: Grid, family: str, kv_bytes: float, roof) -> tuple[li
     return inside, outside
 
 
+def fold_errors(grid: Grid, family: str, kv_bytes: float, roof) -> tuple[list, list]:
+    """Each KV-head count's largest head configuration timed (8-head MHA; 64 heads over 8 KV heads),
+    removed and predicted from the configuration with half or a quarter of the heads over as many times
+    the sequences (kvsim.perf.kernel_curves.head_fold): the extrapolation past the tables' heads."""
+    ax = grid.axes
+    inside = []
+    for ki, kv_key in enumerate(ax["kv"]):
+        for di, hd in enumerate(ax["head_dim"]):
+            timed = [h for hi, h in enumerate(ax["heads"]) if np.isfinite(grid.ms[ki, di, hi]).any()]
+            if not timed:
+                continue
+            heads = int(max(timed))
+            kv = heads if kv_key == 0 else int(kv_key)
+            ms = grid.ms.copy()
+            ms[ki, di, list(ax["heads"]).index(heads)] = np.nan
+            train = Grid(ax, ms)
+            if head_fold(train, heads, kv, int(hd)) == 1:
+                continue
+            truth = grid.ms[ki, di, list(ax["heads"]).index(heads)] * 1e-3
+            if family == "context":
+                truth = truth.T
+            pred = AttentionGrid.build(train, family, heads, kv, int(hd), kv_bytes, roof)
+            for bi, b in enumerate(ax["batch"]):  # the folded grid's batches are the table's over f
+                j = np.flatnonzero(pred.batch == b)
+                if len(j):
+                    cells = np.isfinite(truth[bi]) & ~pred.flags[j[0]]
+                    inside += list(pred.s[j[0]][cells] / truth[bi][cells] - 1)
+    return inside, []
+
+
 def allreduce_errors(grid: Grid, roof) -> tuple[list, list]:
     sizes = grid.axes["size"]
     held = [s for s in sizes if int(np.log2(s)) % 2 == 1 and s not in (sizes[0], sizes[-1])]
@@ -115,6 +148,8 @@ def holdout_rows(tables: KernelTables, gpu, calibration) -> list[tuple]:
             kvb = 1.0 if kvd == "fp8" else 2.0
             out.append((f"{name} ({kvd} KV)", "24 and 40 query heads",
                         *attention_errors(grid, family, kvb, roof)))
+            out.append((f"{name} past the heads timed ({kvd} KV)", "each KV-head count's most heads",
+                        *fold_errors(grid, family, kvb, roof)))
     for mode, grid in tables.allreduce.items():
         out.append((f"all-reduce ({mode})", "odd powers of two elements", *allreduce_errors(grid, roof)))
     return out

@@ -339,9 +339,10 @@ class BlockManager:
             self._reserved += self._take(n)  # cohort blocks: private positions, no per-block state
             self.reserved_unused_tokens += n * self.block_size
 
-    def claim(self, seq: Sequence) -> None:
-        """Move reserved blocks into the sequence's table until it covers its computed tokens."""
-        need = self.blocks_for(seq.num_computed_tokens) - len(seq.block_table)
+    def claim(self, seq: Sequence, num_tokens: int = -1) -> None:
+        """Move reserved blocks into the sequence's table until it covers its computed tokens (or
+        `num_tokens` slots: a speculative cohort member's, lookahead included)."""
+        need = self.blocks_for(seq.num_computed_tokens if num_tokens < 0 else num_tokens) - len(seq.block_table)
         if need > len(self._reserved):
             raise AllocationError(f"sequence {seq.seq_id}: claims {need} blocks, {len(self._reserved)} reserved")
         if need > 0:

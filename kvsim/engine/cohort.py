@@ -186,6 +186,15 @@ class DecodeCohort:
         """The most of net_blocks(j) over j = 1..steps."""
         return self.blocks_needed(steps)
 
+    def taken_times(self, steps: int, ends: list) -> float:
+        """sum over the next steps j = 1..`steps` of the blocks step j takes, net of releases, times
+        ends[j - 1] (when step j ends): what a run's block-seconds subtract (kvsim.engine.fused_run)."""
+        return sum((self.net_blocks(j) - self.net_blocks(j - 1)) * ends[j - 1] for j in range(1, steps + 1))
+
+    def written_after(self, steps: int) -> int:
+        """Token slots the members write in the next `steps` steps (one a member and group a step)."""
+        return steps * self.size * self.groups
+
     def advance(self, steps: int) -> None:
         """Every member decoded `steps` tokens (their blocks were reserved when scheduled)."""
         self.clock += steps

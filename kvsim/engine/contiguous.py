@@ -134,7 +134,7 @@ class ContiguousAllocator:
         if n:
             raise AllocationError("contiguous slabs are reserved whole at admission")
 
-    def claim(self, seq: Sequence) -> None:
+    def claim(self, seq: Sequence, num_tokens: int = -1) -> None:
         pass
 
     def deallocate(self, seq: Sequence) -> None:

@@ -65,8 +65,7 @@ class RunSeries:
             held = first * m1 + b * (m2 - m1) / 2
         else:
             run_time = self.backend.decode_run_time
-            held = sum((cohort.net_blocks(j) - cohort.net_blocks(j - 1)) * run_time(shape, j)
-                       for j in range(1, k))
+            held = cohort.taken_times(k - 1, [run_time(shape, j) for j in range(1, k)])
         self.block_s, self.peak = (u0 + last) * tk - held, u0 + cohort.peak_net(k - 1)
 
     def _marks(self, batch, shape, k: int, now: float, a: float, b, tk: float) -> list:
@@ -102,12 +101,11 @@ class RunSeries:
         used, free, cached = alloc.num_used_blocks, alloc.num_free_blocks, alloc.num_cached_blocks
         reserved, frag = alloc.reserved_unused_tokens, alloc.external_fragmentation
         running, waiting, swapped = sched.num_running, len(sched.waiting), len(sched.swapped)
-        written = size * cohort.groups
         # a windowed cache released the run's blocks at once: those of steps after j are not free yet
         later = [cohort.released_after(j) for j, _ in steps]
         cf = cohort.releases_cached
         return [((t, running, waiting, swapped, used + m + r, cached - e - r * cf,
-                  free - m - (cached - e) - r * (1 - cf), reserved + m * bs - j * written, frag), size)
+                  free - m - (cached - e) - r * (1 - cf), reserved + m * bs - cohort.written_after(j), frag), size)
                 for (j, t), m, e, r in zip(steps, more, evicted, later)]
 
 

@@ -498,7 +498,7 @@ class HybridBlockManager:
             self._reserved += self._take(n)
             self.reserved_unused_tokens += n * self.block_size
 
-    def claim(self, seq: Sequence) -> None:
+    def claim(self, seq: Sequence, num_tokens: int = -1) -> None:
         """Reserved blocks into the member's tables, position by position and group by group, until
         they cover its computed tokens."""
         ht, need = self._tables[seq], -(-seq.num_computed_tokens // self.block_size)

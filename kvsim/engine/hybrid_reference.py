@@ -277,7 +277,7 @@ class HybridReference(FreeListFigures):
             raise AllocationError(f"cannot reserve {n} blocks, {len(self.free)} are free")
         self.reserved += [self._take() for _ in range(n)]
 
-    def claim(self, seq: Sequence) -> None:
+    def claim(self, seq: Sequence, num_tokens: int = -1) -> None:
         need = -(-seq.num_computed_tokens // self.block_size)
         tables = self.tables[seq]
         want = sum(need - len(t) for t in tables if len(t) < need)

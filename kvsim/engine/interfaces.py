@@ -63,7 +63,8 @@ class KVAllocator(Protocol):
     def append(self, seq: Sequence, num_new_tokens: int = 1) -> None: ...
     def deallocate(self, seq: Sequence) -> None: ...
     def reserve(self, n: int) -> None: ...  # n blocks now, for decode-cohort members that claim them later
-    def claim(self, seq: Sequence) -> None: ...  # reserved blocks into the table, to cover its computed tokens
+    def claim(self, seq: Sequence, num_tokens: int = -1) -> None: ...  # reserved blocks into the table, to cover its
+    #   computed tokens (num_tokens >= 0: that many slots, a speculative member's lookahead included)
     def note_written(self, num_tokens: int) -> None: ...  # tokens written into slots already held
 
     # ---- figures ------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from collections import deque
 from kvsim.engine.block_manager import identities
 from kvsim.engine.host_link import host_links
 from kvsim.engine.offload import Request, offload_keys
-from kvsim.engine.offload_tier import OffloadTier
+from kvsim.engine.offload_tier import make_tier
 from kvsim.engine.prefix_cache import ChainMemo
 from kvsim.sequence import Sequence
 
@@ -36,10 +36,10 @@ class LMCacheConnector:
         self.factor = settings.factor
         self.chunk_bytes = settings.bytes_per_block
         self.memo = ChainMemo(settings.gpu_block_size, identities)
-        self.cpu = OffloadTier(settings.num_blocks, "lru")
+        self.cpu = make_tier(settings.num_blocks, "lru")
         self.h2d, self.d2h = host_links(settings.h2d_gbps, settings.d2h_gbps, settings.duplex_gbps, settings.latency_s)
         disk = settings.disk
-        self.disk = OffloadTier(disk.num_blocks, "lru", name="disk") if disk else None
+        self.disk = make_tier(disk.num_blocks, "lru", name="disk") if disk else None
         self.disk_read, self.disk_write = host_links(disk.read_gbps, disk.write_gbps, 2 * (disk.read_gbps + disk.write_gbps),
                                                      disk.latency_s) if disk else (None, None)
         self.reqs: dict[Sequence, Request] = {}

@@ -32,7 +32,8 @@ from collections import deque
 
 from kvsim.engine.block_manager import identities
 from kvsim.engine.host_link import host_links
-from kvsim.engine.offload_tier import OffloadTier
+from kvsim.engine.lru_tier import fold_keys
+from kvsim.engine.offload_tier import make_tier
 from kvsim.engine.prefix_cache import ChainMemo, sequence_chain
 from kvsim.sequence import Sequence
 
@@ -43,7 +44,7 @@ class Request:
     """One sequence's offload state."""
 
     __slots__ = ("seq", "keys", "next_store", "stores", "finished", "order", "ready_tokens", "disk_tokens",
-                 "looked_up")
+                 "looked_up", "slots", "folded")
 
     def __init__(self, seq: Sequence, keys: list, order: int):
         self.seq, self.keys, self.order = seq, keys, order
@@ -53,6 +54,13 @@ class Request:
         self.ready_tokens = 0  # computed tokens once its load ends
         self.disk_tokens = 0  # tokens its pending hits owe to the disk tier
         self.looked_up = False  # asked at an admission (not yet allocated)
+        self.slots = None  # its keys' slots in the CPU tier as last found (an array tier: kvsim.engine.lru_tier)
+        self.folded = None  # its keys as uint64 (fold_keys), when asked: `fold()`
+
+    def fold(self):
+        if self.folded is None:
+            self.folded = fold_keys(self.keys)
+        return self.folded
 
 
 def offload_keys(seq: Sequence, memo: ChainMemo, factor: int, num_blocks: int) -> list:
@@ -67,6 +75,11 @@ def offload_keys(seq: Sequence, memo: ChainMemo, factor: int, num_blocks: int) -
     return keys
 
 
+def _part(slots, start: int, end: int):
+    """slots[start:end] (None: a tier without slots)."""
+    return None if slots is None else slots[start:end]
+
+
 class OffloadingConnector:
     """One replica's native offload connector: settings (kvsim.perf.offload.OffloadSettings), the
     replica's scheduler, and the policy's OffloadStats."""
@@ -77,11 +90,11 @@ class OffloadingConnector:
         self.factor = settings.factor
         self.block_bytes = settings.bytes_per_block
         self.memo = ChainMemo(settings.gpu_block_size, identities)
-        self.cpu = OffloadTier(settings.num_blocks, settings.eviction_policy, settings.store_threshold,
+        self.cpu = make_tier(settings.num_blocks, settings.eviction_policy, settings.store_threshold,
                                settings.max_tracker_size)
         self.h2d, self.d2h = host_links(settings.h2d_gbps, settings.d2h_gbps, settings.duplex_gbps, settings.latency_s)
         disk = settings.disk
-        self.disk = OffloadTier(disk.num_blocks, "lru", name="disk") if disk else None
+        self.disk = make_tier(disk.num_blocks, "lru", name="disk") if disk else None
         self.disk_read, self.disk_write = host_links(disk.read_gbps, disk.write_gbps, 2 * (disk.read_gbps + disk.write_gbps),
                                                      disk.latency_s) if disk else (None, None)
         self.reqs: dict[Sequence, Request] = {}
@@ -89,15 +102,16 @@ class OffloadingConnector:
         self.stores: list = []  # heap of (end, order, request, keys)
         self.promotions: list = []  # heap of (end, order, keys)
         self.cascades: list = []  # heap of (end, order, keys): disk writes
-        self.loading: dict = {}  # key -> loads in flight reading it
         # vLLM tracks blocks being loaded only with GPU prefix caching on (they become GPU hits after the load)
         self.defer_loading = getattr(scheduler.allocator, "enable_prefix_caching", True)
         self.num_held = 0  # finished requests whose blocks wait for their stores
         self.order = 0
+        self.admissions = 0  # admitted requests (the oracle tier's clock: kvsim.engine.belady_tier)
         self.clock = 0.0
         self.waiting: deque = deque()
         self.next_event = math.inf
         self.reserve_prompt = True  # loads admitted only with room for their whole prompt (kvsim.engine.connector)
+        self.arrays = False  # the CPU tier keeps slots (kvsim.engine.lru_tier: the oracle's, set by its maker)
 
     # ---- admission ------------------------------------------------------------------------------
     def _req(self, seq: Sequence) -> Request:
@@ -110,31 +124,29 @@ class OffloadingConnector:
 
     def get_num_new_matched_tokens(self, seq: Sequence, num_computed_tokens: int):
         r, obs = self._req(seq), self.block_size
-        keys = r.keys
+        keys, cpu = r.keys, self.cpu
         r.looked_up = True
-        self.cpu.touch(keys)
+        slots = r.slots = cpu.resolve(keys, r.fold(), r.slots) if self.arrays else None  # valid until allocated
+        cpu.touch(keys, slots)
         if len(keys) * obs - num_computed_tokens < obs:
             return 0, False
         start = num_computed_tokens // obs
-        if self.loading and self.defer_loading and self._being_loaded(keys[:-(-num_computed_tokens // obs)]):
+        held = -(-num_computed_tokens // obs)
+        if self.loads and self.defer_loading and cpu.in_use(keys[:held], _part(slots, 0, held)):
             self.stats.deferred += 1
             return None, False
         tail = keys[start:]
-        hits = self.cpu.lookup(tail)
+        hits = cpu.lookup(tail, _part(slots, start, len(keys)))
         if self.disk is not None and self._promote(r, tail[hits:]):
             self.stats.deferred += 1
             return None, False
         tokens = (start + hits) * obs - num_computed_tokens
         if not hits or tokens < obs:
             return 0, False
-        if self.loading and self.defer_loading and self._being_loaded(tail[:hits]):
+        if self.loads and self.defer_loading and cpu.in_use(tail[:hits], _part(slots, start, start + hits)):
             self.stats.deferred += 1
             return None, False
         return tokens, True
-
-    def _being_loaded(self, keys) -> bool:
-        loading = self.loading
-        return any(k in loading for k in keys)
 
     def _promote(self, r: Request, keys: list) -> bool:
         """Blocks after the CPU hits that are on disk: read into the CPU tier; True while any is on its way."""
@@ -166,24 +178,22 @@ class OffloadingConnector:
         if not r.looked_up:  # back after its load: admitted already
             return
         r.looked_up = False
+        self.admissions += 1
         local = seq.num_computed_tokens
         self.stats.admitted(seq, local, num_external_tokens, r, self.clock,
-                            (self.replica, r.keys, local // obs) if self.stats.record else None)
+                            (self.replica, r.fold(), local // obs) if self.stats.record else None)
         if not num_external_tokens:
             return
         first, last = local // obs, (local + num_external_tokens) // obs
-        keys = r.keys[first:last]
-        self.cpu.prepare_load(keys)
-        loading = self.loading
-        for key in keys:
-            loading[key] = loading.get(key, 0) + 1
+        keys, slots = r.keys[first:last], _part(r.slots, first, last)
+        self.cpu.prepare_load(keys, slots)  # a block being loaded is one a load reads (vLLM's _blocks_being_loaded)
         r.ready_tokens = min(local + num_external_tokens, seq.num_tokens - 1)
         r.next_store = max(r.next_store, last)
         gpu_blocks = num_external_tokens // self.settings.gpu_block_size
         nbytes = gpu_blocks * (self.block_bytes // self.factor)
         start = self.clock  # the step being scheduled starts now (get_finished set the clock)
         _, t = self.h2d.transfer(start, nbytes)
-        heapq.heappush(self.loads, (t, r.order, r, keys))
+        heapq.heappush(self.loads, (t, r.order, r, keys, slots))
         self.stats.loaded(len(keys), nbytes, t - start, start)
         self._next()
 
@@ -191,8 +201,11 @@ class OffloadingConnector:
     def build_connector_meta(self, batch, start: float, end: float) -> float:
         """Issue the stores of the blocks the step completes, from its end (its loads were issued at admission)."""
         self.clock = start
+        reqs = self.reqs
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            self._store(seq, n, end)
+            r = reqs.get(seq)
+            if r is None or r.next_store < len(r.keys):  # (a decoding request has stored its prompt: skipped)
+                self._store(seq, n, end)
         self._next()
         return 0.0
 
@@ -201,18 +214,26 @@ class OffloadingConnector:
         upto = min(seq.num_computed_tokens + num_new, seq.request.prompt_len) // self.block_size
         if upto <= r.next_store:
             return
-        keys = self.cpu.prepare_store(r.keys[r.next_store:upto])
+        cpu, nxt = self.cpu, r.next_store
+        if self.arrays and cpu.counts is None:  # no gating: the prompt's slots serve the store and the touch
+            folded = r.fold()[:upto]
+            prefix = cpu.resolve(r.keys[:upto], folded, _part(r.slots, 0, upto))
+            keys, slots = cpu.prepare_store_at(r.keys[nxt:upto], _part(prefix, nxt, upto), _part(prefix, 0, nxt),
+                                               folded[nxt:upto])
+        else:
+            prefix, keys = None, cpu.prepare_store(r.keys[nxt:upto])
+            slots = None if keys is None else cpu.resolve(keys)
         if keys is None:  # no room: retried after the next step
             self.stats.store_failures += 1
             return
         r.next_store = upto
         if not keys:
             return
-        self.cpu.touch(r.keys[:upto])
+        cpu.touch(r.keys[:upto], prefix)
         nbytes = len(keys) * self.block_bytes
         _, t = self.d2h.transfer(end, nbytes)
         self.order += 1
-        heapq.heappush(self.stores, (t, self.order, r, keys))
+        heapq.heappush(self.stores, (t, self.order, r, keys, slots))
         r.stores += 1
         self.stats.stored(len(keys), nbytes, t - end, end)
 
@@ -222,15 +243,8 @@ class OffloadingConnector:
         ready = []
         loads = self.loads
         while loads and loads[0][0] <= now:
-            _, _, r, keys = heapq.heappop(loads)
-            self.cpu.complete_load(keys)
-            loading = self.loading
-            for key in keys:
-                left = loading[key] - 1
-                if left:
-                    loading[key] = left
-                else:
-                    del loading[key]
+            _, _, r, keys, slots = heapq.heappop(loads)
+            self.cpu.complete_load(keys, slots)
             r.seq.num_computed_tokens = r.ready_tokens
             ready.append(r)
         if self.stores and self.stores[0][0] <= now:
@@ -248,8 +262,8 @@ class OffloadingConnector:
     def _stores_done(self, now: float) -> None:
         stores, cpu = self.stores, self.cpu
         while stores and stores[0][0] <= now:
-            t, _, r, keys = heapq.heappop(stores)
-            cpu.complete_store(keys)
+            t, _, r, keys, slots = heapq.heappop(stores)
+            cpu.complete_store(keys, slots)
             r.stores -= 1
             if r.finished and not r.stores:
                 self.allocator.deallocate(r.seq)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-MASK, FOLD = (1 << 64) - 1, 0xD1B54A32D192ED03  # keys of unique content folded into 64 bits for the bound
+from kvsim.engine.lru_tier import fold_keys
+
 
 # per interval: cpu hit tokens, disk hit tokens, loaded bytes, stored bytes, load seconds, store seconds
 BUCKET_FIELDS = ("cpu_hit_tokens", "disk_hit_tokens", "loaded_bytes", "stored_bytes", "load_s", "store_s")
@@ -55,8 +56,7 @@ class OffloadStats:
                 self._bucket(now, 1, disk)
         if lookup is not None:
             replica, keys, held = lookup
-            folded = np.array([k if k <= MASK else (k & MASK) ^ FOLD for k in keys], dtype=np.uint64)
-            self.refs.append((replica, folded, held))
+            self.refs.append((replica, keys if isinstance(keys, np.ndarray) else fold_keys(keys), held))
 
     def loaded(self, blocks: int, nbytes: int, seconds: float, t: float) -> None:
         self.loads += 1

@@ -14,7 +14,8 @@ reading it otherwise. The manager's operations:
   orders them; None when it cannot (nothing is changed), else they enter the tier not ready;
 - `complete_store(keys)`, `prepare_load(keys)`, `complete_load(keys)`.
 
-Policies: `LRUPolicy` (one ordered dict, least recent first) and `ARCPolicy` (vLLM's ARC: T1 for
+Policies: `LRUPolicy` (one ordered dict, least recent first; kvsim.engine.lru_tier keeps the same in numpy
+arrays, the oracle tier's base) and `ARCPolicy` (vLLM's ARC: T1 for
 blocks touched once, T2 for those touched again, ghost lists B1/B2 that move the target size of T1;
 new blocks enter T1; eviction takes from T1 while it is at least its target, else from T2, skipping
 blocks in use). kvsim.engine.tier_reference holds plain executable specifications of both, which
@@ -24,8 +25,11 @@ the tests drive against these (Hypothesis).
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from itertools import islice
+from itertools import islice, repeat
+from operator import add
 from typing import Optional
+
+from kvsim.engine.lru_tier import LRUTier, count_lookups
 
 NOT_READY = -1
 
@@ -50,9 +54,18 @@ class LRUPolicy:
     def remove(self, key) -> None:
         del self.blocks[key]
 
+    def refs(self, keys, missing: int) -> list:
+        return list(map(self.blocks.get, keys, repeat(missing)))
+
+    def set_refs(self, keys, refs) -> None:
+        self.blocks.update(zip(keys, refs))  # existing keys keep their places
+
     def touch(self, keys) -> None:
         blocks = self.blocks  # C-level loops: a prompt's hundreds of keys at every lookup
-        deque(map(blocks.move_to_end, filter(blocks.__contains__, reversed(keys))), maxlen=0)
+        try:  # usually all are here; a key that is not ends it, and the rest is redone as the same order
+            deque(map(blocks.move_to_end, reversed(keys)), maxlen=0)
+        except KeyError:
+            deque(map(blocks.move_to_end, filter(blocks.__contains__, reversed(keys))), maxlen=0)
 
     def evict(self, n: int, protected) -> Optional[list]:
         """The n least recent evictable blocks, removed (None, nothing removed: fewer than n)."""
@@ -72,6 +85,9 @@ class LRUPolicy:
         for key in out:
             del self.blocks[key]
         return out
+
+    def keys(self) -> list:
+        return list(self.blocks)
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -96,6 +112,17 @@ class ARCPolicy:
 
     def set_ref(self, key, ref: int) -> None:
         (self.t1 if key in self.t1 else self.t2)[key] = ref
+
+    def refs(self, keys, missing: int) -> list:
+        get = self.get
+        return [missing if (ref := get(key)) is None else ref for key in keys]
+
+    def set_refs(self, keys, refs) -> None:
+        for key, ref in zip(keys, refs):
+            self.set_ref(key, ref)
+
+    def keys(self) -> list:
+        return [*self.t1, *self.t2]
 
     def insert(self, key, ref: int) -> None:
         self.t1[key] = ref
@@ -168,8 +195,18 @@ def _next_free(entries, protected):
 POLICIES = {"lru": LRUPolicy, "arc": ARCPolicy}
 
 
+def make_tier(num_blocks: int, eviction_policy: str = "lru", store_threshold: int = 0, max_tracker_size: int = 64_000,
+              name: str = "cpu", arrays: bool = False):
+    """A tier of `num_blocks` blocks with `eviction_policy`; `arrays`: LRU in numpy arrays
+    (kvsim.engine.lru_tier: fewer operations per key, more per call; the oracle tier's base)."""
+    if arrays and eviction_policy == "lru":
+        return LRUTier(num_blocks, store_threshold, max_tracker_size, name)
+    return OffloadTier(num_blocks, eviction_policy, store_threshold, max_tracker_size, name)
+
+
 class OffloadTier:
-    """One tier's blocks (see the module docstring); `evictions` counts the blocks it evicted."""
+    """One tier's blocks under an ordered-dict policy (LRU or ARC; see the module docstring); `evictions`
+    counts the blocks it evicted."""
 
     __slots__ = ("num_blocks", "policy", "store_threshold", "max_tracker_size", "counts", "num_evictable",
                  "num_pending", "evictions", "name", "lru")
@@ -191,32 +228,38 @@ class OffloadTier:
     def __contains__(self, key) -> bool:
         return self.policy.get(key) is not None
 
+    def ref_of(self, key) -> Optional[int]:
+        return self.policy.get(key)
+
     def ready(self, key) -> bool:
         ref = self.policy.get(key)
         return ref is not None and ref >= 0
 
-    def lookup(self, keys) -> int:
-        """How many leading `keys` are ready here (each key counted first when store gating is on)."""
-        counts = self.counts
-        if counts is not None:
-            for key in keys:
-                if key in counts:
-                    counts.move_to_end(key)
-                    counts[key] += 1
-                else:
-                    if len(counts) >= self.max_tracker_size:
-                        counts.popitem(last=False)
-                    counts[key] = 1
-        get, n = self.policy.get, 0
-        for key in keys:
-            ref = get(key)
-            if ref is None or ref < 0:
-                break
-            n += 1
-        return n
+    def keys(self) -> list:
+        """The blocks held, in the policy's order (ARC: T1 then T2, least recent first)."""
+        return self.policy.keys()
 
-    def touch(self, keys) -> None:
+    def resolve(self, keys, folded=None, known=None) -> None:
+        """No slots here (kvsim.engine.lru_tier's `resolve`): every operation's `slots` is ignored."""
+        return None
+
+    def lookup(self, keys, slots=None) -> int:
+        """How many leading `keys` are ready here (each key counted first when store gating is on)."""
+        if self.counts is not None:
+            count_lookups(self.counts, keys, self.max_tracker_size)
+        refs = self.policy.refs(keys, NOT_READY)  # missing or not ready: -1, the first ends the hits
+        return refs.index(NOT_READY) if NOT_READY in refs else len(refs)
+
+    def in_use(self, keys, slots=None) -> bool:
+        """Whether a load reads any of `keys`."""
+        return max(self.policy.refs(keys, 0), default=0) > 0
+
+    def touch(self, keys, slots=None) -> None:
         self.policy.touch(keys)
+
+    def prepare_store_at(self, keys, slots=None, held=None, folded=None) -> tuple:
+        """prepare_store without gating, as kvsim.engine.lru_tier's (no slots here)."""
+        return self.prepare_store(keys, gate=False), None
 
     def prepare_store(self, keys, gate: bool = True) -> Optional[list]:
         """The keys to store now, entered not ready (None: no room can be made; nothing changed).
@@ -250,9 +293,9 @@ class OffloadTier:
         self.num_pending += len(new)
         return new
 
-    def complete_store(self, keys) -> None:
+    def complete_store(self, keys, slots=None) -> None:
         lru = self.lru
-        if lru is not None and list(map(lru.get, keys)).count(NOT_READY) == len(keys):  # the usual case: one store's keys
+        if lru is not None and list(map(lru.get, keys)).count(NOT_READY) == len(keys):  # one store's keys, usually
             lru.update(dict.fromkeys(keys, 0))
             self.num_pending -= len(keys)
             self.num_evictable += len(keys)
@@ -264,18 +307,12 @@ class OffloadTier:
                 self.num_pending -= 1
                 self.num_evictable += 1
 
-    def prepare_load(self, keys) -> None:
-        get, set_ref = self.policy.get, self.policy.set_ref
-        for key in keys:
-            ref = get(key)
-            if ref == 0:
-                self.num_evictable -= 1
-            set_ref(key, ref + 1)
+    def prepare_load(self, keys, slots=None) -> None:
+        refs = self.policy.refs(keys, None)
+        self.num_evictable -= refs.count(0)
+        self.policy.set_refs(keys, map(add, refs, repeat(1)))
 
-    def complete_load(self, keys) -> None:
-        get, set_ref = self.policy.get, self.policy.set_ref
-        for key in keys:
-            ref = get(key) - 1
-            set_ref(key, ref)
-            if ref == 0:
-                self.num_evictable += 1
+    def complete_load(self, keys, slots=None) -> None:
+        refs = list(map(add, self.policy.refs(keys, None), repeat(-1)))
+        self.policy.set_refs(keys, refs)
+        self.num_evictable += refs.count(0)

@@ -193,8 +193,8 @@ class ReferencePool(FreeListFigures):
             self.ref[block] = 1
             self.reserved.append(block)
 
-    def claim(self, seq: Sequence) -> None:
-        need = self.blocks_for(seq.num_computed_tokens) - len(seq.block_table)
+    def claim(self, seq: Sequence, num_tokens: int = -1) -> None:
+        need = self.blocks_for(seq.num_computed_tokens if num_tokens < 0 else num_tokens) - len(seq.block_table)
         if need > len(self.reserved):
             raise AllocationError(f"sequence {seq.seq_id}: claims {need} blocks, {len(self.reserved)} reserved")
         for _ in range(max(0, need)):

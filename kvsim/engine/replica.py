@@ -23,6 +23,7 @@ from kvsim.engine.hybrid import HybridBlockManager
 from kvsim.engine.records import StepRecord
 from kvsim.engine.scheduler import Scheduler
 from kvsim.engine.settings import EngineSettings
+from kvsim.engine.speculative import SpecScheduler
 from kvsim.engine.windowed import WindowedScheduler
 from kvsim.sequence import Sequence
 
@@ -53,7 +54,8 @@ def make_replica(index: int, settings: EngineSettings, backend, interval: float,
     (`scheduler_class(base)` makes the class from the allocator's base: kvsim.engine.connector)."""
     if allocator is None:
         allocator = ALLOCATORS[settings.allocator](settings, backend.num_blocks)
-    base = WindowedScheduler if getattr(allocator, "window", 0) else Scheduler
+    base = (SpecScheduler if settings.speculation is not None else
+            WindowedScheduler if getattr(allocator, "window", 0) else Scheduler)
     scheduler = (base if scheduler_class is None else scheduler_class(base))(
         allocator, settings, use_cohort=backend.fuses_decode_runs, track_longest=backend.prices_longest_decode)
     return (replica_class or Replica)(index, scheduler, backend, interval, settings.async_scheduling)

@@ -34,6 +34,7 @@ class EngineSettings:
     # group keeps the whole context; () when one group of full attention holds every layer.
     kv_windows: tuple[int, ...] = ()
     async_scheduling: bool = False  # a request arriving during a step first runs a step later (vLLM's AsyncScheduler)
+    speculation: object = None  # a kvsim.perf.speculative.SpecPlan: the policy's speculative decoding (None: none)
     step_budget: int = field(init=False)  # tokens one step may schedule (kvsim.scenario.defaults.step_budget)
 
     def __post_init__(self):
@@ -42,7 +43,7 @@ class EngineSettings:
 
 
 def engine_settings(scenario, policy, limits, bytes_per_block: int, kv_windows: tuple = (),
-                    async_default: bool = False) -> EngineSettings:
+                    async_default: bool = False, speculation=None) -> EngineSettings:
     """The policy's engine: `limits` from kvsim.scenario.defaults.engine_limits, `bytes_per_block`
     of the policy's KV cache (for the swap space in blocks), `kv_windows` its groups' windows;
     `async_default`: whether the priced release schedules asynchronously by default
@@ -56,4 +57,5 @@ def engine_settings(scenario, policy, limits, bytes_per_block: int, kv_windows: 
         enable_prefix_caching=scenario.prefix_caching(policy), contiguous_reserve=policy.contiguous_reserve,
         num_replicas=hw.num_replicas * hw.data_parallel_size,  # every data-parallel rank is an engine
         router=hw.router, kv_windows=kv_windows,
-        async_scheduling=async_default if engine.async_scheduling is None else engine.async_scheduling)
+        async_scheduling=async_default if engine.async_scheduling is None else engine.async_scheduling,
+        speculation=speculation)

@@ -49,6 +49,7 @@ class Simulation:
         self.source: Optional[ArrivalSource] = None
         self.next_arrival_time = math.inf  # the pending arrival (bounds fused runs)
         self.num_received = 0
+        self.last_arrival_time = -math.inf  # the latest arrival dispatched (a watching observer reads it)
         self.num_ended = 0
         self.closed = False  # the source is a closed loop: wakes dispatch its requests
         self.last_dispatch = 0.0  # a closed loop's last dispatch (stale wakes may fire later)
@@ -104,6 +105,7 @@ class Simulation:
     def dispatch(self, seq: Sequence, now: float) -> None:
         """A request arrives at `now`: to the replica the router picks, or rejected."""
         self.num_received += 1
+        self.last_arrival_time = seq.request.arrival_time
         rep = self.replicas[self.router.route(seq)]
         if rep.scheduler.add(seq):
             if rep.idle is not None:

@@ -223,7 +223,9 @@ def _measured_basis(scenario, model, gpu, path) -> PricingBasis:
             else "the oldest shipped, every table being newer"
         parts.insert(0, Part("kernels", ESTIMATED, f"no kernel tables of vLLM {asked} on {gpu.name}: vLLM "
                                                    f"{version}'s, {rule}"))
-    why = f"vLLM {version} kernels timed on {gpu.name} (NVIDIA AIConfigurator) plus sourced server terms"
+    from kvsim.perf.server import terms_source
+
+    why = f"vLLM {version} kernels timed on {gpu.name} (NVIDIA AIConfigurator) plus {terms_source(scenario, gpu.name)}"
     if parts:  # each part with its own label: which of the answer rests on what
         why += "; " + "; ".join(f"{p.part}: {p.label} ({p.why})" for p in parts)
     label = ESTIMATED if any(p.label == ESTIMATED for p in parts) else MEASURED

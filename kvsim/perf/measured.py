@@ -13,7 +13,11 @@
     elementwise  norms, RoPE, KV store, SiLU: not in the tables; AIConfigurator's memory-op estimate,
                  bytes / (0.8 x HBM) + 3 us a kernel (`ServerTerms`)
     sampler      the logits' bytes per sampled row over HBM (the roofline's estimate)
-    host         a fixed cost per step (CUDA-graph decode steps and the others apart) and per sequence
+    beyond       a fixed cost per step (full-CUDA-graph decode steps and the others apart), per layer of a
+                 step outside a full graph (piecewise graphs run attention eagerly between their pieces)
+                 (`ServerTerms`, fitted to serving runs)
+    host         the engine's CPU work, a fixed cost per step and per sequence, overlapped with the GPU's
+                 under async scheduling
 
 Kernel times come from `kvsim.perf.kernels.ModelKernels` (the shipped AIConfigurator tables, or a file
 `kvsim calibrate` converted), server terms from `ServerTerms` (each with its public source). Decode
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from dataclasses import replace
 
 import numpy as np
 
@@ -35,7 +40,7 @@ from kvsim.perf.kernel_moe import model_kernels
 from kvsim.perf.kernels import load_tables
 from kvsim.perf.pricing import DecodeRunPrice, first_reaching
 from kvsim.perf.roofline import activation_bytes_per_token
-from kvsim.perf.server import ServerTerms, shipped_terms, vllm_capture_sizes
+from kvsim.perf.server import ServerTerms, server_terms, vllm_capture_sizes
 
 _new = tuple.__new__  # builds a named tuple without its Python-level __new__ (once per fused decode run)
 # rows the tables keep for deployed formats and windows: describe() names them where the model reads them
@@ -135,11 +140,15 @@ class MeasuredStepModel:
         self.overlap = async_scheduling
         self.host_step_s = terms.host_step_s + (terms.host_tp_step_s if tp > 1 else 0.0)
         self.host_per_seq_s = terms.host_per_seq_s
+        # a step outside a full CUDA graph: its fixed cost and the eager attention between graph pieces, per layer
+        self.piecewise_s = terms.step_overhead_s + self.layers * terms.piecewise_layer_s
         self._rows: dict = {True: {}, False: {}}  # graph or eager -> rows -> seconds (the rows priced so far)
         self._rows_pre = self._rows_table(max_rows)
         self._seqs: dict = {}
         self._fixed: dict = {}  # num_seqs -> a pure-decode step's seconds besides attention
         self._lines: dict = {}
+        self._fixed_steps: dict = {}  # (rows, sampled) -> decode_steps_time's part besides attention
+        self._lines_np: dict = {}  # num_seqs -> its decode line as arrays (knots, a, b, the line)
         self._run_key: tuple = (0, 0, None)  # (num_seqs, read_tokens, _run's answer) of the last run
         # distinct shapes priced and those extrapolated, per kernel family (decode attention: on the lines)
         self.priced: dict = {"gemm": set(), "lm_head": set(), "allreduce": set(), "prefill_attention": set()}
@@ -260,27 +269,90 @@ class MeasuredStepModel:
         """Seconds for one step of `batch` (a kvsim.batch.Batch; only its aggregate counts are read)."""
         swapped = batch.swap_in_blocks + batch.swap_out_blocks
         swap = swapped * self.swap_s_per_block
-        nd, np_ = batch.num_decode_seqs, batch.num_prefill_seqs
-        tokens = batch.num_prefill_tokens + nd
+        nd, np_, spec = batch.num_decode_seqs, batch.num_prefill_seqs, batch.num_spec_tokens
+        tokens = batch.num_prefill_tokens + nd + spec  # a verify step's drafts are token rows, and sampled
         if not tokens:
             return swap
         padded = self.padded(tokens)
         t = self._rows[padded > 0].get(padded or tokens)
         if t is None:
             t = self.rows_time(padded or tokens, padded > 0)
-        seq = self._seqs.get(np_ + nd)
-        t += self.seqs_time(np_ + nd) if seq is None else seq
+        seq = self._seqs.get(np_ + nd + spec)
+        t += self.seqs_time(np_ + nd + spec) if seq is None else seq
         if nd:
             t += self.decode_attention_time(nd, batch.decode_read_tokens)
         if np_:
             t += self.prefill_attention_time(np_, batch.num_prefill_tokens, batch.prefill_context_tokens,
                                              batch.prefill_attn_pairs, batch)
-        overhead = self.terms.graph_step_overhead_s if padded and not np_ else self.terms.step_overhead_s
+        overhead = self.terms.graph_step_overhead_s if padded and not np_ else self.piecewise_s
         gpu = t + overhead + swap
         host = self.host_step_s + self.host_per_seq_s * (np_ + nd)
         if self.overlap:
             return gpu if gpu > host else host
         return gpu + host
+
+    def decode_steps_time(self, num_seqs: int, rows, read_tokens, sampled: int | None = None,
+                          host: bool = True) -> np.ndarray:
+        """Seconds of pure-decode steps of `num_seqs` sequences, step i computing rows[i] token rows (an
+        int: every step the same) and reading read_tokens[i] keys, `sampled` rows through lm_head and the
+        sampler (None: every row, as a verify step of speculative decoding samples each draft); what
+        step_time gives such a batch, for many steps at once. `host=False`: the GPU's work alone (a
+        drafter's passes, inside the engine's step)."""
+        if isinstance(rows, (int, np.integer)) or rows.min() == rows.max():
+            fixed = self._steps_fixed(int(rows if isinstance(rows, (int, np.integer)) else rows[0]), sampled)
+        else:
+            values, where = np.unique(rows, return_inverse=True)
+            fixed = np.array([self._steps_fixed(r, sampled) for r in values.tolist()])[where]
+        knots, a, b, line = self._line_arrays(num_seqs)
+        s = np.asarray(read_tokens, dtype=np.float64) / num_seqs
+        j = np.maximum(np.searchsorted(knots, s, side="right") - 1, 0)
+        if len(j):
+            line.used.update(range(int(j.min()), int(j.max()) + 1))
+        gpu = fixed + self.layers * (a[j] + b[j] * s)
+        if not host:
+            return gpu
+        host_s = self.host_time(num_seqs)
+        return np.maximum(gpu, host_s) if self.overlap else gpu + host_s
+
+    def decode_steps_affine(self, num_seqs: int, rows: int, lo: float, hi: float, sampled: int | None = None,
+                            host: bool = True) -> tuple[float, float] | None:
+        """(alpha, beta) with decode_steps_time(num_seqs, rows, x, sampled, host) = alpha + beta * x for
+        every x in [lo, hi] keys (the steps of a run), or None when the price bends in between (a knot
+        of the attention line, or the host's time overtaking the GPU's)."""
+        knots, a, b, line = self._line_arrays(num_seqs)
+        j = bisect_right(line.knots, lo / num_seqs) - 1
+        j = 0 if j < 0 else j
+        if j < line.last and hi / num_seqs >= line.knots[j + 1]:
+            return None
+        line.used.add(j)
+        alpha = self._steps_fixed(rows, sampled) + self.layers * line.a[j]
+        beta = self.layers * line.b[j] / num_seqs
+        if not host:
+            return alpha, beta
+        host_s = self.host_time(num_seqs)
+        if not self.overlap:
+            return alpha + host_s, beta
+        if alpha + beta * lo >= host_s:
+            return alpha, beta
+        return (host_s, 0.0) if alpha + beta * hi < host_s else None
+
+    def _steps_fixed(self, rows: int, sampled: int | None) -> float:
+        """A pure-decode step's seconds besides its attention (decode_steps_time), memoised."""
+        key = (rows, sampled)
+        t = self._fixed_steps.get(key)
+        if t is None:
+            padded = self.padded(rows)
+            t = self._fixed_steps[key] = (
+                self.rows_time(padded or rows, padded > 0) + self.seqs_time(rows if sampled is None else sampled)
+                + (self.terms.graph_step_overhead_s if padded else self.terms.step_overhead_s))
+        return t
+
+    def _line_arrays(self, num_seqs: int) -> tuple:
+        out = self._lines_np.get(num_seqs)
+        if out is None:
+            line = self.decode_line(num_seqs)
+            out = self._lines_np[num_seqs] = (np.asarray(line.knots), np.asarray(line.a), np.asarray(line.b), line)
+        return out
 
     # ---- runs of pure-decode steps in closed form ----------------------------------------------
     def _run(self, num_seqs: int, read_tokens: int) -> tuple:
@@ -295,7 +367,7 @@ class MeasuredStepModel:
         if fixed is None:  # what a pure-decode step of num_seqs costs besides its attention
             padded = self.padded(num_seqs)
             fixed = (self.rows_time(padded or num_seqs, padded > 0) + self.seqs_time(num_seqs)
-                     + (self.terms.graph_step_overhead_s if padded else self.terms.step_overhead_s))
+                     + (self.terms.graph_step_overhead_s if padded else self.piecewise_s))
             if not self.overlap:
                 fixed += self.host_time(num_seqs)
             self._fixed[num_seqs] = fixed
@@ -395,23 +467,32 @@ class MeasuredStepModel:
         return out
 
 
-def measured_step_model(scenario, policy, model, gpu, calibration, settings, capacity) -> MeasuredStepModel | None:
+def measured_step_model(scenario, policy, model, gpu, calibration, settings, capacity, decode_query_len: int = 1,
+                        host: bool = True) -> MeasuredStepModel | None:
     """The measured pricer of the scenario's policy under its `settings` (kvsim.engine.settings) and KV
-    `capacity` (kvsim.perf.memory.KvCapacity), or None: the roofline prices it (kvsim.perf.basis.measured_tables)."""
+    `capacity` (kvsim.perf.memory.KvCapacity), or None: the roofline prices it (kvsim.perf.basis.measured_tables).
+    `decode_query_len`: 1 + num_speculative_tokens (the CUDA graphs' sizes follow it); `host=False`: no
+    host or fixed step costs (a speculative drafter's passes, inside the engine's step)."""
     path = measured_tables(scenario, gpu, model)
     if path is None:
         return None
-    terms, _ = shipped_terms(gpu.name)
+    terms, _ = server_terms(scenario, gpu.name, load_tables(str(path)).vllm_version)
+    if not host:
+        terms = replace(terms, host_step_s=0.0, host_tp_step_s=0.0, host_per_seq_s=0.0, graph_step_overhead_s=0.0,
+                        step_overhead_s=0.0)
     hw = scenario.hardware
     graphs = () if scenario.backend.enforce_eager else vllm_capture_sizes(settings.max_num_seqs,
-                                                                          settings.max_num_batched_tokens)
+                                                                          settings.max_num_batched_tokens,
+                                                                          decode_query_len)
     return MeasuredStepModel(model, gpu, hw.tensor_parallel_size, policy.kv_cache_dtype, path, terms, calibration,
                              graphs, capacity.bytes_per_block, min(settings.step_budget, 32768),
                              hw.data_parallel_size, hw.enable_expert_parallel, scenario.model.expert_skew,
                              settings.async_scheduling)
 
 
-def request_overhead_s(basis, gpu) -> float:
+def request_overhead_s(scenario, basis, gpu) -> float:
     """Seconds the API server adds to each request's TTFT and E2E (ServerTerms.api_server_s) when measured
     kernels price the run (`basis`: kvsim.perf.basis.PricingBasis; runs the roofline prices stay as they were)."""
-    return shipped_terms(gpu.name)[0].api_server_s if basis.pricing == "measured" else 0.0
+    if basis.pricing != "measured":
+        return 0.0
+    return server_terms(scenario, gpu.name, basis.vllm_version)[0].api_server_s

@@ -245,6 +245,7 @@ class StepModel:
             self.allreduce_s_per_token += (2 * model.num_moe_layers * ring_fraction(tp * dp) * dp * per_token / link)
         self._decode_base: dict[int, tuple] = {}
         self._last_lines: tuple = (None, None)  # (the shape last priced, its lines)
+        self._steps_memo: dict = {}  # decode_steps_time's constant parts and attention lines, per shape
 
     # ---- the parts of a step ---------------------------------------------------------------------
     def overhead(self, num_seqs: int, graph: bool = False) -> float:
@@ -364,14 +365,14 @@ class StepModel:
         """Seconds for one step of `batch` (only its aggregate counts are read)."""
         swapped = batch.swap_in_blocks + batch.swap_out_blocks
         swap = self.swap_time(swapped) if swapped else 0.0
-        nd, np_ = batch.num_decode_seqs, batch.num_prefill_seqs
-        tokens = batch.num_prefill_tokens + nd
+        nd, np_, spec = batch.num_decode_seqs, batch.num_prefill_seqs, batch.num_spec_tokens
+        tokens = batch.num_prefill_tokens + nd + spec  # a verify step's drafts are token rows, and sampled
         if tokens == 0:
             return swap
         seqs = np_ + nd
-        padded = self.graph_batch(np_, nd)
+        padded = self.graph_batch(np_, nd + spec)
         rows = padded or tokens  # a graph computes its padded rows too
-        body = (self.gemm_time(rows, padded or seqs) + self.activation_time(rows, padded or seqs)
+        body = (self.gemm_time(rows, padded or seqs + spec) + self.activation_time(rows, padded or seqs + spec)
                 + self.allreduce_time(rows) + self.attention_time(batch, nd, np_, padded))
         if padded:
             return self.overhead(seqs, True) + body + swap
@@ -429,6 +430,69 @@ class StepModel:
         pairs = [(a * fa + b * wa, a * fb + b * wb) for i, (fa, fb) in enumerate(full)
                  for j, (wa, wb) in enumerate(windowed) if i or j]
         return [(a * full[0][0] + b * windowed[0][0], 0.0), *pairs]
+
+    def decode_steps_time(self, num_seqs: int, rows, read_tokens, sampled: int | None = None, host: bool = True):
+        """Seconds of pure-decode steps of `num_seqs` sequences, step i computing rows[i] token rows (an
+        int: every step the same; all sampled unless `sampled` says how many: a verify step of
+        speculative decoding) and reading read_tokens[i] keys, the longest not known (the mean):
+        step_time's price of such batches, many at once. `host=False`: the GPU's work alone (an eager
+        step's host launch time left out)."""
+        import numpy as np
+
+        x = np.asarray(read_tokens, dtype=np.float64)
+        if isinstance(rows, (int, np.integer)) or rows.min() == rows.max():
+            r = int(rows if isinstance(rows, (int, np.integer)) else rows[0])
+            return self._steps_of(num_seqs, r, sampled, host, x)
+        out = np.empty(len(x))
+        rows = np.asarray(rows)
+        for r in np.unique(rows).tolist():
+            mask = rows == r
+            out[mask] = self._steps_of(num_seqs, r, sampled, host, x[mask])
+        return out
+
+    def decode_steps_affine(self, num_seqs: int, rows: int, lo: float, hi: float, sampled: int | None = None,
+                            host: bool = True) -> tuple[float, float] | None:
+        """(alpha, beta) with decode_steps_time(num_seqs, rows, x, sampled, host) = alpha + beta * x for
+        every x in [lo, hi] keys, or None when the price bends in between (another attention term
+        overtakes, or an eager step's host time does)."""
+        import numpy as np
+
+        self._steps_of(num_seqs, rows, sampled, host, np.zeros(1))  # fills the memo
+        padded, body, (a0, slope), host_s = self._steps_memo[(num_seqs, rows, sampled, host)]
+        at_lo, at_hi = a0 + slope * lo, a0 + slope * hi
+        top = int(at_lo.argmax())
+        if int(at_hi.argmax()) != top and at_hi[top] < at_hi.max():
+            return None
+        if padded:
+            return self.overhead(num_seqs, True) + body + float(a0[top]), float(slope[top])
+        alpha, beta = body + float(a0[top]), float(slope[top])
+        if host:
+            if alpha + beta * lo < host_s:
+                return (self.overhead(num_seqs) + host_s, 0.0) if alpha + beta * hi <= host_s else None
+        return self.overhead(num_seqs) + alpha, beta
+
+    def _steps_of(self, n: int, r: int, sampled, host: bool, x):
+        """decode_steps_time for steps of r rows: the constant part and the attention lines (their value
+        at x keys: each line is affine in x when the longest is the mean), memoised per shape."""
+        import numpy as np
+
+        key = (n, r, sampled, host)
+        memo = self._steps_memo.get(key)
+        if memo is None:
+            padded = self.graph_batch(0, r)
+            logits = padded or (r if sampled is None else sampled)  # a CUDA graph computes its padded rows
+            body = (self.gemm_time(padded or r, logits) + self.activation_time(padded or r, logits)
+                    + self.allreduce_time(padded or r))
+            at0 = self.decode_attention_lines(n, 0, 0, padded or n)
+            at1 = self.decode_attention_lines(n, 1, 0, padded or n)
+            lines = (np.array([a0 for a0, _ in at0]), np.array([a1 - a0 for (a0, _), (a1, _) in zip(at0, at1)]))
+            memo = self._steps_memo[key] = (padded, body, lines, self.host_time(0, n))
+        padded, body, (a0, slope), host_s = memo
+        attention = (a0[:, None] + slope[:, None] * x[None, :]).max(axis=0)
+        if padded:
+            return self.overhead(n, True) + (body + attention)
+        gpu = body + attention
+        return self.overhead(n) + (np.maximum(gpu, host_s) if host else gpu)
 
     # ---- runs of pure-decode steps in closed form -----------------------------------------------
     def _decode_lines(self, shape: DecodeShape) -> tuple:

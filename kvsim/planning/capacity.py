@@ -45,11 +45,13 @@ import numpy as np
 
 from kvsim.errors import check_int
 from kvsim.planning.executors import make_executor, run_all
-from kvsim.planning.points import (CLIENTS, FIGURES, REQ_RATE, base_rate, check_fits, evaluate_point, load_unit,
-                                   mean_or_none, replications, run_length, windowed)
-from kvsim.planning.safe import LONG_RUN, SafeCheck, first_candidate, safe_rates
-from kvsim.planning.search import Search, expected_points, run_searches
+from kvsim.planning.points import (CLIENTS, FIGURES, REQ_RATE, base_rate, check_fits, evaluate_point, is_stopped,
+                                   load_unit, mean_or_none, replications, run_length, windowed)
+from kvsim.results.verdict import OPTIONAL_FIGURES
+from kvsim.planning.safe import LONG_RUN, SafeCheck, first_candidate, safe_rates, safe_rates_guided
+from kvsim.planning.search import Guided, Search, expected_points, run_guided, run_searches
 from kvsim.planning.sensitivity import KNEE_GROWTH, STEP_COST_MARGIN, check_scale, scalable, widen, with_step_scale
+from kvsim.results.intervals import rate_interval
 from kvsim.scenario.workload import expected_count
 
 DEFAULT_REQUESTS = 3000
@@ -109,13 +111,19 @@ class PolicyCapacity:
     # the first seed's knee with every step STEP_COST_MARGIN cheaper / dearer (None: not searched)
     knee_faster_steps: Optional[float] = None
     knee_slower_steps: Optional[float] = None
+    # where the real safe rate would fall, given real steps' error near the knee (kvsim.results.intervals)
+    safe_rate_interval: Optional[dict] = None
     # seeds whose knees make the interval; 1: no seed-to-seed variance behind it (kvsim.planning.points.replications),
     # [ci_low, ci_high] is then only the search's resolution and the step-cost band
     replications: int = 0
 
     def row(self) -> dict:
         """A flat row: the answer and the SLO figures at safe_rate."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("at_safe_rate", "seed_max_rates")}
+        nested = ("at_safe_rate", "seed_max_rates", "safe_rate_interval")
+        out = {k: v for k, v in asdict(self).items() if k not in nested}
+        iv = self.safe_rate_interval or {}
+        out.update(safe_rate_real_low=iv.get("low"), safe_rate_real_high=iv.get("high"),
+                   safe_rate_interval=iv.get("text"))
         out["seed_max_rates"] = " ".join(f"{r:.6g}" for r in self.seed_max_rates)
         out.update({f"at_safe_{k}": v for k, v in self.at_safe_rate.items()})
         return out
@@ -188,7 +196,7 @@ class PlanResult(Frames):
 
 
 def _public(record: dict) -> dict:
-    return {k: record[k] for k in FIGURES}
+    return {**{k: record[k] for k in FIGURES}, **{k: record[k] for k in OPTIONAL_FIGURES if k in record}}
 
 
 def point_row(label: str, seed: int, rate: float, phase: str, record: dict, key: str = "policy") -> dict:
@@ -202,6 +210,9 @@ def mean_figures(records: list[dict]) -> dict:
         if k in ("sustainable", "slo_met", "stable", "binding", "binding_detail"):
             continue
         out[k] = mean_or_none(r[k] for r in records)
+    for k in OPTIONAL_FIGURES:  # energy and speculation figures, when the runs have them
+        if all(k in r for r in records):
+            out[k] = mean_or_none(r[k] for r in records)
     return out
 
 
@@ -235,11 +246,12 @@ def summarize(label: str, searches: list[Search], check: Optional[SafeCheck], r0
     knees = [s.knee for s in searches]
     mean, low, high = interval(knees, resolution)
     binding, detail = knee_binding(searches)
-    at_r0 = [rec for s in searches for rate, rec in s.tried if rate == s.start]
+    at_r0 = [rec["sustainable"] for s in searches for rate, rec in s.tried if rate == s.start]
+    at_r0 += [s.implied[s.start] for s in searches if s.start in s.implied and all(r != s.start for r, _ in s.tried)]
     his = [s.hi for s in searches if s.hi is not None]
     safe = check.safe_rate if check is not None else first_candidate(searches)
     return PolicyCapacity(label, safe, mean, low, high, knees, any(s.censored for s in searches), r0,
-                          safe / r0 - 1.0 if r0 else math.inf, all(r["sustainable"] for r in at_r0),
+                          safe / r0 - 1.0 if r0 else math.inf, all(at_r0),
                           binding, detail, safe_figures(check) if check is not None and check.done and safe else {},
                           long_requests if check is not None else 0,
                           float(np.mean(his)) if len(his) == len(searches) else None, replications=len(searches))
@@ -263,14 +275,21 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
                     policy_of=lambda label: label, headroom_rate: Optional[float] = None,
                     confirm: bool = True, key: str = "policy", growth_of=lambda label: 2.0,
                     known=lambda label, seed: (), floor=lambda label: 0.0,
-                    start_of=None, check_scale: float = 1.0,
-                    integer: bool = False) -> tuple[list[PolicyCapacity], list[dict]]:
+                    start_of=None, check_scale: float = 1.0, integer: bool = False, fast: bool = False,
+                    guess_of=lambda label: None, exact_binding: bool = True,
+                    implied_by=lambda label, seed: ()) -> tuple[list[PolicyCapacity], list[dict]]:
     """The search for each label (a policy, or a deployment layout) over seeds, starting at `start`
     req/s with `num_requests(label)` requests a point (`known(label, seed)`: (rate, record) pairs
     already simulated, `growth_of(label)`: the search's step up, `start_of(label)`: its own start); with `confirm`, each label's safe
     rate (kvsim/planning/safe.py; `floor(label)`: a rate known to pass it), else the lowest of the
     seeds' highest sustainable rates, unchecked; `check_scale`: the step_time_scale of the safe
     check's points (kvsim/planning/sensitivity.py).
+    `fast` (kvsim plan without --exhaustive): overloaded runs stop once their verdict is certain
+    (kvsim/results/early_stop.py) and each label's seeds after the first are `Guided` from the first's knee
+    (`guess_of(label)`: a guess for the first's); with `exact_binding`, each search's first unsustainable
+    point, when it was stopped, is simulated whole (the binding constraint is read from it);
+    `implied_by(label, seed)`: (rate, record) of points simulated elsewhere with the very same settings, whose
+    verdicts the fast search may take as implying others (not its own points: not in its rows).
     Returns the answers (headroom against `headroom_rate`, default `start`) and the point rows."""
     start_of = start_of or (lambda label: start)
     searches = {label: [Search((label, seed), start_of(label), resolution, growth_of(label), integer) for seed in seeds]
@@ -280,16 +299,31 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
             for rate, record in known(label, seed):
                 search.update(rate, record)
 
-    def point(label, rate: float, seed: int, long: bool = False, scale: float = 1.0) -> tuple:
+    def point(label, rate: float, seed: int, long: bool = False, scale: float = 1.0, stop: bool = fast) -> tuple:
         n = num_requests(label) * (LONG_RUN if long else 1)
-        return (scenario, policy_of(label), rate, seed, n, trace_rate, with_step_scale(overrides_of(label), scale))
+        return (scenario, policy_of(label), rate, seed, n, trace_rate, with_step_scale(overrides_of(label), scale),
+                stop)
 
-    run_searches(executor, [s for group in searches.values() for s in group],
-                 lambda search, rate: (evaluate_point, *point(search.key[0], rate, search.key[1])), tick)
+    def task(search: Search, rate: float, whole: bool = False) -> tuple:
+        return (evaluate_point, *point(search.key[0], rate, search.key[1], stop=fast and not whole))
+
+    if fast:
+        guided = {label: [Guided(s, guess_of(label) if i == 0 else None) for i, s in enumerate(group)]
+                  for label, group in searches.items()}
+        for label, group in guided.items():
+            for seed, g in zip(seeds, group):
+                g.known.update(implied_by(label, seed))
+                g.known.update(known(label, seed))
+        run_guided(executor, list(guided.values()), task, tick)
+        if exact_binding:
+            whole_knee_points(executor, [s for group in searches.values() for s in group], point, tick)
+    else:
+        run_searches(executor, [s for group in searches.values() for s in group], task, tick)
     checks = {}
     if confirm:
-        checks = safe_rates(executor, {label: first_candidate(group) for label, group in searches.items()},
-                            seeds, resolution, lambda *a: point(*a, scale=check_scale), tick, floor, integer)
+        checks = (safe_rates_guided if fast else safe_rates)(
+            executor, {label: first_candidate(group) for label, group in searches.items()}, seeds, resolution,
+            lambda *a: point(*a, scale=check_scale), tick, floor, integer)
     rows = []
     for label, group in searches.items():
         for seed, s in zip(seeds, group):
@@ -305,10 +339,24 @@ def capacity_search(executor, scenario, labels: list, seeds: list[int], resoluti
     return answers, rows
 
 
+def whole_knee_points(executor, searches: list[Search], point: Callable, tick) -> None:
+    """Each search's first unsustainable point simulated whole where its run was stopped early (its binding
+    constraint and figures are read), in place of the stopped record."""
+    todo = [s for s in searches if s.hi_record is not None and is_stopped(s.hi_record)]
+    records = run_all(executor, evaluate_point, [point(s.key[0], s.hi, s.key[1], stop=False) for s in todo],
+                      lambda i, r: tick())
+    for s, record in zip(todo, records):
+        s.tried = [(rate, record if rec is s.hi_record else rec) for rate, rec in s.tried]
+        s.hi_record = record
+
+
 def step_cost_knees(executor, scenario, answers: list[PolicyCapacity], seed: int, resolution: float,
-                    num_requests: int, trace_rate, tick, integer: bool = False) -> list[dict]:
+                    num_requests: int, trace_rate, tick, integer: bool = False, fast: bool = False,
+                    rows: list = ()) -> list[dict]:
     """The first seed's knee re-searched with every step STEP_COST_MARGIN cheaper and dearer, from the
-    knee it found; each answer's interval widened by the knees' ratios (kvsim/planning/sensitivity.py)."""
+    knee it found; each answer's interval widened by the knees' ratios (kvsim/planning/sensitivity.py).
+    `fast`: the dearer search also reads the verdicts of the safe check's points of this seed (`rows`:
+    the plan's, run with the same steps and requests)."""
     todo = [a for a in answers if a.seed_max_rates and a.seed_max_rates[0] > 0 and not a.censored]
     if not todo or not scalable(scenario):
         return []
@@ -319,12 +367,34 @@ def step_cost_knees(executor, scenario, answers: list[PolicyCapacity], seed: int
             start_of=lambda label: next(a.seed_max_rates[0] for a in todo if a.policy == label),
             num_requests=lambda label: num_requests, trace_rate=trace_rate, confirm=False,
             overrides_of=lambda label: with_step_scale(None, scale), growth_of=lambda label: KNEE_GROWTH,
-            integer=integer)
+            integer=integer, fast=fast, exact_binding=False,
+            guess_of=lambda label: next(a.seed_max_rates[0] for a in todo if a.policy == label) / scale,
+            implied_by=lambda label, _: [(r["rate"], {"sustainable": r["sustainable"]}) for r in rows
+                                         if r["policy"] == label and r["phase"] == "safe_check" and r["seed"] == seed
+                                         and scale == check_scale(scenario)])
         knees[scale] = [f.mean_rate for f in found]
         rows += [{**r, "phase": f"step_cost_x{scale:g}"} for r in points]
+    basis, differs = _basis_dict(scenario)
     for i, a in enumerate(todo):
-        widen(a, a.seed_max_rates[0], knees[1.0 - STEP_COST_MARGIN][i], knees[1.0 + STEP_COST_MARGIN][i])
+        fast, slow = knees[1.0 - STEP_COST_MARGIN][i], knees[1.0 + STEP_COST_MARGIN][i]
+        widen(a, a.seed_max_rates[0], fast, slow)
+        a.safe_rate_interval = rate_interval(a.safe_rate, a.seed_max_rates[0], fast, slow, basis, STEP_COST_MARGIN,
+                                             differs(a.policy))
     return rows
+
+
+def _basis_dict(scenario) -> tuple:
+    """The run's pricing basis, and per policy how its runs differ from the held-out real ones
+    (kvsim.results.intervals.unlike)."""
+    from kvsim.pipeline import run_meta  # a disaggregated policy's basis is its pools'
+    from kvsim.results.intervals import unlike
+    from kvsim.scenario.catalog import gpu_spec, model_spec
+
+    model, gpu = model_spec(scenario), gpu_spec(scenario)
+    meta = run_meta(scenario, model, gpu)
+    pooled = set((meta.get("disaggregation") or {}).get("policies") or ())
+    return meta["pricing_basis"], lambda policy: unlike(model, gpu.name, scenario.hardware.tensor_parallel_size,
+                                                        policy in pooled)
 
 
 def _margin(record: dict) -> float:
@@ -379,9 +449,11 @@ def trace_rows_of(scenario) -> Optional[int]:
 
 def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, resolution: float = 0.02,
          num_requests: Optional[int] = None, workers: Optional[int] = None, ray: Optional[str] = None,
-         executor=None, progress: Optional[Callable[[int, int], None]] = None, tune: bool = False) -> PlanResult:
+         executor=None, progress: Optional[Callable[[int, int], None]] = None, tune: bool = False,
+         exhaustive: bool = False) -> PlanResult:
     """Each policy's safe rate, with the mean and interval of its knee; see the module docstring.
-    `tune`: then search each policy's max_num_seqs and max_num_batched_tokens (kvsim/planning/tune.py)."""
+    `tune`: then search each policy's max_num_seqs and max_num_batched_tokens (kvsim/planning/tune.py).
+    `exhaustive`: every point simulated whole and every search run in full (`capacity_search`'s `fast`)."""
     from kvsim.pipeline import chosen_policies, run_meta  # run_meta: a disaggregated policy's basis is its pools'
     from kvsim.results.verdict import STABILITY_TOLERANCE
     from kvsim.scenario.catalog import gpu_spec, model_spec
@@ -402,15 +474,17 @@ def plan(scenario, *, policies: Optional[list[str]] = None, seeds: int = 3, reso
     try:
         answers, rows = capacity_search(executor, scenario, chosen, seed_list, resolution, tick, start=r0,
                                         num_requests=lambda label: n, trace_rate=trace_rate,
-                                        check_scale=check_scale(scenario), integer=integer)
-        rows += step_cost_knees(executor, scenario, answers, seed_list[0], resolution, n, trace_rate, tick, integer)
+                                        check_scale=check_scale(scenario), integer=integer, fast=not exhaustive)
+        rows += step_cost_knees(executor, scenario, answers, seed_list[0], resolution, n, trace_rate, tick, integer,
+                                not exhaustive, rows)
         rows += name_step_time(executor, scenario, answers, seed_list[0], n, trace_rate, tick)
         tuning = []
         if tune:
             from kvsim.planning.tune import tune as tune_engine
 
             tuning, more = tune_engine(executor, scenario, answers, seed_list, resolution, n, trace_rate, tick,
-                                       partial(capacity_search, check_scale=check_scale(scenario), integer=integer))
+                                       partial(capacity_search, check_scale=check_scale(scenario), integer=integer,
+                                               fast=not exhaustive))
             rows += more
     finally:
         if own:

@@ -22,6 +22,16 @@ def _positive(kind):
     return parse
 
 
+def _k_list(text: str) -> list[int]:
+    try:
+        ks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected draft token counts like 1,2,3,4, got {text!r}") from None
+    if not ks or any(not 1 <= k <= 16 for k in ks):
+        raise argparse.ArgumentTypeError(f"draft token counts from 1 to 16, got {text!r}")
+    return ks
+
+
 def _executor_arguments(p) -> None:
     p.add_argument("--workers", type=_positive(int), help="local worker processes (default: every core)")
     p.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster: 'auto', or an address "
@@ -76,6 +86,21 @@ def add_commands(sub) -> None:
     plan.add_argument("--attainment", type=_fraction, metavar="SHARE",
                       help="with --autoscale: the share of requests that must meet every per-request SLO bound "
                            "(default: autoscaling.attainment_target, else slo.percentile / 100)")
+    plan.add_argument("--offload-gib", metavar="G1,G2,...",
+                      help="size the policy's CPU offload tier: its safe rate and $ per million requests at each "
+                           "GiB per replica (0: no tier; vLLM's --kv-offloading-size), and whether a tier pays")
+    plan.add_argument("--dram-usd-gib-hour", type=_positive(float), metavar="USD",
+                      help="with --offload-gib: host DRAM's price per GiB-hour (default: the catalog's, with "
+                           "its source)")
+    plan.add_argument("--exhaustive", action="store_true",
+                      help="simulate every point whole and run every search in full, as before early stopping "
+                           "and guided searches (slower; the same answers)")
+    plan.add_argument("--speculative-k", type=_k_list, metavar="K,K,...",
+                      help="compare each policy without speculative decoding and with each k draft tokens (the "
+                           "scenario's [speculative] method and acceptance), and say where speculation stops paying")
+    plan.add_argument("--rank", choices=("rate", "energy"), default="rate",
+                      help="energy: also rank the answers by joules per output token at their safe rates (adds "
+                           "[energy] with its defaults when the scenario has none)")
     plan.add_argument("--out", type=Path, help="write plan.json, plan.csv and points.csv into this folder")
     _executor_arguments(plan)
     plan.set_defaults(handler=cmd_plan)
@@ -122,12 +147,20 @@ def cmd_plan(args, console) -> int:
 
     scenario = scenario_from_args(args)
     chosen_policies(scenario, args.policy)  # an unknown --policy fails before anything runs
+    if args.rank == "energy":
+        from kvsim.planning.speculation import with_energy
+
+        scenario = with_energy(scenario)
+    if args.speculative_k and args.target_rate is not None:
+        raise KvsimError("--speculative-k: compares a layout's policies; give it without --target-rate")
     vetted = output.check_out(args.out, scenario, args.force) if args.out is not None else None
     bar = Bar(console, "planning", not args.quiet and console.is_terminal)
     if args.autoscale or args.grid or args.attainment is not None:
         return cmd_plan_autoscale(args, console, scenario, bar, vetted)
     common = dict(seeds=args.seeds, resolution=args.resolution, num_requests=args.requests, workers=args.workers,
                   ray=args.ray, progress=bar)
+    if args.offload_gib is not None:
+        return _offload_plan(args, console, scenario, vetted, bar, common)
     try:
         pd = args.disaggregated if args.disaggregated is not None else scenario.disaggregation is not None
         if pd and scenario.disaggregation is None:
@@ -137,15 +170,21 @@ def cmd_plan(args, console) -> int:
             from kvsim.planning.disagg import pd_deploy
 
             result = pd_deploy(scenario, args.target_rate, gpus=args.gpu, tensor_parallel=args.tp,
-                               policy=args.policy, max_replicas=args.max_replicas, **common)
+                               policy=args.policy, max_replicas=args.max_replicas, exhaustive=args.exhaustive,
+                               **common)
         elif args.target_rate is not None:
             from kvsim.planning.disagg import aggregated
 
             result = deploy(aggregated(scenario), args.target_rate, gpus=args.gpu,
                             tensor_parallel=tuple(args.tp or TP_DEGREES), policy=args.policy, top=args.top,
-                            max_replicas=args.max_replicas, headroom=args.headroom, **common)
+                            max_replicas=args.max_replicas, headroom=args.headroom, exhaustive=args.exhaustive,
+                            **common)
+        elif args.speculative_k:
+            from kvsim.planning.speculation import speculation_plan
+
+            result = speculation_plan(scenario, args.speculative_k, policies=args.policy, **common)
         else:
-            result = plan(scenario, policies=args.policy, tune=args.tune, **common)
+            result = plan(scenario, policies=args.policy, tune=args.tune, exhaustive=args.exhaustive, **common)
     finally:
         bar.close()
     if not args.quiet:
@@ -162,6 +201,7 @@ def cmd_plan(args, console) -> int:
             console.print(output.plan_table(result))
             if result.tuning:
                 console.print(output.tuning_table(result))
+            _print_planning_extras(console, args, result)
     if args.out is not None:
         written = output.write_plan(args.out, result, scenario, args.force, vetted)
         if not args.quiet:
@@ -192,9 +232,39 @@ def cmd_plan_autoscale(args, console, scenario, bar, vetted) -> int:
     if args.out is not None:
         written = write_outputs(args.out, report.autoscale_files(result, scenario.slo.model_dump()), scenario, args.force,
                                 vetted)
+def _offload_plan(args, console, scenario, vetted, bar, common) -> int:
+    """`plan --offload-gib`: kvsim.planning.offload_sizing."""
+    from kvsim.planning import output
+    from kvsim.planning.offload_sizing import offload_lines, offload_plan, offload_table, parse_sizes
+
+    for flag, given in (("--target-rate", args.target_rate), ("--tune", args.tune),
+                        ("--disaggregated", args.disaggregated), ("--speculative-k", args.speculative_k)):
+        if given:
+            raise KvsimError(f"--offload-gib sizes the CPU tier of one aggregated policy: drop {flag}")
+    sizes = parse_sizes(args.offload_gib)
+    try:
+        result = offload_plan(scenario, sizes, policies=args.policy, dram_usd_gib_hour=args.dram_usd_gib_hour, **common)
+    finally:
+        bar.close()
+    if not args.quiet:
+        _print_lines(console, offload_lines(result))
+        console.print(offload_table(result))
+    if args.out is not None:
+        written = output.write_plan(args.out, result, scenario, args.force, vetted)
         if not args.quiet:
             console.print(f"results: {written}")
     return 0
+
+
+def _print_planning_extras(console, args, result) -> None:
+    """Speculation's payoff (--speculative-k) and the answers' energy (ranked with --rank energy; in the
+    plan's order when the scenario has an [energy] section)."""
+    from kvsim.planning import speculation
+
+    if args.speculative_k:
+        _print_lines(console, speculation.speculation_lines(result))
+        console.print(speculation.speculation_table(result))
+    _print_lines(console, speculation.energy_ranking(result, ranked=args.rank == "energy"))
 
 
 def _print_skipped(console, line: str) -> None:

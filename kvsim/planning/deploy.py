@@ -248,10 +248,12 @@ def tokens_per_request(scenario, n: int) -> tuple[float, float]:
 def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, tensor_parallel=TP_DEGREES,
            policy=None, seeds: int = 3, resolution: float = 0.02, num_requests: Optional[int] = None,
            top: int = 3, max_replicas: int = MAX_REPLICAS, workers: Optional[int] = None, ray: Optional[str] = None,
-           executor=None, progress: Optional[Callable[[int, int], None]] = None, headroom: bool = True) -> DeployResult:
+           executor=None, progress: Optional[Callable[[int, int], None]] = None, headroom: bool = True,
+           exhaustive: bool = False) -> DeployResult:
     """The cheapest layouts meeting the SLO at `target_rate`; `policy`: a name or a list of the
     candidate policies (default: every policy of the scenario `vllm serve` can run); `headroom=False` skips step 4 (no
-    deployment's own safe rate). See the module docstring."""
+    deployment's own safe rate); `exhaustive`: every point simulated whole, every search in full
+    (kvsim.planning.capacity.capacity_search's `fast`). See the module docstring."""
     check_target_rate(target_rate)
     check_search_args(seeds, resolution, num_requests)
     check_int(top, "--top", 1, limits.MAX_REPLICAS)
@@ -286,7 +288,7 @@ def deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None, te
     executor = executor or make_executor(workers, ray)
     try:
         search = _Search(executor, scenario, target_rate, seed_list, resolution, n_req, trace_rate, top,
-                         max_replicas, tick, headroom)
+                         max_replicas, tick, headroom, not exhaustive)
         deployments = search.run(ok)
         skipped += search.skipped
     finally:
@@ -341,10 +343,10 @@ class _Search:
     """Steps 2-4 of the module docstring."""
 
     def __init__(self, executor, scenario, target, seeds, resolution, n_req, trace_rate, top, max_replicas, tick,
-                 headroom: bool = True):
+                 headroom: bool = True, fast: bool = False):
         self.executor, self.scenario, self.target, self.seeds = executor, scenario, target, seeds
         self.resolution, self.n_req, self.trace_rate, self.top = resolution, n_req, trace_rate, top
-        self.max_replicas, self.tick, self.headroom = max_replicas, tick, headroom
+        self.max_replicas, self.tick, self.headroom, self.fast = max_replicas, tick, headroom, fast
         self.points: list[dict] = []
         self.skipped: list[dict] = []
         self.scout: list[dict] = []
@@ -370,7 +372,7 @@ class _Search:
         single, rows = capacity_search(
             self.executor, self.scenario, ok, self.seeds[:1], SCOUT_RESOLUTION, self.tick, start=self.target / 2,
             num_requests=lambda label: min(self.n_req, SCOUT_REQUESTS), trace_rate=self.trace_rate, overrides_of=self.hardware,
-            policy_of=lambda label: label[2], confirm=False, key="layout")
+            policy_of=lambda label: label[2], confirm=False, key="layout", fast=self.fast)
         for row in rows:
             gpu, tp, policy = row["layout"]
             row.update(layout=f"{gpu} TP{tp}", policy=policy, num_replicas=1, phase="replica_scout")
@@ -394,15 +396,22 @@ class _Search:
         return best
 
     def check(self, todo: list) -> None:
-        """Simulate each (layout state, count, long) at the target: every seed, or the long run."""
+        """Simulate each (layout state, count, long) at the target: every seed (fast: the first, then the
+        others where it passed; a count fails on any seed), or the long run."""
         scale = check_scale(self.scenario)  # the target must hold with steps dearer than priced
 
         def task(st, n, seed, long):
             return (self.scenario, st.lay[2], self.target, seed, self.requests(n) * (LONG_RUN if long else 1),
-                    self.trace_rate, with_step_scale(self.hardware(st.lay, n), scale))
+                    self.trace_rate, with_step_scale(self.hardware(st.lay, n), scale), self.fast)
 
-        jobs = [(st, n, seed, long) for st, n, long in todo for seed in ([self.seeds[0]] if long else self.seeds)]
+        first = self.seeds[:1] if self.fast else self.seeds  # fast: the other seeds only where the first passed
+        jobs = [(st, n, seed, long) for st, n, long in todo for seed in ([self.seeds[0]] if long else first)]
         recs = run_all(self.executor, evaluate_point, [task(*job) for job in jobs], lambda i, r: self.tick())
+        if self.fast and len(self.seeds) > 1:
+            more = [(st, n, seed, False) for (st, n, _, long), rec in zip(jobs, recs) if not long and rec["sustainable"]
+                    for seed in self.seeds[1:]]
+            jobs += more
+            recs += run_all(self.executor, evaluate_point, [task(*job) for job in more], lambda i, r: self.tick())
         got: dict = {}
         for (st, n, seed, long), rec in zip(jobs, recs):
             got.setdefault((id(st), n, long), []).append(rec)
@@ -480,7 +489,7 @@ class _Search:
                 key="layout", growth_of=lambda label: max(1.25, label[3] / (label[3] - 1)) if label[3] > 1 else 2.0,
                 known=lambda label, seed: [(self.target, at_target[(label[:3], label[3])][seed_index[seed]])],
                 floor=lambda label: self.target,  # every seed and the long run passed there in step 3
-                check_scale=check_scale(self.scenario))
+                check_scale=check_scale(self.scenario), fast=self.fast)
             for d, ans in zip(chosen, answers):
                 _take(d, ans, self.target)
             for row in rows:

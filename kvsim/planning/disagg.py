@@ -299,7 +299,7 @@ def pd_deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None,
               tensor_parallel: Optional[Iterable[int]] = None, policy=None, seeds: int = 3,
               resolution: float = 0.02, num_requests: Optional[int] = None, max_replicas: int = MAX_INSTANCES,
               workers: Optional[int] = None, ray: Optional[str] = None, executor=None,
-              progress: Optional[Callable[[int, int], None]] = None) -> PDPlan:
+              progress: Optional[Callable[[int, int], None]] = None, exhaustive: bool = False) -> PDPlan:
     """The cheapest prefill:decode counts per pool layout and policy meeting the SLO at `target_rate`,
     and the cheapest aggregated deployment of the same GPUs and TP degrees (module docstring);
     `policy`: a name or a list of the candidates (default: every policy served disaggregated)."""
@@ -334,7 +334,7 @@ def pd_deploy(scenario, target_rate: float, *, gpus: Optional[list[str]] = None,
         found = search.run(ok)
         agg = deploy(aggregated(scenario), target_rate, gpus=gpus, tensor_parallel=tps, policy=agg_names, seeds=seeds,
                      resolution=resolution, num_requests=num_requests, top=1, max_replicas=max_replicas,
-                     executor=executor, progress=lambda done, total: tick(), headroom=False)
+                     executor=executor, progress=lambda done, total: tick(), headroom=False, exhaustive=exhaustive)
     finally:
         if own:
             executor.close()

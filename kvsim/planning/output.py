@@ -13,6 +13,7 @@ from typing import Iterable
 from rich.table import Table
 
 from kvsim.results.cells import csv_cell
+from kvsim.results.intervals import real_runs_words
 from kvsim.results.report import meta_deployment_text, slo_text
 from kvsim.results.verdict import LABELS, percentile_label
 from kvsim.results.writer import ResultsWriter
@@ -153,6 +154,11 @@ def plan_lines(result) -> list[str]:
                          + ", ".join(f"{p.policy} (safe {p.safe_rate:.3g}"
                                      + (f", {p.at_safe_rate.get('throughput_rps') or 0:.3g} req/s" if closed else "")
                                      + f", CI {p.ci_low:.3g}–{p.ci_high:.3g})" for p in groups[0][1:]))
+    for p in result.policies:
+        iv = p.safe_rate_interval
+        if iv and p.safe_rate > 0:
+            lines.append(f"{p.policy}: safe rate {p.safe_rate:.3g} {unit}; {real_runs_words(iv)} "
+                         f"{iv['low']:.3g}–{iv['high']:.3g} {unit} ({iv['text']})")
     return lines
 
 

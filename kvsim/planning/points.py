@@ -21,6 +21,7 @@ from typing import Optional
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.results.early_stop import VerdictKnown, VerdictWatch, watched_total
 from kvsim.results.verdict import FIGURES, flat_record as point_record  # noqa: F401 (FIGURES: the record's keys)
 from kvsim.scenario.config import scenario_from_dict
 
@@ -165,10 +166,36 @@ def simulate(scenario) -> dict[str, dict]:
 
 
 def evaluate_point(scenario, policy: str, rate: float, seed: int, num_requests: int,
-                   trace_rate: Optional[float] = None, overrides: dict | None = None) -> dict:
-    """One policy of the scenario at `rate` req/s with `seed`: its record (see point_record)."""
+                   trace_rate: Optional[float] = None, overrides: dict | None = None, stop_early: bool = False) -> dict:
+    """One policy of the scenario at `rate` req/s with `seed`: its record (see point_record). `stop_early`:
+    end the run once it is certain to be unsustainable (`stopped_record`; kvsim/results/early_stop.py)."""
     sc = at_load(scenario, rate, seed, num_requests, [policy], trace_rate, overrides)
-    return simulate(sc)[policy]
+    total = watched_total(sc) if stop_early else None
+    if total is None:
+        return simulate(sc)[policy]
+    from kvsim.pipeline import run_scenario
+
+    try:
+        result = run_scenario(sc, write=False, observe=lambda metrics, sim: VerdictWatch(metrics, sim, total))
+    except VerdictKnown as known:
+        return stopped_record(known)
+    return point_record(result.summaries[policy])
+
+
+def stopped_record(known: VerdictKnown) -> dict:
+    """The record of a run stopped once it was certain to be unsustainable: that verdict, which part of
+    it failed (`slo_met` False, or `stable` False; the other None, unknown), and no figures (None);
+    `binding_detail` says why it stopped, `stopped_s` when."""
+    record = {k: None for k in FIGURES}
+    record.update(sustainable=False, slo_met=None if known.kind == "stable" else False,
+                  stable=False if known.kind == "stable" else None, binding_detail=known.reason,
+                  _prompt_tokens_per_request=None, stopped_s=known.at_s)
+    return record
+
+
+def is_stopped(record: dict) -> bool:
+    """Whether a point record is a stopped run's (its figures unknown)."""
+    return record.get("stopped_s") is not None
 
 
 def mean_or_none(values) -> Optional[float]:

@@ -104,3 +104,83 @@ def safe_rates(executor, candidates: dict, seeds: list[int], resolution: float,
                 c.done = True
             else:
                 c.rate = rate
+
+
+def _seeds_verdict(rate: float, seeds_at: dict) -> Optional[bool]:
+    """Whether every seed passes at `rate`: simulated there, or implied (all passed at a rate at or
+    above it; some failed at one at or below it); None when neither."""
+    if rate in seeds_at:
+        return all(r["sustainable"] for r in seeds_at[rate])
+    above = any(all(r["sustainable"] for r in recs) for k, recs in seeds_at.items() if k >= rate)
+    below = any(not all(r["sustainable"] for r in recs) for k, recs in seeds_at.items() if k <= rate)
+    return None if above == below else above
+
+
+def replay_ladder(label, start: float, long_at: dict, seeds_at: dict, shrink: float, floor: float,
+                  integer: bool) -> tuple[SafeCheck, Optional[tuple[str, float]]]:
+    """The ladder of `safe_rates` replayed on the runs known (`long_at`: rate -> the long run's record,
+    `seeds_at`: rate -> the seeds' records); where the long run passed and the seeds' verdict is neither
+    known nor implied they are taken to pass. Returns the ladder's end state and what to simulate next:
+    ("long", rate), ("seeds", rate) (the highest rate taken to pass), or None when it is settled."""
+    c = SafeCheck(label, start, done=start <= 0, integer=integer)
+    taken = []
+    while not c.done:
+        rate = c.rate
+        if rate not in long_at:
+            return c, ("long", rate)
+        ok = bool(long_at[rate]["sustainable"])
+        if ok:
+            seeds_ok = _seeds_verdict(rate, seeds_at)
+            if seeds_ok is None:
+                taken.append(rate)
+            ok = seeds_ok is not False
+        c.steps += 1
+        if ok:
+            c.passed, c.records, c.long_record = rate, seeds_at.get(rate, []), long_at[rate]
+        else:
+            c.failed = rate
+        nxt = c.next_rate(shrink, floor)
+        if nxt is None or c.steps >= MAX_STEPS:
+            c.done = True
+        else:
+            c.rate = nxt
+    if taken:
+        return c, ("seeds", max(taken))
+    if c.passed is not None and c.passed not in seeds_at:  # passed on seeds implied: its figures are needed
+        return c, ("seeds", c.passed)
+    return c, None
+
+
+def safe_rates_guided(executor, candidates: dict, seeds: list[int], resolution: float,
+                      task: Callable[[object, float, int, bool], tuple], tick, floor=lambda label: 0.0,
+                      integer: bool = False) -> dict:
+    """`safe_rates`' answer with fewer runs (kvsim plan's default): each label's ladder walks on its long
+    runs first and takes the seeds to pass wherever the long run did (near a knee the long run is the
+    one that fails), then simulates the seeds at the highest rate so taken; when they pass there, every
+    rate below is taken as passing on them too (the verdict is monotone in the rate), else the ladder is
+    walked again from what is known. The rates tried are the plain ladder's, so whenever the verdicts
+    are monotone it ends where `safe_rates` ends, with the same records at the safe rate."""
+    shrink = (1 - resolution) / (1 + resolution)
+    long_at = {label: {} for label in candidates}
+    seeds_at = {label: {} for label in candidates}
+    tried = {label: [] for label in candidates}
+    while True:
+        states = {label: replay_ladder(label, rate, long_at[label], seeds_at[label], shrink, floor(label), integer)
+                  for label, rate in candidates.items()}
+        needs = [(label, need) for label, (_, need) in states.items() if need is not None]
+        if not needs:
+            break
+        jobs = [(label, rate, seeds[0], True) if kind == "long" else (label, rate, seed, False)
+                for label, (kind, rate) in needs for seed in ([seeds[0]] if kind == "long" else seeds)]
+        records = run_all(executor, evaluate_point, [task(*job) for job in jobs], lambda i, r: tick())
+        for (label, rate, seed, long), record in zip(jobs, records):
+            if long:
+                long_at[label][rate] = record
+            else:
+                seeds_at[label].setdefault(rate, []).append(record)
+            tried[label].append((rate, None if long else seed, record))
+    checks = {}
+    for label, (c, _) in states.items():
+        c.tried = tried[label]
+        checks[label] = c
+    return checks

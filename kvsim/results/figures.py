@@ -189,8 +189,9 @@ def _subplots(rows: int, cols: int, titles: list[str], title: str, height: int, 
         r, c = divmod(i, cols)
         x0, y1 = c * (width + h_gap), 1 - r * (tall + v_gap)
         n = _suffix(i + 1)
-        layout[f"xaxis{n}"] = {"domain": [x0, x0 + width], "anchor": f"y{n}"}
-        layout[f"yaxis{n}"] = {"domain": [y1 - tall, y1], "anchor": f"x{n}"}
+        # clamped: the last row's bottom comes out as -5.6e-17 with three rows, which plotly refuses
+        layout[f"xaxis{n}"] = {"domain": [max(0.0, x0), min(1.0, x0 + width)], "anchor": f"y{n}"}
+        layout[f"yaxis{n}"] = {"domain": [max(0.0, y1 - tall), min(1.0, y1)], "anchor": f"x{n}"}
         if shared_x and i:
             layout[f"xaxis{n}"]["matches"] = "x"
         if shared_x and r < rows - 1:

@@ -75,6 +75,19 @@ def optimal(stats, settings) -> dict:
     return out
 
 
+def oracle_ttft(run, oracle, oracle_summary: dict) -> dict:
+    """The optimal bound's TTFT: the run's (`run`: its Metrics) beside the re-run's whose CPU tiers evicted
+    by Belady's MIN on the run's recorded lookups (kvsim.engine.belady_tier)."""
+    def figures(metrics) -> dict:
+        ttft = np.frombuffer(metrics.ttft, dtype=np.float64) * 1e3
+        if not len(ttft):
+            return {"mean": None, "p50": None, "p90": None, "p99": None}
+        return {"mean": float(ttft.mean()), **{f"p{q}": float(np.percentile(ttft, q)) for q in (50, 90, 99)}}
+    hit = (oracle_summary.get("kv_offload") or {}).get("hit_rate") or {}
+    return {"ttft_ms": figures(oracle), "simulated_ttft_ms": figures(run), "oracle_cpu_hit_rate": hit.get("cpu"),
+            "oracle": "the policy re-run with its CPU tiers evicting by Belady's MIN on this run's lookups"}
+
+
 def _moves(count: int, blocks: int, nbytes: int, seconds: float) -> dict:
     return {"count": count, "blocks": blocks, "bytes": nbytes, "transfer_s": seconds,
             "mean_transfer_s": seconds / count if count else None}

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.results.energy import energy_line
+from kvsim.results.speculative import speculation_line
 from kvsim.results.offload_report import offload_figures, offload_table_html
 from kvsim.results.disagg_report import deployment_line, disaggregation_figures, disaggregation_table_html
 from kvsim.results.fleet_figures import AUTOSCALERS, autoscale_figures, autoscaling_lines
@@ -133,7 +135,29 @@ def verdict_lines(summaries: dict[str, dict], meta: dict | None = None) -> list[
         lines.append(f"{len(passing)} of {len(verdicts)} policies meet the SLO" + (f": {', '.join(passing)}" if passing else ""))
     for name, v in verdicts.items():
         lines.append(f"{'✓' if v.sustainable else '✗'} {name}: {v.summary_text()}; binds: {v.binding_detail}")
+        lines += speculation_line(name, summaries[name]) + energy_line(name, summaries[name])
+    lines += error_bar_lines(summaries, (meta.get("slo") or {}).get("percentile", 99.0))
     return lines
+
+
+def error_bar_lines(summaries: dict[str, dict], percentile: float = 99.0) -> list[str]:
+    """Per policy with error bars (kvsim.results.intervals): its TTFT, TPOT and E2E at the SLO's percentile
+    (p50, p90 or p99, the nearest kept) with the range real runs like it fell in around kvsim's figures;
+    first, once, what the held-out runs were where these runs differ from them, and how."""
+    from kvsim.results.intervals import figure_text, runs_text, unlike_text
+
+    stat = min(("p50", "p90", "p99"), key=lambda k: abs(float(k[1:]) - percentile))
+    lines, unlike = [], {}
+    for name, s in summaries.items():
+        bars = s.get("prediction_intervals")
+        texts = [t for m in ("ttft", "tpot", "e2e") if (t := figure_text(s, m, stat, brief=True))]
+        if bars and texts:
+            unlike.setdefault(tuple(bars.get("unlike", ())), []).append(name)
+            lines.append(f"  {name}, held-out error bars ({bars['basis']} pricing, {bars['band']} load): "
+                         + "; ".join(texts))
+    caveats = [f"  error bars{'' if len(unlike) == 1 else ' of ' + ', '.join(names)} from held-out real runs "
+               f"({runs_text()}){unlike_text(differs)}" for differs, names in unlike.items() if differs]
+    return caveats + lines
 
 
 def comparison_table(summaries: dict[str, dict], transpose: bool = False):

@@ -219,6 +219,26 @@ FIGURES = (
 )
 
 
+# Figures a record carries only when the run has them (an [energy] section, speculative decoding): a
+# plan's records and tables without them are as before.
+OPTIONAL_FIGURES = ("gpu_joules_per_output_token", "joules_per_output_token", "kwh_per_million_output_tokens",
+                    "energy_usd_per_million_output_tokens", "gpu_hour_usd_per_million_output_tokens",
+                    "mean_acceptance_length")
+
+
+def optional_figures(summary: dict) -> dict:
+    """OPTIONAL_FIGURES present in the summary (energy per output token and its cost; vLLM's mean
+    acceptance length of speculative decoding)."""
+    out = {}
+    energy = summary.get("energy")
+    if energy is not None:
+        out.update({k: energy[k] for k in OPTIONAL_FIGURES[:5]})
+    spec = summary.get("speculative")
+    if spec is not None:
+        out["mean_acceptance_length"] = spec["mean_acceptance_length"]
+    return out
+
+
 def _ms(x) -> Optional[float]:
     return None if x is None else x * 1e3
 
@@ -246,6 +266,7 @@ def flat_record(summary: dict) -> dict:
         "kv_peak_fraction": summary["kv"]["peak_used_fraction"], "preemptions": summary["preemptions"],
         "rejected": summary["requests"]["rejected"], "binding": v.binding, "binding_detail": v.binding_detail,
         "_prompt_tokens_per_request": (input_tps * duration / finished) if input_tps is not None and finished else None,
+        **optional_figures(summary),
     }
 
 

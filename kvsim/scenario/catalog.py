@@ -34,7 +34,7 @@ _DEEPSEEK_V3 = dict(mla=MlaSpec(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_h
                                 q_lora_rank=1536),
                     moe=MoeSpec(256, 8, 2048, shared_expert_intermediate_size=2048, dense_layers=(0, 1, 2),
                                 router_bias=True),
-                    quantization="fp8")
+                    quantization="fp8", num_nextn_predict_layers=1)
 _GPT_OSS = dict(sliding_window=128, attention_bias=True, quantization="mxfp4")
 _GPT_OSS_MOE = dict(router_bias=True, expert_bias=True)
 _GEMMA = dict(tie=True, sandwich_norms=True)

@@ -294,6 +294,13 @@ class PolicyConfig(_Section):
     disaggregated: Optional[bool] = Field(None, description=(
         "Serve this policy disaggregated (the [disaggregation] pools) or aggregated ([hardware]). Default: "
         "disaggregated when the scenario has a [disaggregation] section and the policy's allocator is paged."))
+    speculative: Optional[bool] = Field(None, description=(
+        "Serve this policy with the scenario's [speculative] decoding. Default: on when the scenario has a "
+        "[speculative] section and the policy is aggregated with the paged allocator (false: the same policy "
+        "without it, to compare both in one run)."))
+    num_speculative_tokens: Optional[Annotated[int, Field(ge=1, le=L.MAX_SPEC_TOKENS)]] = Field(None, description=(
+        "This policy's draft tokens a step (kvsim plan --speculative-k compares several). Default: "
+        "speculative.num_speculative_tokens."))
     contiguous_reserve: Literal["max_model_len", "known_output"] = Field("max_model_len", description=(
         "Contiguous allocator: reserve max_model_len slots per request (what such engines must do) or only "
         "prompt + the request's known output length (an oracle bound)."))
@@ -440,12 +447,25 @@ class PrefixConfig(_Section):
     prefix_len: Annotated[int, Field(ge=1, le=L.MAX_MODEL_LEN)] = Field(512, description=(
         "Tokens of each shared prefix, added in front of the member's sampled prompt."))
     fraction: Fraction = Field(1.0, description="Share of requests that carry a group's prefix, in (0, 1].")
+    prompts_per_group: Optional[Annotated[int, Field(ge=1, le=L.MAX_PREFIX_GROUPS)]] = Field(None, description=(
+        "A fixed pool of prompts: each group has this many whole prompts (its system prompt and a question of "
+        "prompt_len tokens, drawn once), and requests send the num_groups × prompts_per_group prompts in a "
+        "shuffled order, over and over, as llm-d's inference-perf shared_prefix data does: a prompt comes back "
+        "every num_groups × prompts_per_group requests, so prefix caching can hit it whole. Needs fraction = 1 "
+        "and synthetic prompt lengths. Default: none (every member's question is new)."))
 
     @model_validator(mode="after")
     def _bounded(self):
         if self.num_groups * self.prefix_len > L.MAX_PREFIX_TOKENS:
             raise ValueError(f"num_groups × prefix_len = {self.num_groups * self.prefix_len:,} tokens, more than "
                              f"{L.MAX_PREFIX_TOKENS:,}")
+        if self.prompts_per_group is not None:
+            if self.fraction != 1.0:
+                raise ValueError("prompts_per_group: a pool of whole prompts needs fraction = 1 (every request "
+                                 "sends one of them)")
+            if self.num_groups * self.prompts_per_group > L.MAX_PREFIX_GROUPS:
+                raise ValueError(f"num_groups × prompts_per_group = {self.num_groups * self.prompts_per_group:,} "
+                                 f"prompts, more than {L.MAX_PREFIX_GROUPS:,}")
         return self
 
 
@@ -546,6 +566,10 @@ class WorkloadConfig(_Section):
                              "gamma or deterministic arrivals, with prompt_len and output_len dist = \"trace\"")
         if self.trace is None and self.num_requests is None and self.duration_s is None and self.arrival.curve is None:
             raise ValueError("give num_requests or duration_s")
+        if self.prefix is not None and self.prefix.prompts_per_group is not None and (
+                self.prompt_len.dist == "trace" or self.sessions is not None):
+            raise ValueError("prefix.prompts_per_group: a pool of fixed prompts draws its questions from a synthetic "
+                             "prompt_len, without [workload.sessions]")
         self._clients()
         if self.start_s is not None:
             if self.max_concurrency is not None or self.sessions is not None or self.arrival.process == "immediate":
@@ -616,6 +640,116 @@ class CostConfig(_Section):
         "", description="When the prices were read.")
 
 
+# vLLM's speculative methods (vllm/config/speculative.py SpeculativeMethod): EAGLE heads, multi-token
+# prediction layers (each MTP model type an alias of "mtp"), n-gram prompt lookup and a separate draft model.
+MTP_ALIASES = ("deepseek_mtp", "qwen3_next_mtp", "glm4_moe_mtp", "mimo_mtp", "ernie_mtp")
+SPEC_METHODS = ("eagle", "eagle3", "mtp", *MTP_ALIASES, "ngram", "draft_model")
+
+
+class SpeculativeConfig(_Section):
+    """Speculative decoding as vLLM V1 runs it (--speculative-config): each decoding sequence's step
+    verifies its drafts in one target forward pass. kvsim.perf.acceptance holds the published acceptance
+    the defaults come from."""
+
+    method: Literal[SPEC_METHODS] = Field(description=(  # type: ignore[valid-type]
+        "eagle or eagle3 (a draft head of one decoder layer on the target's hidden states), mtp (the model's "
+        "own multi-token-prediction layers; deepseek_mtp, qwen3_next_mtp, glm4_moe_mtp, mimo_mtp, ernie_mtp "
+        "are vLLM's aliases), ngram (prompt lookup: no draft model) or draft_model (a separate small model, "
+        "speculative.draft_model). vLLM: speculative_config.method."))
+    num_speculative_tokens: Annotated[int, Field(ge=1, le=L.MAX_SPEC_TOKENS)] = Field(description=(
+        "Draft tokens k a step proposes per sequence; the verify step schedules 1 + k tokens per decoding "
+        "sequence. vLLM: speculative_config.num_speculative_tokens."))
+    acceptance: Optional[Annotated[list[Annotated[float, Field(ge=0, le=1)]],
+                                   Field(min_length=1, max_length=L.MAX_SPEC_TOKENS)]] = Field(None, description=(
+        "Acceptance per draft position, as vLLM's spec-decode metrics report it: p_i = the share of drafts "
+        "whose first i tokens were all accepted (non-increasing, at least num_speculative_tokens values; ngram: "
+        "of the steps that propose). Default: the method's published preset (speculative.dataset)."))
+    acceptance_rate: Optional[Annotated[float, Field(ge=0, le=1)]] = Field(None, description=(
+        "Instead of `acceptance`: each draft accepted with this probability given the ones before it were "
+        "(p_i = a^i; a step yields (1 - a^(k+1)) / (1 - a) tokens on average)."))
+    dataset: Optional[Label] = Field(None, description=(
+        "The published acceptance preset to use (kvsim.perf.acceptance): eagle and ngram: sharegpt, gsm8k, "
+        "cnn_dailymail, instructcoder (Llama-3.1-8B, SpecDecode-Bench); eagle3: humaneval, gsm8k, cnn_dailymail "
+        "(RedHatAI's Llama-4-Maverick speculator card); mtp: gpqa (GLM-4.5-Air), deepseek_v3. Default: sharegpt, "
+        "sharegpt, cnn_dailymail, gpqa. draft_model has no preset: give acceptance or acceptance_rate."))
+    proposal_rate: Optional[Fraction] = Field(None, description=(
+        "ngram only: the share of steps whose prompt lookup finds a match and proposes drafts (the others "
+        "verify one token). Default: the preset's."))
+    draft_model: Optional[Label] = Field(None, json_schema_extra={"enum": list(MODELS)}, description=(
+        "draft_model only: the draft's model preset (e.g. Qwen3-0.6B for Qwen3-8B); or draft_hf_config."))
+    draft_hf_config: Optional[PathText] = Field(None, description=(
+        "draft_model only: the draft's Hugging Face config.json, relative to the scenario file."))
+    draft_num_layers: Optional[Annotated[int, Field(ge=1, le=64)]] = Field(None, description=(
+        "eagle, eagle3: decoder layers of the draft head (default 1, as the published heads); mtp: MTP layers "
+        "used (default: the model's num_nextn_predict_layers)."))
+    draft_vocab_size: Optional[Annotated[int, Field(ge=1, le=2**22)]] = Field(None, description=(
+        "eagle3: the head's reduced draft vocabulary (default 32,000, the published EAGLE-3 heads'; never "
+        "more than the model's). Other methods draft over the model's vocabulary."))
+    seed: Seed = Field(0, description=(
+        "Seed of the acceptance draws: each request's draws are a function of (seed, request, output "
+        "position), so results do not depend on how steps are grouped."))
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        given = [k for k in ("acceptance", "acceptance_rate", "dataset") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of acceptance, acceptance_rate or dataset, not {' and '.join(given)}")
+        if self.acceptance is not None:
+            if len(self.acceptance) < self.num_speculative_tokens:
+                raise ValueError(f"acceptance: {len(self.acceptance)} positions for num_speculative_tokens = "
+                                 f"{self.num_speculative_tokens}")
+            if any(b > a for a, b in zip(self.acceptance, self.acceptance[1:])):
+                raise ValueError("acceptance: per-position rates cannot rise (accepting draft i needs the ones "
+                                 "before it accepted)")
+        if self.proposal_rate is not None and self.method != "ngram":
+            raise ValueError("proposal_rate: only for method \"ngram\"")
+        drafts = [k for k in ("draft_model", "draft_hf_config") if getattr(self, k) is not None]
+        if self.method == "draft_model":
+            if len(drafts) != 1:
+                raise ValueError("method \"draft_model\" needs exactly one of draft_model or draft_hf_config")
+            if not given:
+                raise ValueError("method \"draft_model\": a draft's acceptance depends on the pair: give "
+                                 "acceptance or acceptance_rate")
+        elif drafts:
+            raise ValueError(f"{drafts[0]}: only for method \"draft_model\"")
+        if self.draft_vocab_size is not None and self.method != "eagle3":
+            raise ValueError("draft_vocab_size: only for method \"eagle3\"")
+        if self.draft_num_layers is not None and self.method in ("ngram", "draft_model"):
+            raise ValueError(f"draft_num_layers: not for method \"{self.method}\"")
+        return self
+
+    @property
+    def base_method(self) -> str:
+        """The method with vLLM's MTP aliases folded into "mtp"."""
+        return "mtp" if self.method in MTP_ALIASES else self.method
+
+
+Watts = Annotated[float, Field(gt=0, le=L.MAX_WATTS)]
+
+
+class EnergyConfig(_Section):
+    """Energy and its cost (kvsim.perf.energy): a power model of the GPU preset, the host's share, the
+    facility's PUE and the electricity price. With this section summary.json, the report and plan give
+    joules per output token, kWh and energy $ per million tokens."""
+
+    gpu_idle_w: Optional[Watts] = Field(None, description=(
+        "Watts one GPU draws with the model loaded and no kernel running. Default: the preset's (measured)."))
+    gpu_max_w: Optional[Watts] = Field(None, description=(
+        "The GPU's power limit in watts (nvidia-smi -pl): what a step can draw at most; at most the "
+        "preset's board power. Default: the preset's board power (datasheet TDP)."))
+    host_w_per_gpu: Optional[Annotated[float, Field(ge=0, le=L.MAX_WATTS)]] = Field(None, description=(
+        "Watts of the server around each GPU (CPUs, memory, NICs, fans) while serving. Default: the preset's "
+        "(H100: 350 W, from an 8-GPU HGX node's measured 8.4 kW peak less its GPUs)."))
+    pue: Annotated[float, Field(ge=1, le=5)] = Field(1.56, description=(
+        "Power usage effectiveness: facility energy / IT energy (Uptime Institute's 2024 survey average 1.56; "
+        "hyperscale sites report 1.1-1.2)."))
+    usd_per_kwh: Annotated[float, Field(ge=0, le=L.MAX_USD_PER_KWH)] = Field(0.081, description=(
+        "Electricity price in US$ per kWh (default: the US industrial average of 2024, EIA Electric Power "
+        "Monthly, 8.1 cents)."))
+    source: Annotated[str, Field(max_length=L.MAX_TEXT_CHARS), AfterValidator(_text)] = Field(
+        "", description="Where your power figures or price come from.")
+
+
 class OutputConfig(_Section):
     """Where and what a run writes."""
 
@@ -647,6 +781,10 @@ class BackendConfig(_Section):
     kernel_tables: Optional[PathText] = Field(None, description=(  # relative to the scenario
         "analytic: a kernel-table file (.npz) that kvsim calibrate converted from AIConfigurator's tables, "
         "relative to the scenario file; prices steps in place of the shipped tables."))
+    server_terms: Optional[PathText] = Field(None, description=(  # relative to the scenario
+        "analytic, measured pricing: a server-terms file (JSON) that kvsim calibrate --serving fitted to your "
+        "own serving runs, relative to the scenario file; replaces the GPU's shipped server terms (the API "
+        "server, the engine's host time a step, what a step costs beyond its kernels)."))
     step_time_scale: Annotated[float, Field(ge=0.5, le=2.0)] = Field(1.0, description=(
         "analytic: every step's price times this (a sensitivity knob: kvsim plan checks its safe rate at "
         "1.05 and reports how the knee moves at 0.95 and 1.05)."))
@@ -678,6 +816,10 @@ class Scenario(_Section):
     autoscaling: Optional[AutoscalingConfig] = Field(None, description=(
         "Replicas that come and go under an autoscaler (kvsim.scenario.autoscaling; none: hardware.num_replicas "
         "replicas throughout)."))
+    speculative: Optional[SpeculativeConfig] = Field(None, description=(
+        "Speculative decoding (none by default): draft tokens verified in each decoding step."))
+    energy: Optional[EnergyConfig] = Field(None, description=(
+        "Energy and its cost (none by default: no energy figures)."))
     output: OutputConfig = Field(OutputConfig(), description="The results folder.")
     backend: BackendConfig = Field(BackendConfig(), description="The step-time backend.")
     # Set by load_scenario, not by the file: where relative paths start, and the file for errors.
@@ -720,6 +862,24 @@ class Scenario(_Section):
         if self.autoscaling is not None:
             check_autoscaled(self)
         return self
+
+    def _speculative_policies(self):
+        for i, p in enumerate(self.policies):
+            if (p.speculative or p.num_speculative_tokens) and self.speculative is None:
+                key = "speculative" if p.speculative else "num_speculative_tokens"
+                raise ValueError(f"policies[{i}].{key}: the scenario has no [speculative] section")
+            if self.speculative is not None and self.speculative.acceptance is not None and \
+                    len(self.speculative.acceptance) < (p.num_speculative_tokens or 0):
+                raise ValueError(f"policies[{i}].num_speculative_tokens: speculative.acceptance gives "
+                                 f"{len(self.speculative.acceptance)} positions")
+        return self
+
+    def speculates(self, policy: PolicyConfig) -> bool:
+        """Whether the policy runs the scenario's [speculative] decoding (by default: when there is one and
+        the policy is served on [hardware] with the paged allocator, which kvsim simulates it on)."""
+        if self.speculative is None or policy.speculative is False:
+            return False
+        return bool(policy.speculative) or (policy.allocator == "paged" and not self.disaggregated(policy))
 
     @model_validator(mode="after")
     def _kv_offload(self):

@@ -195,6 +195,30 @@ def parse_json(text: str, source: str):
         raise KvsimError(f"{source}:{exc.lineno}: invalid JSON: {exc.msg}") from None
 
 
+def parse_yaml(text: str, source: str):
+    """YAML text (one document, no anchors or aliases, whose copies could multiply a small file), every
+    number checked; for the YAML that benchmarking tools write (llm-d inference-perf's config.yaml)."""
+    import yaml
+
+    class _NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise yaml.MarkedYAMLError(problem="anchors and aliases are not read", problem_mark=mark)
+            return super().compose_node(parent, index)
+
+    try:
+        data = yaml.load(text, Loader=_NoAliases)  # noqa: S506 (a SafeLoader)
+    except RecursionError:
+        raise KvsimError(f"{source}: nested more than {MAX_DEPTH} levels deep") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        raise KvsimError(f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    check_values(data, source)
+    return data
+
+
 def read_json_object(path: Path, what: str) -> dict:
     """A user's JSON file that must hold one object."""
     data = parse_json(read_text(path, what), str(path))

@@ -137,7 +137,15 @@ def load_hf_config(path: Path, name: str | None = None) -> ModelSpec:
         attention_chunk_size=c.get("attention_chunk_size") if CHUNKED in layer_types else 0,
         attention_bias=c.get("attention_bias", bool, False), sandwich_norms=c.model_type in _SANDWICH_NORMS,
         mla=mla, moe=moe, quantization=quant.format if quant else "", quantized=quant.roles if quant else (),
-        quant_group_size=quant.group_size if quant else 0, encoder_params=_encoder_params(c, hidden))
+        quant_group_size=quant.group_size if quant else 0, encoder_params=_encoder_params(c, hidden),
+        num_nextn_predict_layers=_mtp_layers(c, layers))
+
+
+def _mtp_layers(c: _Config, layers: int) -> int:
+    """Multi-token-prediction layers (DeepSeek-V3, GLM-4.5: num_nextn_predict_layers; Qwen3-Next:
+    mtp_num_hidden_layers; MiMo: num_nextn_predict_layers too), 0 when the config has none."""
+    key = next((k for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers") if c.raw(k)), None)
+    return c.get(key, bound="num_hidden_layers") if key else 0
 
 
 def _refuse_unsupported(c: _Config) -> None:

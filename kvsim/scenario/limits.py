@@ -39,3 +39,6 @@ MAX_WORKERS = 256  # local worker processes (each holds a copy of kvsim)
 MAX_POINTS = 10_000  # points of one sweep (each a validated scenario, simulated in full)
 MAX_CONCURRENCY = 2**20  # clients of a closed loop (workload.max_concurrency)
 MAX_TURNS = 100_000  # turns of one session
+MAX_SPEC_TOKENS = 16  # draft tokens a step (speculative.num_speculative_tokens; vLLM's EAGLE runs up to ~10)
+MAX_WATTS = 20_000.0  # a GPU's (or its host share's) power in watts
+MAX_USD_PER_KWH = 10.0

@@ -126,6 +126,9 @@ class ModelSpec:
     quantized: tuple[str, ...] = ()  # the QUANT_ROLES it applies to (): DEFAULT_QUANTIZED or every role
     quant_group_size: int = 0  # int4: values per 16-bit scale (0: INT4_GROUP)
     encoder_params: int = 0  # vision encoder + projector of a multimodal checkpoint
+    # multi-token-prediction layers shipped with the checkpoint (DeepSeek-V3, GLM-4.5, Qwen3-Next: one), which
+    # vLLM's MTP speculative decoding runs as its drafter; not counted in num_hidden_layers or the weights
+    num_nextn_predict_layers: int = 0
 
     def layer_type(self, layer: int) -> str:
         return self.layer_types[layer] if self.layer_types else FULL

@@ -80,3 +80,8 @@ class KvOffloadConfig(_Section):
     optimal_bound: bool = Field(True, description=(
         "Report beside the run's hit rates the hit rate an offline-optimal eviction (Belady's) would reach on "
         "the same lookups and capacities (summary.json kv_offload.optimal)."))
+    optimal_ttft: bool = Field(False, description=(
+        "native: also re-run each offloaded policy with an oracle CPU tier that evicts by Belady's MIN (the block "
+        "the first run's lookups use farthest ahead) and report the TTFT it gives beside the run's "
+        "(summary.json kv_offload.optimal.ttft_ms): what a better eviction could still gain in latency. "
+        "About doubles the policy's simulation time."))

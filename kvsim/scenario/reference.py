@@ -43,13 +43,13 @@ def _number(x) -> str:
     return f"{x:,}" if isinstance(x, int) else f"{x:g}"
 
 
-def _bounds(s: dict) -> str:
+def _bounds(s: dict, items: str = "tables") -> str:
     lo = ("[", s["minimum"]) if "minimum" in s else ("(", s["exclusiveMinimum"]) if "exclusiveMinimum" in s else None
     hi = (s["maximum"], "]") if "maximum" in s else (s["exclusiveMaximum"], ")") if "exclusiveMaximum" in s else None
     if lo is None and hi is None:
         if "maxLength" in s:
             return f"{s.get('minLength', 0)} to {s['maxLength']:,} characters"
-        return f"{s['minItems']} to {s.get('maxItems', '…')} tables" if "minItems" in s else ""
+        return f"{s['minItems']} to {s.get('maxItems', '…')} {items}" if "minItems" in s else ""
     left = f"{lo[0]}{_number(lo[1])}" if lo else "(−∞"
     right = f"{_number(hi[0])}{hi[1]}" if hi else "∞)"
     return f"{left}, {right}"
@@ -88,6 +88,11 @@ def _rows(schema: dict, defs: dict, prefix: str) -> list[str]:
         key = f"{prefix}{name}"
         if s.get("type") == "array" and "items" in s:
             item = _branch(s["items"], defs)
+            if "properties" not in item:  # an array of values, e.g. [0.7, 0.5]
+                each = _bounds(item)
+                rows.append(f"| `{key}` | array of {_type(item)}s | {_default(prop, s)} | "
+                            f"{_bounds(s, 'values')}{', each ' + each if each else ''} | {_cell(prop.get('description', ''))} |")
+                continue
             rows.append(f"| `[[{key}]]` | {_type(s)} | {_default(prop, s)} | {_bounds(s)} | "
                         f"{_cell(prop.get('description', ''))} |")
             rows += _rows(item, defs, f"{key}[].")

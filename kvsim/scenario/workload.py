@@ -23,6 +23,10 @@ scenario and seed always give the same stream.
   group have `token_ids=None`, unless the trace carries block ids (Mooncake) and the prompt lengths
   come from it: then `token_ids` is the row's prompt named by its block ids (`KeyedTokens`, expanded
   into token ids only when read), after the group's prefix if any.
+- Prompt pools (`workload.prefix.prompts_per_group`, llm-d inference-perf's shared_prefix data): a fixed
+  pool of num_groups × prompts_per_group whole prompts (a group's prefix and a question whose length is
+  drawn once from prompt_len), shuffled once and sent in that order over and over; each request's
+  `token_ids` is its whole prompt (`PromptPool`).
 
 Random numbers come in vectorized chunks from independent generators (arrivals, prompt lengths,
 output lengths, groups: `SeedSequence(seed).spawn(4)`), so changing a length distribution leaves
@@ -50,6 +54,7 @@ CHUNK = 65536
 AUTO_ROWS = 1000  # time-series rows per replica when output.timeseries_interval_s is unset
 MIN_AUTO_INTERVAL_S = 0.25
 _GROUP_CONTENT_KEY = 4  # spawn-key branch for group prefix tokens, beside the 4 spawned streams
+_POOL_CONTENT_KEY = 5  # spawn-key branch for the questions of a prompt pool (prefix.prompts_per_group)
 
 
 def generate_requests(scenario, max_model_len: Optional[int] = None) -> Iterator[Request]:
@@ -155,13 +160,15 @@ def _stream(scenario, trace: Optional[Trace], max_len: int) -> Iterator[Request]
     arrival_rng, prompt_rng, output_rng, group_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(wl.seed).spawn(4))
     prefix = PrefixGroups(wl.prefix, wl.seed, group_rng) if wl.prefix is not None else None
+    if prefix is not None and wl.prefix.prompts_per_group is not None:
+        yield from _pool_stream(scenario, trace, PromptPool(wl.prefix, wl, prefix, prompt_rng, group_rng),
+                                arrival_rng, output_rng)
+        return
     trace_tokens = (trace is not None and trace.hash_ids is not None and wl.prompt_len.dist == "trace")
     limit = _limit(wl, trace)
     rid = 0
     for times in arrival_chunks(wl.arrival, trace, arrival_rng):
-        n = len(times) if limit is None else min(len(times), limit - rid)
-        if wl.duration_s is not None:
-            n = min(n, int(np.searchsorted(times, wl.duration_s, side="right")))
+        n = _chunk_size(wl, times, limit, rid)
         rows = None if trace is None else np.arange(rid, rid + n) % len(trace)
         prompt = draw_lengths(wl.prompt_len, prompt_rng, n, trace, rows, "prompt_len")
         output = draw_lengths(wl.output_len, output_rng, n, trace, rows, "output_len")
@@ -179,6 +186,31 @@ def _stream(scenario, trace: Optional[Trace], max_len: int) -> Iterator[Request]
                 tokens = prefix.tokens(groups[i], tokens)
             yield Request(rid, times[i], p, output[i], tokens)
             rid += 1
+        if n < len(times):
+            return
+
+
+def _chunk_size(wl, times: list, limit: Optional[int], rid: int) -> int:
+    """How many of a chunk's arrival `times` to yield, `rid` requests yielded so far."""
+    n = len(times) if limit is None else min(len(times), limit - rid)
+    if wl.duration_s is not None:
+        n = min(n, int(np.searchsorted(times, wl.duration_s, side="right")))
+    return n
+
+
+def _pool_stream(scenario, trace: Optional[Trace], pool: "PromptPool", arrival_rng, output_rng) -> Iterator[Request]:
+    """Requests sending the pool's prompts in its order, over and over (prefix.prompts_per_group)."""
+    wl = scenario.workload
+    limit = _limit(wl, trace)
+    rid = 0
+    for times in arrival_chunks(wl.arrival, trace, arrival_rng):
+        n = _chunk_size(wl, times, limit, rid)
+        rows = None if trace is None else np.arange(rid, rid + n) % len(trace)
+        output = draw_lengths(wl.output_len, output_rng, n, trace, rows, "output_len")
+        for i in range(n):
+            k = pool.order[(rid + i) % len(pool.order)]
+            yield Request(rid + i, times[i], pool.lengths[k], output[i], pool.tokens(k))
+        rid += n
         if n < len(times):
             return
 
@@ -258,4 +290,30 @@ class PrefixGroups:
             return prefix
         out = np.concatenate([prefix, tail])
         out.flags.writeable = False
+        return out
+
+
+class PromptPool:
+    """A fixed pool of whole prompts, as llm-d's inference-perf builds its shared_prefix data (its
+    SharedPrefixDataGenerator, 2025-10): `num_groups` system prompts of `prefix_len` tokens, each followed
+    by `prompts_per_group` questions of prompt_len tokens (drawn once per prompt); the pool shuffled once,
+    then sent in that order over and over (request n sends prompt n mod its size). Its `tokens(k)` is the
+    whole prompt k, the same read-only array every time it is sent, so prefix caching may hit all of it."""
+
+    def __init__(self, cfg: PrefixConfig, wl, groups: PrefixGroups, prompt_rng, order_rng):
+        size = cfg.num_groups * cfg.prompts_per_group
+        questions = draw_lengths(wl.prompt_len, prompt_rng, size, None, None, "prompt_len")
+        self.per_group, self.groups, self.seed = cfg.prompts_per_group, groups, groups.seed
+        self.lengths = [cfg.prefix_len + q for q in questions]
+        self.order = order_rng.permutation(size).tolist()
+        self._tokens: dict[int, np.ndarray] = {}
+
+    def tokens(self, k: int) -> np.ndarray:
+        """Prompt k's token ids: its group's system prompt and its own question."""
+        out = self._tokens.get(k)
+        if out is None:
+            seq = np.random.SeedSequence(self.seed, spawn_key=(_POOL_CONTENT_KEY, k))
+            question = np.random.default_rng(seq).integers(0, VOCAB_SIZE, self.lengths[k] - self.groups.prefix_len,
+                                                           dtype=np.int32)
+            out = self._tokens[k] = self.groups.tokens(k // self.per_group, question)
         return out

@@ -92,7 +92,7 @@ def day_record(scenario, policy: str, miss_budget: Optional[int]) -> dict:
     pol = chosen_policies(scenario, [policy])[0]
     basis = pricing_basis(scenario, model, gpu)
     metrics = BudgetMetrics(pol.name, scenario.slo, timeseries_interval(scenario),
-                            request_overhead_s=request_overhead_s(basis, gpu), miss_budget=miss_budget)
+                            request_overhead_s=request_overhead_s(scenario, basis, gpu), miss_budget=miss_budget)
     try:
         summary, _ = simulate_policy(scenario, pol, model, gpu, metrics, None, basis)
     except Hopeless:

@@ -23,6 +23,7 @@ PAGES = [
     st.Page("views/memory.py", title="Memory", icon=":material/memory:"),
     st.Page("views/validation.py", title="Validation", icon=":material/fact_check:"),
     st.Page("views/disagg.py", title="Disaggregation", icon=":material/call_split:"),
+    st.Page("views/autoscale.py", title="Autoscaling", icon=":material/monitoring:"),
 ]
 
 st.set_page_config(page_title="kvsim", page_icon=str(FAVICON), layout="wide")

@@ -144,7 +144,9 @@ def cmd_run(args, console) -> int:
         console.print(comparison_table(result.summaries, transpose=console.width < 150))
         from kvsim.results.disagg_report import disaggregation_lines
 
-        for line in disaggregation_lines(result.summaries):
+        from kvsim.results.fleet_figures import autoscaling_lines
+
+        for line in disaggregation_lines(result.summaries) + autoscaling_lines(result.summaries):
             console.print(line, markup=False, highlight=False)
         for run in result.runs:
             console.print(f"[dim]{run.name}: simulated in {run.wall_s:.2f} s wall ({run.events} engine events)[/dim]")

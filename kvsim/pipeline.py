@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from kvsim.autoscaled import autoscaling_meta, autoscaling_summary, pool_simulation, pool_size
 from kvsim.backends import load_backend
 from kvsim.errors import KvsimError, check_int
 from kvsim.engine.arrivals import ClosedLoop, RequestStream
@@ -120,6 +121,10 @@ def run_meta(scenario, model, gpu, basis: Optional[PricingBasis] = None) -> dict
             "slo": scenario.slo.model_dump(), "policy_order": [p.name for p in scenario.policies]}
     if pools:
         meta["disaggregation"] = pools
+    if scenario.autoscaling is not None:
+        meta["autoscaling"] = autoscaling_meta(scenario)
+        if meta["autoscaling"]["policy"] == "fixed":
+            meta["num_replicas"] = meta["autoscaling"]["replicas"]
     return meta
 
 
@@ -197,27 +202,41 @@ def simulate_policy(scenario, policy, model, gpu, metrics: Metrics,
     backend_cls = load_backend(scenario.backend.name, scenario.source)
     tiers = offload_tiers(scenario, policy, model, gpu, capacity, metrics.interval, oracle)
     make = make_replica if tiers is None else tiers.make_replica
-    replicas = [make(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings), metrics.interval)
-                for i in range(settings.num_replicas)]
-    meter = energy_meter(scenario, policy, model, gpu, settings)
-    observer = Observers(metrics, meter) if meter is not None else metrics
-    sim = Simulation(replicas, observer, make_router(settings, replicas, replicas[0].backend.num_blocks,
-                                                     tiers.settings.tokens if tiers else 0), on_progress)
+
+    def factory(i: int):
+        return make(i, settings, backend_cls(scenario, policy, model, gpu, capacity, settings), metrics.interval)
+
+    auto = scenario.autoscaling
+    # energy is metered over a fixed pool (an autoscaled pool's replica-hours are in its own summary)
+    meter = energy_meter(scenario, policy, model, gpu, settings) if auto is None else None
+    if auto is None:
+        sim, observer = None, (Observers(metrics, meter) if meter is not None else metrics)
+    else:  # no tiers: check_autoscaled refuses [kv_offload] beside [autoscaling]
+        sim, observer, settings = pool_simulation(scenario, model, settings, factory, metrics, on_progress)
+    if sim is None:
+        replicas = [factory(i) for i in range(settings.num_replicas)]
+        sim = Simulation(replicas, observer, make_router(settings, replicas, replicas[0].backend.num_blocks,
+                                                         tiers.settings.tokens if tiers else 0), on_progress)
     if observe is not None:
         sim.observer = observe(metrics, sim)
     source = arrival_source(scenario, settings.max_model_len, metrics.request_overhead_s)
     try:
         end = sim.run(source)
-        described = replicas[0].backend.describe()
+        described = sim.replicas[0].backend.describe()
     finally:
-        for rep in replicas:  # a GPU backend holds most of the device: let the next policy have it
+        for rep in sim.replicas:  # a GPU backend holds most of the device: let the next policy have it
             rep.backend.close()
-    summary = metrics.summary(duration_s=end, num_blocks=replicas[0].backend.num_blocks * len(replicas),
+    peak = len(sim.replicas) if auto is None else pool_size(sim)
+    # a window of a longer day (workload.start_s) is measured from its start, not from the day's
+    summary = metrics.summary(duration_s=end - (scenario.workload.start_s or 0.0),
+                              num_blocks=sim.replicas[0].backend.num_blocks * peak,
                               block_size=settings.block_size, bytes_per_block=capacity.bytes_per_block,
-                              extra=_run_figures(sim, settings, policy, described), num_replicas=len(replicas))
+                              extra=_run_figures(sim, settings, policy, described), num_replicas=peak)
+    if auto is not None:
+        summary["autoscaling"] = autoscaling_summary(scenario, gpu, sim, observer, end)
     if meter is not None:
         price = gpu_price(scenario, gpu.name)
-        summary["energy"] = meter.summary(end, metrics.output_tokens, len(replicas), price and price.usd_per_hour,
+        summary["energy"] = meter.summary(end, metrics.output_tokens, peak, price and price.usd_per_hour,
                                           summary["arrivals"])
     if source.closed_loop:
         _clients_figures(summary, source)

@@ -446,11 +446,14 @@ def test_output_dir_is_relative_to_the_working_directory(box, capsys):
 
 
 def test_every_schema_field_is_described():
-    from kvsim.scenario import config
-    sections = [c for c in vars(config).values()
-                if isinstance(c, type) and issubclass(c, config._Section) and c is not config._Section]
+    from kvsim.scenario import autoscaling, config, load_curve
+    sections = {c for module in (config, load_curve, autoscaling) for c in vars(module).values()
+                if isinstance(c, type) and issubclass(c, config._Section) and c is not config._Section}
     fields = [(c.__name__, name, f.description) for c in sections for name, f in c.model_fields.items()]
-    assert len(sections) == 22 and len(fields) > 60  # 14: [cost]; 15: [workload.trace.columns]; 16-17: think_time_s, [workload.sessions]; 20: [disaggregation]; 22: [speculative], [energy]
+    # 14: [cost]; 15: [workload.trace.columns]; 16-17: think_time_s, [workload.sessions]; 20: [disaggregation];
+    # 21-22: [speculative], [energy]; 23-35: [workload.arrival.curve] (and its bursts), [autoscaling] and its
+    # eleven tables
+    assert len(sections) == 35 and len(fields) > 60
     assert [(c, n) for c, n, d in fields if not d or len(d) < 15] == []
     schema = json.loads(subprocess.run([sys.executable, "-m", "kvsim", "schema"], cwd=ROOT, capture_output=True,
                                        text=True, check=True).stdout)

@@ -17,7 +17,7 @@ LAYERS = [
     {"kvsim.engine"},
     {"kvsim.backends"},
     {"kvsim.results"},
-    {"kvsim.pipeline"},
+    {"kvsim.pipeline", "kvsim.autoscaled"},
     {"kvsim.planning", "kvsim.calibrate"},
     {"kvsim.cli", "kvsim.terminal", "kvsim.__main__", "kvsim"},
 ]

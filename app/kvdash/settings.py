@@ -23,6 +23,7 @@ from kvsim.errors import KvsimError
 from kvsim.scenario.catalog import GPUS, MODELS
 from kvsim.scenario.config import (ArrivalConfig, PrefixConfig, Scenario, SloConfig, scenario_from_dict,
                                    scenario_from_toml)
+from kvsim.scenario.load_curve import curve_text
 from kvsim.scenario.layout import hardware_text
 from kvsim.scenario.overrides import apply_overrides
 
@@ -179,7 +180,8 @@ def _main(form: _Form, box, process: str) -> None:
     cols = box.columns([2.2, 1.5, 1.1, 0.8, 1.2, 1.0, 1.0, 1.0], vertical_alignment="bottom")
     _model(form, cols[0])
     rate = f"workload.{RATE_KEY.get(process, 'arrival.rate')}"
-    keys = ("hardware.gpu", "hardware.tensor_parallel_size", "hardware.num_replicas", rate,
+    curve = form.base.scenario.workload.arrival.curve is not None  # the rate follows [workload.arrival.curve]
+    keys = ("hardware.gpu", "hardware.tensor_parallel_size", "hardware.num_replicas", *(() if curve else (rate,)),
             *(f"slo.{k}" for k in MAIN_SLO))
     for col, key in zip(cols[1:], keys):
         options = list(GPUS) if key == "hardware.gpu" else list(TP_DEGREES) if key.endswith("parallel_size") else None
@@ -302,6 +304,8 @@ def workload_text(scenario: Scenario) -> str:
     elif arrival.process == "immediate":
         head = (f"a closed loop of {wl.max_concurrency:,} clients" if wl.max_concurrency
                 else f"{wl.num_requests:,} requests at once")
+    elif arrival.curve is not None:
+        head = f"{arrival.process} arrivals {curve_text(arrival.curve.model_dump())}"
     else:
         head = f"{arrival.process} arrivals at {arrival.rate:g} {'sessions' if wl.sessions else 'req'}/s" + (
             f" (cv {arrival.cv:g})" if arrival.process == "gamma" else "")

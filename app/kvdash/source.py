@@ -76,7 +76,11 @@ def upload_dir() -> Path:
 
 
 def shipped_scenarios() -> list[str]:
-    return sorted(p.stem for p in SCENARIO_DIR.glob("*.toml")) if SCENARIO_DIR.is_dir() else []
+    """scenarios/*.toml, then the autoscaled days of scenarios/autoscale/ (as "autoscale/NAME")."""
+    if not SCENARIO_DIR.is_dir():
+        return []
+    return (sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
+            + sorted(f"autoscale/{p.stem}" for p in (SCENARIO_DIR / "autoscale").glob("*.toml")))
 
 
 def _read_upload(upload, what: str, limit: int) -> bytes:

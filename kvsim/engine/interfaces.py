@@ -11,6 +11,7 @@ observer or arrival source is a new class satisfying one of these, not a new bra
 | `ArrivalSource` | releases requests, is told when they end | `arrivals.RequestStream` (open loop), `arrivals.ClosedLoop` (a `ClosedLoopSource`) |
 | `Router` | picks a replica for each request | `router.LeastLoaded`, `router.RoundRobin`, `router.PrefixAffinity`, `router.MostFreeBlocks` |
 | `TransferObserver` | is told of each KV transfer of a disaggregated deployment | `kvsim.results.disaggregation.DisaggregationObserver` |
+| `Autoscaler` | decides an autoscaled pool's replica count | `autoscalers.FixedPool`, `HpaAutoscaler`, `KedaAutoscaler`, `WvaAutoscaler`, `SloAwareAutoscaler` |
 | `KVConnector` | between a replica's scheduler and everything outside its GPU KV cache | `kv_transfer.NixlProducer` / `NixlConsumer` (disaggregated prefill and decode), `offload.OffloadingConnector` (vLLM's native CPU and disk tiers), `lmcache.LMCacheConnector` |
 
 The records that cross them: `kvsim.batch.Batch` (the scheduler's plan of a step, the backend's
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Optional, Protocol, Sequence as Seq, runtime_c
 
 if TYPE_CHECKING:
     from kvsim.batch import Batch, DecodeShape
+    from kvsim.engine.autoscalers import FleetView
     from kvsim.engine.kv_transfer import KvTransfer
     from kvsim.engine.records import StepRecord
     from kvsim.perf.pricing import DecodeRunPrice
@@ -137,6 +139,18 @@ class TransferObserver(Protocol):
     instance has the whole KV; the record is the request's own (kept until it finishes)."""
 
     def on_transfer(self, transfer: KvTransfer) -> None: ...
+
+
+@runtime_checkable
+class Autoscaler(Protocol):
+    """Decides an autoscaled pool's replica count (kvsim.engine.fleet asks every `period_s` seconds;
+    inf: never) from a `kvsim.engine.autoscalers.FleetView` of the pool and its metrics."""
+
+    name: str
+    period_s: float
+
+    def desired(self, view: FleetView) -> int: ...
+    def describe(self) -> dict: ...  # its settings, for summary.json
 
 
 @runtime_checkable

@@ -57,11 +57,11 @@ class LeastLoaded:
 
 class RoundRobin:
     def __init__(self, replicas: list):
-        self.n, self.last = len(replicas), 0
+        self.replicas, self.last = replicas, 0  # an autoscaled pool's list changes as replicas come and go
 
     def route(self, seq: Sequence) -> int:
-        self.last = (self.last + 1) % self.n
-        return self.last
+        self.last = (self.last + 1) % len(self.replicas)
+        return self.replicas[self.last].index
 
 
 class MostFreeBlocks:
@@ -132,6 +132,11 @@ class PrefixView:
         block identities (each names its whole prefix) at every `stride`-th depth."""
         return sequence_chain(seq, self.chains)[self.stride - 1::self.stride].tolist()
 
+    def add_replica(self) -> None:
+        """A new replica (the next index) with an empty view: an autoscaled pool grew."""
+        self.seen.append({})
+        self.routed.append(deque())
+
     def match(self, chain: list) -> list[int]:
         """Per replica, how many leading blocks of `chain` it was sent (and has not dropped)."""
         return [_longest_prefix(seen, chain) for seen in self.seen]
@@ -171,10 +176,11 @@ ROUTERS = {"least_loaded": LeastLoaded, "round_robin": RoundRobin, "prefix_affin
            "most_free_blocks": MostFreeBlocks}
 
 
-def make_router(settings, replicas: list, num_blocks: int, cpu_tokens: int = 0):
+def make_router(settings, replicas: list, num_blocks: int, cpu_tokens: int = 0, fixed: bool = True):
     """The scenario's router over `replicas` (each with `index` and `scheduler`), whose KV caches
-    hold `num_blocks` blocks each (and offload to CPU tiers of `cpu_tokens` tokens each)."""
-    if len(replicas) == 1:
+    hold `num_blocks` blocks each (and offload to CPU tiers of `cpu_tokens` tokens each); `fixed`: the
+    list never changes (an autoscaled pool's does)."""
+    if fixed and len(replicas) == 1:
         return OneReplica()
     if settings.router == "prefix_affinity":
         capacity = num_blocks * settings.block_size // ROUTER_BLOCK_TOKENS

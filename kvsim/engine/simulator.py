@@ -163,6 +163,12 @@ class Simulation:
                 t = other.record.end + gap
         return t
 
+    def run_bound(self, rep: Replica, now: float) -> float:
+        """No step of a fused run planned on `rep` at `now` may start at or after this: the next
+        arrival (a closed loop: `arrival_bound`). An autoscaled pool bounds it by the arrivals that
+        could reach `rep` (kvsim.engine.fleet)."""
+        return self.arrival_bound(rep, now) if self.closed else self.next_arrival_time
+
     # ---- engine --------------------------------------------------------------------------
     def _engine_loop(self, rep: Replica):
         env, observer, peek = self.env, self.observer, self.env.peek
@@ -174,7 +180,7 @@ class Simulation:
                 yield rep.idle
                 now = env.now
                 continue
-            step = rep.begin(now, self.arrival_bound(rep, now) if self.closed else self.next_arrival_time)
+            step = rep.begin(now, self.run_bound(rep, now))
             if step.admission_limit:
                 observer.on_held_back(step)
             if step.end >= peek():  # a SimPy event is due before the step ends: let it happen first

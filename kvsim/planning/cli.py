@@ -41,6 +41,13 @@ def _executor_arguments(p) -> None:
                                                         "(never one holding the scenario's inputs)")
 
 
+def _fraction(text: str) -> float:
+    value = _positive(float)(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
 def add_commands(sub) -> None:
     """Register this package's subcommands on the `kvsim` parser."""
     plan = sub.add_parser("plan", help="maximum sustainable rate per policy under the SLO; with --target-rate, "
@@ -70,6 +77,15 @@ def add_commands(sub) -> None:
     plan.add_argument("--headroom", action=argparse.BooleanOptionalAction, default=True,
                       help="search each listed deployment's own safe rate (--no-headroom: only whether it "
                            "meets the target, faster)")
+    plan.add_argument("--autoscale", action="store_true",
+                      help="search the [autoscaling] section's autoscaler settings for the cheapest meeting the "
+                           "attainment target over the day, beside the static pool at the peak and the lower bound")
+    plan.add_argument("--grid", action="append", metavar="autoscaling.KEY=V1,V2",
+                      help="with --autoscale: an axis of settings (repeatable; default: the autoscaler's main knob "
+                           "x min_replicas)")
+    plan.add_argument("--attainment", type=_fraction, metavar="SHARE",
+                      help="with --autoscale: the share of requests that must meet every per-request SLO bound "
+                           "(default: autoscaling.attainment_target, else slo.percentile / 100)")
     plan.add_argument("--offload-gib", metavar="G1,G2,...",
                       help="size the policy's CPU offload tier: its safe rate and $ per million requests at each "
                            "GiB per replica (0: no tier; vLLM's --kv-offloading-size), and whether a tier pays")
@@ -139,6 +155,8 @@ def cmd_plan(args, console) -> int:
         raise KvsimError("--speculative-k: compares a layout's policies; give it without --target-rate")
     vetted = output.check_out(args.out, scenario, args.force) if args.out is not None else None
     bar = Bar(console, "planning", not args.quiet and console.is_terminal)
+    if args.autoscale or args.grid or args.attainment is not None:
+        return cmd_plan_autoscale(args, console, scenario, bar, vetted)
     common = dict(seeds=args.seeds, resolution=args.resolution, num_requests=args.requests, workers=args.workers,
                   ray=args.ray, progress=bar)
     if args.offload_gib is not None:
@@ -191,6 +209,29 @@ def cmd_plan(args, console) -> int:
     return 0
 
 
+def cmd_plan_autoscale(args, console, scenario, bar, vetted) -> int:
+    """`plan --autoscale` (kvsim/planning/autoscale.py)."""
+    from kvsim.planning import autoscale_report as report
+    from kvsim.planning.autoscale import plan_autoscale
+    from kvsim.planning.output import write_outputs
+
+    if not args.autoscale:
+        raise KvsimError("--grid and --attainment go with --autoscale")
+    if args.target_rate is not None or args.tune:
+        raise KvsimError("--autoscale: plans the scenario's day; --target-rate and --tune plan one rate")
+    if args.policy and len(args.policy) > 1:
+        raise KvsimError("--autoscale: give at most one --policy (the one searched)")
+    try:
+        result = plan_autoscale(scenario, args.policy[0] if args.policy else None, args.grid, args.attainment,
+                                args.workers, args.ray, bar)
+    finally:
+        bar.close()
+    if not args.quiet:
+        _print_lines(console, report.autoscale_lines(result))
+        console.print(report.autoscale_table(result))
+    if args.out is not None:
+        written = write_outputs(args.out, report.autoscale_files(result, scenario.slo.model_dump()), scenario, args.force,
+                                vetted)
 def _offload_plan(args, console, scenario, vetted, bar, common) -> int:
     """`plan --offload-gib`: kvsim.planning.offload_sizing."""
     from kvsim.planning import output

@@ -23,11 +23,13 @@ from kvsim.results.energy import energy_line
 from kvsim.results.speculative import speculation_line
 from kvsim.results.offload_report import offload_figures, offload_table_html
 from kvsim.results.disagg_report import deployment_line, disaggregation_figures, disaggregation_table_html
+from kvsim.results.fleet_figures import AUTOSCALERS, autoscale_figures, autoscaling_lines
 from kvsim.results.figures import PHASES, _Plot, _read_latencies, report_plots, why_missed
 from kvsim.results.headline import table_figures
 from kvsim.results.metrics import SLO_KEYS
 from kvsim.results.verdict import LABELS, judge, percentile_label
-from kvsim.scenario.layout import deployment_text
+from kvsim.scenario.load_curve import curve_text
+from kvsim.scenario.layout import deployment_text, layout_text, replica_gpus
 
 
 def _verdict_cell(summary: dict) -> str:
@@ -62,6 +64,8 @@ def _rate_text(arrival: dict, offered, clients: dict | None = None) -> str:
         text = "trace replay" + (f" (time × {scale:g})" if scale != 1.0 else "")
     elif process == "immediate":
         text = f"closed loop of {n:,} clients" if n else "every request at t = 0"
+    elif arrival.get("curve"):
+        text = f"{process} {curve_text(arrival['curve'])}"
     else:
         text = f"{process} {arrival.get('rate', 0):g} {unit}" + (f" (cv {arrival['cv']:g})" if process == "gamma" else "")
     if n and process != "immediate":
@@ -94,7 +98,15 @@ def slo_text(slo: dict) -> str:
 
 
 def meta_deployment_text(meta: dict) -> str:
-    """The deployment a run's (or plan's) meta names, e.g. '2 × H100-SXM as TP 1 × DP 2 + EP × 1 replica'."""
+    """The deployment a run's (or plan's) meta names, e.g. '2 × H100-SXM as TP 1 × DP 2 + EP × 1 replica';
+    an autoscaled pool's, e.g. 'H100-SXM TP 4 replicas (4 GPUs each), 2 to 14 under a Kubernetes HPA'."""
+    auto = meta.get("autoscaling")
+    if auto and auto["policy"] != "fixed":
+        tp, dp = meta.get("tensor_parallel_size", 1), meta.get("data_parallel_size", 1)
+        gpus = replica_gpus(tp, dp)
+        return (f"{meta.get('gpu')} {layout_text(tp, dp, bool(meta.get('enable_expert_parallel')))} replicas "
+                f"({gpus} GPU{'s' if gpus != 1 else ''} each), {auto['min_replicas']} to {auto['max_replicas']} "
+                f"under {AUTOSCALERS.get(auto['policy'], auto['policy'])}")
     return deployment_text(meta.get("gpu"), meta.get("tensor_parallel_size", 1), meta.get("num_replicas", 1),
                            meta.get("data_parallel_size", 1), bool(meta.get("enable_expert_parallel")))
 
@@ -230,10 +242,13 @@ def write_report_html(path, scenario_name: str, summaries: dict[str, dict], requ
         first = next(iter(summaries.values()), {}).get("slo") or {}
         latencies = _read_latencies(Path(requests_csv_path), (meta or {}).get("slo") or first.get("bounds"))
     figures = report_plots(summaries, requests_csv_path, timeseries_csv_path, latencies, meta, series)
+    figures += disaggregation_figures(summaries, meta)
     figures += disaggregation_figures(summaries, meta) + offload_figures(summaries, meta)
+    figures += autoscale_figures(summaries, (meta or {}).get("slo"))
     rows = why_missed(latencies)
     why = _why_table_html(rows) if any(r["group"] == "missed" for r in rows) else ""
-    page = figures_page(f"kvsim report: {scenario_name}", verdict_lines(summaries, meta), figures,
+    page = figures_page(f"kvsim report: {scenario_name}", verdict_lines(summaries, meta) + autoscaling_lines(summaries),
+                        figures,
                         _summary_table_html(summaries) + disaggregation_table_html(summaries)
                         + offload_table_html(summaries) + why)
     Path(path).write_text(page, encoding="utf-8")

@@ -16,16 +16,19 @@ import re
 from pathlib import Path
 from typing import Annotated, Iterable, Literal, Optional
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
-                      ValidationError, model_validator)
+from pydantic import (AfterValidator, BeforeValidator, Field, PrivateAttr,
+                      ValidationError, model_serializer, model_validator)
 
 from kvsim.errors import KvsimError
 from kvsim.scenario import limits as L
 from kvsim.scenario.catalog import GPUS, MODELS
 from kvsim.scenario.links import DEFAULT_LINK, LINKS
+from kvsim.scenario.load_curve import RateCurveConfig
 from kvsim.scenario.offload_config import KvOffloadConfig
 from kvsim.scenario.files import MAX_TOML_BYTES, check_values, key_path, parse_toml, read_text, user_path
 from kvsim.scenario.overrides import apply_overrides
+from kvsim.scenario.sections import Section
+from kvsim.scenario.autoscaling import AutoscalingConfig, check_autoscaled
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -91,8 +94,7 @@ def _vllm_version(value: str) -> str:
     return value
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+_Section = Section
 
 
 class ModelConfig(_Section):
@@ -366,9 +368,27 @@ class ArrivalConfig(_Section):
         "gamma: coefficient of variation of the gaps (1 = Poisson, 2 = bursty)."))
     time_scale: Annotated[float, Field(ge=L.MIN_SCALE, le=L.MAX_SCALE)] = Field(1.0, description=(
         "trace: multiply the trace's inter-arrival gaps by this (0.5 = twice the load)."))
+    curve: Optional[RateCurveConfig] = Field(None, description=(
+        "poisson, gamma, deterministic: a rate that varies over time instead of `rate` "
+        "([workload.arrival.curve]: a table of (seconds, rate) points or a diurnal shape, and bursts; "
+        "kvsim.scenario.load_curve)."))
+
+    @model_serializer(mode="wrap")
+    def _without_unset_curve(self, handler):
+        """No `curve` key unless a curve is given: summary.json's and plan.json's arrival as before curves."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("curve") is None:
+            data.pop("curve", None)
+        return data
 
     @model_validator(mode="after")
     def _rate(self):
+        if self.curve is not None:
+            if self.process in ("trace", "immediate"):
+                raise ValueError(f"curve: process '{self.process}' follows no rate (poisson, gamma or deterministic do)")
+            if self.rate is not None:
+                raise ValueError("give rate or curve, not both (the curve sets the rate over time)")
+            return self
         if self.process not in ("trace", "immediate") and self.rate is None:
             raise ValueError(f"process '{self.process}' needs 'rate' (requests per second)")
         if self.process == "immediate" and self.rate is not None:
@@ -514,6 +534,9 @@ class WorkloadConfig(_Section):
         "Stop after this many requests (or at duration_s, whichever comes first)."))
     duration_s: Optional[Annotated[float, Field(gt=0, le=L.MAX_DURATION_S)]] = Field(None, description=(
         "Stop at the first arrival after this many simulated seconds."))
+    start_s: Optional[Annotated[float, Field(ge=0, le=L.MAX_DURATION_S)]] = Field(None, description=(
+        "Replay only the arrivals at or after this many seconds: a window of a longer workload, its requests "
+        "keeping their times and ids (open loops; with duration_s, the window [start_s, duration_s])."))
     arrival: ArrivalConfig = Field(ArrivalConfig(rate=1.0), description="The arrival process.")
     prompt_len: LengthDist = Field(LengthDist(dist="fixed", value=512), description="Prompt length distribution.")
     output_len: LengthDist = Field(LengthDist(dist="fixed", value=128), description=(
@@ -541,14 +564,21 @@ class WorkloadConfig(_Section):
         if self.arrival.process == "trace" and not self.trace.has_times:
             raise ValueError(f"arrival.process: the {self.trace.format} trace has no arrival times: use poisson, "
                              "gamma or deterministic arrivals, with prompt_len and output_len dist = \"trace\"")
-        if self.trace is None and self.num_requests is None and self.duration_s is None:
+        if self.trace is None and self.num_requests is None and self.duration_s is None and self.arrival.curve is None:
             raise ValueError("give num_requests or duration_s")
         if self.prefix is not None and self.prefix.prompts_per_group is not None and (
                 self.prompt_len.dist == "trace" or self.sessions is not None):
             raise ValueError("prefix.prompts_per_group: a pool of fixed prompts draws its questions from a synthetic "
                              "prompt_len, without [workload.sessions]")
         self._clients()
-        if self.num_requests is None and self.duration_s is not None and self.arrival.process not in ("trace", "immediate"):
+        if self.start_s is not None:
+            if self.max_concurrency is not None or self.sessions is not None or self.arrival.process == "immediate":
+                raise ValueError("start_s: a window of arrivals is for open loops (no max_concurrency, sessions or "
+                                 "immediate arrivals)")
+            if self.duration_s is not None and self.start_s >= self.duration_s:
+                raise ValueError(f"start_s ({self.start_s:g}) must be before duration_s ({self.duration_s:g})")
+        if self.num_requests is None and self.duration_s is not None and self.arrival.process not in ("trace", "immediate") \
+                and self.arrival.curve is None:
             expected = self.arrival.rate * self.duration_s
             if expected > L.MAX_REQUESTS:
                 raise ValueError(f"arrival.rate × duration_s = {expected:,.0f} requests, more than "
@@ -783,6 +813,9 @@ class Scenario(_Section):
     kv_offload: Optional[KvOffloadConfig] = Field(None, description=(
         "KV-cache offload tiers (CPU, disk) behind a KV connector (none: the GPU cache alone)."))
     cost: Optional[CostConfig] = Field(None, description="GPU prices for kvsim plan --target-rate.")
+    autoscaling: Optional[AutoscalingConfig] = Field(None, description=(
+        "Replicas that come and go under an autoscaler (kvsim.scenario.autoscaling; none: hardware.num_replicas "
+        "replicas throughout)."))
     speculative: Optional[SpeculativeConfig] = Field(None, description=(
         "Speculative decoding (none by default): draft tokens verified in each decoding step."))
     energy: Optional[EnergyConfig] = Field(None, description=(
@@ -825,6 +858,11 @@ class Scenario(_Section):
         return self
 
     @model_validator(mode="after")
+    def _autoscaled(self):
+        if self.autoscaling is not None:
+            check_autoscaled(self)
+        return self
+
     def _speculative_policies(self):
         for i, p in enumerate(self.policies):
             if (p.speculative or p.num_speculative_tokens) and self.speculative is None:

@@ -3,7 +3,8 @@
 `generate_requests(scenario)` yields requests with ids 0, 1, 2, ... in arrival order. The same
 scenario and seed always give the same stream.
 
-- Arrivals: `poisson` (exponential gaps, mean 1/rate; the first request arrives after one gap),
+- Arrivals: `poisson` (exponential gaps, mean 1/rate; the first request arrives after one gap; with
+  `arrival.curve`, a rate that varies over time: kvsim/scenario/load_curve.py),
   `gamma` (shape 1/cv², mean gap 1/rate, so cv > 1 is bursty), `deterministic` (every gap 1/rate,
   the first after one gap: capacity in closed form) or `trace` (the trace's times, the first at 0,
   gaps multiplied by `arrival.time_scale`).
@@ -44,6 +45,7 @@ import numpy as np
 
 from kvsim.scenario.config import ArrivalConfig, LengthDist, PrefixConfig
 from kvsim.scenario.limits import MAX_MODEL_LEN, MAX_TOKENS
+from kvsim.scenario.load_curve import curve_arrival_chunks, rate_curve
 from kvsim.scenario.trace_rows import MOONCAKE_BLOCK_SIZE, VOCAB_SIZE, Trace, block_token_ids
 from kvsim.scenario.traces import load_conversations, load_trace
 from kvsim.sequence import KeyedTokens, Request
@@ -77,13 +79,24 @@ def expected_count(scenario) -> Optional[int]:
     trace = load_trace(scenario) if wl.trace is not None else None
     limit = _limit(wl, trace)
     if wl.duration_s is None:
+        if wl.arrival.curve is not None and wl.sessions is None:
+            curve = rate_curve(wl.arrival.curve)  # the curve ends the stream
+            estimate = math.floor(curve.total - float(curve.cumulative(wl.start_s or 0.0)))
+            return estimate if limit is None else min(limit, estimate)
         return limit
     if wl.arrival.process == "trace":
-        in_time = int(np.searchsorted(trace.arrival_s * wl.arrival.time_scale, wl.duration_s, side="right"))
-        return in_time if limit is None else min(limit, in_time)
+        times = trace.arrival_s * wl.arrival.time_scale
+        in_time = int(np.searchsorted(times, wl.duration_s, side="right"))
+        in_time = in_time if limit is None else min(limit, in_time)
+        return in_time - int(np.searchsorted(times[:in_time], wl.start_s or 0.0, side="left"))
     if wl.arrival.process == "immediate":
         return limit  # a closed loop's count depends on how fast the engine answers
-    estimate = math.floor(wl.arrival.rate * wl.duration_s)
+    start = wl.start_s or 0.0
+    if wl.arrival.curve is not None:
+        curve = rate_curve(wl.arrival.curve)
+        estimate = math.floor(float(curve.cumulative(wl.duration_s) - curve.cumulative(start)))
+        return estimate if limit is None else min(limit, estimate)
+    estimate = math.floor(wl.arrival.rate * (wl.duration_s - start))
     return estimate if limit is None else min(limit, estimate)
 
 
@@ -121,6 +134,12 @@ def arrival_window(scenario) -> float:
         n = _limit(wl, trace)
         last = float(trace.arrival_s[n - 1]) * wl.arrival.time_scale if n else 0.0
         return last if wl.duration_s is None else min(last, wl.duration_s)
+    if wl.arrival.curve is not None:
+        curve = rate_curve(wl.arrival.curve)
+        end = curve.end_s if wl.duration_s is None else min(curve.end_s, wl.duration_s)
+        if wl.num_requests is not None and wl.num_requests < curve.cumulative(end):
+            end = float(curve.invert(np.array([wl.num_requests]))[0])
+        return end
     n = expected_count(scenario)
     window = n / wl.arrival.rate if n else 0.0
     return window if wl.duration_s is None else min(window, wl.duration_s)
@@ -131,7 +150,7 @@ def _limit(wl, trace: Optional[Trace]) -> Optional[int]:
     limit = wl.num_requests
     if wl.arrival.process == "trace":
         return len(trace) if limit is None else min(limit, len(trace))
-    if trace is not None and limit is None and wl.duration_s is None:
+    if trace is not None and limit is None and wl.duration_s is None and wl.arrival.curve is None:
         return len(trace)
     return limit
 
@@ -154,7 +173,9 @@ def _stream(scenario, trace: Optional[Trace], max_len: int) -> Iterator[Request]
         prompt = draw_lengths(wl.prompt_len, prompt_rng, n, trace, rows, "prompt_len")
         output = draw_lengths(wl.output_len, output_rng, n, trace, rows, "output_len")
         groups = prefix.draw(n) if prefix is not None else None
-        for i in range(n):
+        first = 0 if wl.start_s is None else min(n, int(np.searchsorted(times, wl.start_s, side="left")))
+        rid += first  # a window of the workload: its requests keep their ids (and draws)
+        for i in range(first, n):
             p = prompt[i]
             joins = groups is not None and groups[i] >= 0
             if joins:
@@ -210,6 +231,9 @@ def arrival_chunks(cfg: ArrivalConfig, trace: Optional[Trace], rng: np.random.Ge
     if cfg.process == "immediate":
         while True:
             yield [0.0] * CHUNK
+    if cfg.curve is not None:
+        yield from curve_arrival_chunks(cfg.process, cfg.cv, rate_curve(cfg.curve), rng, CHUNK)
+        return
     mean_gap = 1.0 / cfg.rate
     shape = 1.0 / (cfg.cv * cfg.cv)
     t = 0.0

@@ -145,7 +145,8 @@ class FleetSimulation(Simulation):
             self._record(member.removed)
 
     # ---- arrivals ------------------------------------------------------------------------------
-    def _pull(self):
+    def _next_request(self):
+        """The next request: one already read ahead by arrival_after first."""
         return self.upcoming.popleft() if self.upcoming else self.source.next_request()
 
     def arrival_after(self, k: int) -> float:
@@ -156,18 +157,6 @@ class FleetSimulation(Simulation):
                 return math.inf
             self.upcoming.append(req)
         return self.upcoming[k - 1].arrival_time
-
-    def _arrivals(self):
-        env = self.env
-        while True:
-            req = self._pull()
-            if req is None:
-                break
-            self.next_arrival_time = req.arrival_time
-            if req.arrival_time > env.now:
-                yield env.timeout(req.arrival_time - env.now)
-            self.dispatch(Sequence(req), env.now)
-        self.next_arrival_time = math.inf
 
     def dispatch(self, seq: Sequence, now: float) -> None:
         if self.ready:

@@ -91,9 +91,9 @@ class Simulation:
     # ---- arrivals ------------------------------------------------------------------------
     def _arrivals(self):
         """An open-loop source's arrival process: each request pulled as the previous one is sent."""
-        env, source = self.env, self.source
+        env = self.env
         while True:
-            req = source.next_request()
+            req = self._next_request()
             if req is None:
                 break
             self.next_arrival_time = req.arrival_time
@@ -101,6 +101,10 @@ class Simulation:
                 yield env.timeout(req.arrival_time - env.now)
             self.dispatch(Sequence(req), env.now)
         self.next_arrival_time = math.inf
+
+    def _next_request(self):
+        """The source's next request (None once it is exhausted); a pool that holds requests back overrides it."""
+        return self.source.next_request()
 
     def dispatch(self, seq: Sequence, now: float) -> None:
         """A request arrives at `now`: to the replica the router picks, or rejected."""

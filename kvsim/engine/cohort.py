@@ -27,7 +27,27 @@ from operator import mul
 from kvsim.sequence import Sequence
 
 
-class DecodeCohort:
+class FinishHeap:
+    """A cohort's members by the step they finish at (`_finish`: a heap of (step, tiebreak, sequence)),
+    released as the cohort's `clock` reaches them; shared by DecodeCohort and the speculative SpecCohort."""
+
+    def pop_finished(self) -> list[Sequence]:
+        """Members whose last token the clock has reached, released."""
+        heap = self._finish
+        if not heap or heap[0][0] > self.clock:
+            return []
+        done = []
+        while heap and heap[0][0] <= self.clock:
+            seq = heapq.heappop(heap)[2]
+            self._leave(seq)
+            done.append(seq)
+        return done
+
+    def steps_to_next_finish(self) -> int:
+        return self._finish[0][0] - self.clock if self._finish else 1 << 62
+
+
+class DecodeCohort(FinishHeap):
     groups = 1  # blocks a member takes at a crossing (one per KV cache group)
     releases_cached = 0  # whether blocks members release stay cached (a windowed cache, prefix caching on)
 
@@ -92,21 +112,6 @@ class DecodeCohort:
     def longest(self) -> int:
         """The largest num_computed_tokens of any member (0 when there is none, or it is not kept)."""
         return self.offsets.top + self.clock if self.size and self.offsets is not None else 0
-
-    def pop_finished(self) -> list[Sequence]:
-        """Members whose last token the clock has reached, released."""
-        heap = self._finish
-        if not heap or heap[0][0] > self.clock:
-            return []
-        done = []
-        while heap and heap[0][0] <= self.clock:
-            seq = heapq.heappop(heap)[2]
-            self._leave(seq)
-            done.append(seq)
-        return done
-
-    def steps_to_next_finish(self) -> int:
-        return self._finish[0][0] - self.clock if self._finish else 1 << 62
 
     # ---- blocks ----------------------------------------------------------------------------
     def count_phase(self, num_computed_tokens: int, n: int) -> None:

@@ -20,6 +20,7 @@ import heapq
 
 import numpy as np
 
+from kvsim.engine.cohort import FinishHeap
 from kvsim.perf.speculative import SpecRunShape
 from kvsim.sequence import Sequence
 
@@ -115,7 +116,7 @@ class Timeline:
             self.table, self.base = table, clock
 
 
-class SpecCohort:
+class SpecCohort(FinishHeap):
     """The decode cohort of a SpecScheduler (module docstring)."""
 
     groups = 1
@@ -222,20 +223,6 @@ class SpecCohort:
         for seq in members:
             self._leave(seq)
         return members
-
-    def pop_finished(self) -> list[Sequence]:
-        heap = self._finish
-        if not heap or heap[0][0] > self.clock:
-            return []
-        done = []
-        while heap and heap[0][0] <= self.clock:
-            seq = heapq.heappop(heap)[2]
-            self._leave(seq)
-            done.append(seq)
-        return done
-
-    def steps_to_next_finish(self) -> int:
-        return self._finish[0][0] - self.clock if self._finish else 1 << 62
 
     def longest(self) -> int:
         return 0
